@@ -1,0 +1,43 @@
+# pawn-queue: `make demo` runs the main job on a local directory, `make test` runs every check.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+COMPAT_VENV := .venv-pq013
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck pytest bench bench-store clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev,cli]"
+	touch $(STAMP)
+
+# pawn-queue 0.1.3 from PyPI, in its own venv (same import name), for the compatibility tests.
+$(COMPAT_VENV)/.installed:
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet "pawn-queue==0.1.3"
+	touch $(COMPAT_VENV)/.installed
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP) $(COMPAT_VENV)/.installed
+	PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
+
+test: lint typecheck pytest
+
+bench-store: $(STAMP)
+	$(PY) -m bench.store
+
+bench: bench-store
+
+clean:
+	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .mypy_cache .ruff_cache bench/results

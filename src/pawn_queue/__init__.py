@@ -1,0 +1,47 @@
+"""pawn-queue: a reliable message queue on storage you already have.
+
+An S3-compatible bucket, a local directory or memory is the broker: producers write
+messages as objects, consumers claim them with leases made of conditional writes.
+"""
+
+from pawn_queue.builder import PawnQueueBuilder
+from pawn_queue.client import PawnQueue
+from pawn_queue.config import PawnQueueConfig
+from pawn_queue.consumer import Consumer
+from pawn_queue.exceptions import (
+    ConfigError,
+    LeaseConflictError,
+    LeaseLostError,
+    PawnQueueError,
+    PayloadError,
+    PublishError,
+    QueueFullError,
+    StoreError,
+    TopicNotFoundError,
+)
+from pawn_queue.message import Message
+from pawn_queue.producer import Producer
+from pawn_queue.registry import RegistryEntry
+from pawn_queue.topics import TopicSettings
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "ConfigError",
+    "Consumer",
+    "LeaseConflictError",
+    "LeaseLostError",
+    "Message",
+    "PawnQueue",
+    "PawnQueueBuilder",
+    "PawnQueueConfig",
+    "PawnQueueError",
+    "PayloadError",
+    "Producer",
+    "PublishError",
+    "QueueFullError",
+    "RegistryEntry",
+    "StoreError",
+    "TopicNotFoundError",
+    "TopicSettings",
+]

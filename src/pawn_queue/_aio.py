@@ -1,0 +1,25 @@
+"""Small asyncio helpers shared by the queue modules."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def gather_limited(limit: int, aws: Iterable[Awaitable[T]]) -> list[T | BaseException]:
+    """Run ``aws`` with at most ``limit`` at once; results (or raised exceptions) in order."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def run(aw: Awaitable[T]) -> T:
+        async with semaphore:
+            return await aw
+
+    return await asyncio.gather(*(run(aw) for aw in aws), return_exceptions=True)
+
+
+def cancel_and_forget(task: asyncio.Task[object] | None) -> None:
+    if task is not None and not task.done():
+        task.cancel()

@@ -1,0 +1,185 @@
+"""PawnQueue: the entry point that opens a store and hands out producers and consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from types import TracebackType
+from typing import Any
+
+from pawn_queue.config import PawnQueueConfig, load_config
+from pawn_queue.consumer import Consumer
+from pawn_queue.exceptions import PawnQueueError
+from pawn_queue.leases import LeaseManager, ResolvedStrategy, probe_strategy
+from pawn_queue.producer import Producer
+from pawn_queue.registry import Registry
+from pawn_queue.store import open_store
+from pawn_queue.store.base import Store
+from pawn_queue.topics import Topics, TopicSettings
+
+logger = logging.getLogger(__name__)
+
+
+class PawnQueue:
+    """A queue on one store. Use ``async with`` (or ``setup()`` / ``teardown()``)."""
+
+    def __init__(self, config: PawnQueueConfig, *, store: Store | None = None) -> None:
+        """``store`` replaces the one ``config`` selects (custom stores, fault injection)."""
+        self.config = config
+        self._custom_store = store
+        self._store: Store | None = None
+        self._leases: LeaseManager | None = None
+        self._topics: Topics | None = None
+        self._registry: Registry | None = None
+        self._consumers: list[Consumer] = []
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def from_config(
+        cls, config: str | os.PathLike[str] | dict[str, Any] | PawnQueueConfig
+    ) -> PawnQueue:
+        """Create from a YAML path, a dict or a PawnQueueConfig (not set up yet)."""
+        return cls(load_config(config))
+
+    @classmethod
+    def from_url(cls, url: str) -> PawnQueue:
+        """Create from a store URL: ``file:///dir``, ``memory://``, ``s3://bucket/prefix?...``."""
+        return cls(PawnQueueConfig.from_url(url))
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Open the store, verify access and resolve the concurrency strategy. Idempotent."""
+        if self._store is not None:
+            return
+        store = self._custom_store or open_store(self.config)
+        try:
+            await store.list("", limit=1)
+            strategy: ResolvedStrategy
+            if self.config.concurrency.strategy == "auto":
+                strategy = await probe_strategy(store)
+            else:
+                strategy = self.config.concurrency.strategy
+        except BaseException:
+            await store.close()
+            raise
+        if strategy == "csprng_verify":
+            logger.warning(
+                "strategy=csprng_verify: claims are probabilistic (write, wait, verify); "
+                "see docs/protocol.md"
+            )
+        self._store = store
+        self._leases = LeaseManager(store, strategy, self.config.concurrency)
+        self._topics = Topics(store)
+        self._registry = Registry(store)
+        self._heartbeat = asyncio.create_task(
+            self._registry.run_heartbeat(self.config.registry.heartbeat_interval_seconds)
+        )
+        logger.info("pawn-queue ready store=%r strategy=%s", store, strategy)
+
+    async def teardown(self) -> None:
+        """Release held leases, stop background tasks and close the store. Idempotent."""
+        store, self._store = self._store, None
+        if store is None:
+            return
+        try:
+            for consumer in self._consumers:
+                await consumer.release_all()
+            if self._heartbeat is not None:
+                self._heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._heartbeat
+        finally:
+            self._consumers.clear()
+            await store.close()
+
+    async def __aenter__(self) -> PawnQueue:
+        await self.setup()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.teardown()
+
+    # -- topics -----------------------------------------------------------------------------
+
+    async def create_topic(
+        self,
+        name: str,
+        *,
+        max_receive_count: int | None = None,
+        retention_seconds: float | None = None,
+        max_pending: int | None = None,
+        dedup_window_seconds: float = 300.0,
+    ) -> None:
+        """Create a topic (idempotent). Settings are stored in the topic marker."""
+        settings = TopicSettings(
+            max_receive_count, retention_seconds, max_pending, dedup_window_seconds
+        )
+        await self._ready_topics().create(name, settings)
+
+    async def list_topics(self) -> list[str]:
+        """All topics in the store, sorted."""
+        return await self._ready_topics().list()
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic with its messages, leases and dead letters."""
+        await self._ready_topics().delete(name)
+
+    # -- producers and consumers ------------------------------------------------------------
+
+    async def register_producer(self, name: str) -> Producer:
+        """Register a producer; the same name always gets the same id."""
+        entry = await self.registry.register("producers", name)
+        return Producer(entry, self._ready_store(), self._ready_topics())
+
+    async def register_consumer(self, name: str, topics: list[str]) -> Consumer:
+        """Register a consumer of ``topics``; the same name always gets the same id."""
+        if isinstance(topics, str) or not topics:
+            raise PawnQueueError("topics must be a non-empty list of topic names")
+        for topic in topics:
+            await self._ready_topics().settings(topic)
+        entry = await self.registry.register("consumers", name)
+        assert self._leases is not None
+        consumer = Consumer(entry, topics, self._ready_store(), self._leases, self.config.polling)
+        self._consumers.append(consumer)
+        return consumer
+
+    @property
+    def registry(self) -> Registry:
+        """The registry: ``await pq.registry.list("producers" | "consumers")``."""
+        if self._registry is None:
+            raise _not_set_up()
+        return self._registry
+
+    @property
+    def strategy(self) -> ResolvedStrategy:
+        """The concurrency strategy in use (resolved by the probe for ``auto``)."""
+        if self._leases is None:
+            raise _not_set_up()
+        return self._leases.strategy
+
+    @property
+    def store(self) -> Store:
+        """The underlying store (for tools and tests)."""
+        return self._ready_store()
+
+    def _ready_store(self) -> Store:
+        if self._store is None:
+            raise _not_set_up()
+        return self._store
+
+    def _ready_topics(self) -> Topics:
+        if self._topics is None:
+            raise _not_set_up()
+        return self._topics
+
+
+def _not_set_up() -> PawnQueueError:
+    return PawnQueueError("PawnQueue is not set up: use 'async with' or await setup() first")

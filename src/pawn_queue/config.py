@@ -1,0 +1,535 @@
+"""Configuration: the README's YAML keys, ``PAWNQUEUE_*`` variables and store URLs.
+
+Entry points, all raising :class:`~pawn_queue.exceptions.ConfigError` (never pydantic's
+ValidationError) with the key path, the bad value (never a secret) and what is allowed:
+
+- :meth:`PawnQueueConfig.from_dict` / :meth:`~PawnQueueConfig.from_yaml`: that input only.
+- :meth:`PawnQueueConfig.from_env`: ``PAWNQUEUE_*`` variables over (or under) a base config.
+- :meth:`PawnQueueConfig.from_url`: a store URL; keyword sections and then the environment
+  fill the rest (credentials come from the config or ``PAWNQUEUE_S3_ACCESS_KEY`` /
+  ``PAWNQUEUE_S3_SECRET_KEY``, never from the URL).
+- :func:`load_config`: what ``PawnQueue.from_config`` takes; a YAML path or a dict gets the
+  environment applied on top (the README's "Environment Variable Overrides"), a
+  :class:`PawnQueueConfig` is used as it is.
+
+Config objects are immutable, so a checked combination (rule 8) cannot be broken later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final, Literal, Self, get_args
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic.fields import FieldInfo
+
+from pawn_queue.config_sources import (
+    CREDENTIALS_HINT,
+    InvalidValue,
+    config_errors,
+    deep_merge,
+    has_path,
+    is_secret_path,
+    leaf_paths,
+    model_class_of,
+    parse_bool,
+    parse_store_url,
+    plain,
+    read_yaml_mapping,
+    set_path,
+)
+from pawn_queue.exceptions import ConfigError
+
+logger = logging.getLogger(__name__)
+
+Strategy = Literal["auto", "conditional_write", "csprng_verify"]
+Backend = Literal["s3", "filesystem", "memory"]
+BACKENDS: Final[tuple[str, ...]] = get_args(Backend)
+
+# AWS's rule, which every S3-compatible store accepts; stricter stores may refuse some names.
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+class _Section(BaseModel):
+    """Strict, immutable, and failing with ConfigError however it is built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    section_path: ClassVar[str] = ""
+
+    def __init__(self, **data: Any) -> None:
+        with config_errors(type(self), prefix=self.section_path):
+            super().__init__(**data)
+
+    # Tells pydantic this __init__ only wraps its own (as RootModel does), so nested sections
+    # are validated in one pass and their errors keep their full path.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        with config_errors(type(self), prefix=self.section_path):
+            super().__setattr__(name, value)
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        with config_errors(cls, prefix=cls.section_path):
+            return super().model_validate(obj, *args, **kwargs)
+
+
+class S3Config(_Section):
+    """Where and how to reach an S3-compatible bucket.
+
+    With an ``endpoint_url``, its scheme decides ``use_ssl`` (``http://`` means False).
+    """
+
+    section_path: ClassVar[str] = "s3"
+
+    endpoint_url: str | None = None
+    bucket_name: str
+    prefix: str = ""
+    aws_access_key_id: SecretStr | None = None
+    aws_secret_access_key: SecretStr | None = None
+    aws_session_token: SecretStr | None = None
+    region_name: str = Field(default="us-east-1", min_length=1)
+    use_ssl: bool = True
+    verify_ssl: bool = True
+    addressing_style: Literal["path", "virtual"] = "path"
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    request_timeout_seconds: float = Field(default=30.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    retry_timeout_seconds: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _use_ssl_follows_endpoint(cls, data: Any) -> Any:
+        endpoint = data.get("endpoint_url") if isinstance(data, Mapping) else None
+        if not isinstance(endpoint, str) or "://" not in endpoint:
+            return data
+        scheme = endpoint.split("://", 1)[0].lower()
+        if scheme not in ("http", "https"):
+            return data  # the endpoint_url check reports it
+        https = scheme == "https"
+        given = data.get("use_ssl")
+        if given is not None and given != https:
+            # 0.1.x ignored use_ssl when the endpoint had a scheme; keep such configs working.
+            logger.warning("s3.use_ssl=%r ignored: endpoint_url is %s://", given, scheme)
+        return {**data, "use_ssl": https}
+
+    @field_validator("bucket_name")
+    @classmethod
+    def _check_bucket_name(cls, value: str) -> str:
+        if not _BUCKET_NAME.fullmatch(value):
+            raise InvalidValue(
+                "not a valid S3 bucket name: 3-63 characters of lowercase letters, digits, "
+                "dots and hyphens, starting and ending with a letter or digit",
+                value=value,
+            )
+        return value
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _check_endpoint_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if "@" in value:
+            raise InvalidValue(
+                f"credentials are not allowed in endpoint_url: {CREDENTIALS_HINT}", show_value=False
+            )
+        expected = "must be http(s)://host[:port], e.g. http://127.0.0.1:8333"
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a bad port
+        except ValueError:
+            raise InvalidValue(expected, value=value) from None
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+        ):
+            raise InvalidValue(expected, value=value)
+        return f"{parts.scheme}://{parts.netloc}"
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        prefix = value.strip("/")
+        if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+            raise InvalidValue(
+                "must be '/'-separated names, without empty, '.' or '..' parts", value=value
+            )
+        return prefix
+
+
+class FilesystemConfig(_Section):
+    """A local directory used as the store; a relative path is taken from the working directory."""
+
+    section_path: ClassVar[str] = "filesystem"
+
+    path: str = Field(min_length=1)
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _accept_path_objects(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+class MemoryConfig(_Section):
+    """An in-process store. Stores with the same non-empty ``name`` are shared in a process."""
+
+    section_path: ClassVar[str] = "memory"
+
+    name: str = ""
+
+
+class PollingConfig(_Section):
+    """How consumers poll and hold leases."""
+
+    section_path: ClassVar[str] = "polling"
+
+    interval_seconds: float = Field(default=5.0, gt=0)
+    max_messages_per_poll: int = Field(default=10, ge=1)
+    visibility_timeout_seconds: float = Field(default=30.0, gt=0)
+    lease_refresh_interval_seconds: float = Field(default=10.0, gt=0)
+    jitter_max_ms: int = Field(default=200, ge=0)
+
+    @model_validator(mode="after")
+    def _refresh_before_expiry(self) -> Self:
+        # Rule 8: a refresh that cannot land before the lease expires lets another consumer
+        # take the message over while this one still works on it.
+        if self.lease_refresh_interval_seconds >= self.visibility_timeout_seconds:
+            raise InvalidValue(
+                f"must be shorter than visibility_timeout_seconds "
+                f"({self.visibility_timeout_seconds:g}) so a lease is refreshed before it expires",
+                field="lease_refresh_interval_seconds",
+                value=self.lease_refresh_interval_seconds,
+            )
+        return self
+
+
+class CsprngVerifyConfig(_Section):
+    """Timings of the ``csprng_verify`` lease protocol (stores without conditional writes)."""
+
+    section_path: ClassVar[str] = "concurrency.csprng_verify"
+
+    jitter_min_ms: int = Field(default=100, ge=0)
+    jitter_max_ms: int = Field(default=400, ge=0)
+    verify_retries: int = Field(default=2, ge=0)
+    verify_retry_delay_ms: int = Field(default=150, ge=0)
+
+    @model_validator(mode="after")
+    def _jitter_range(self) -> Self:
+        if self.jitter_min_ms > self.jitter_max_ms:
+            raise InvalidValue(
+                f"must not exceed jitter_max_ms ({self.jitter_max_ms})",
+                field="jitter_min_ms",
+                value=self.jitter_min_ms,
+            )
+        return self
+
+
+class ConcurrencyConfig(_Section):
+    """Which lease strategy to use, and its settings."""
+
+    section_path: ClassVar[str] = "concurrency"
+
+    strategy: Strategy = "auto"
+    csprng_verify: CsprngVerifyConfig = Field(default_factory=CsprngVerifyConfig)
+    clock_skew_margin_seconds: float = Field(default=2.0, ge=0)
+
+
+class RegistryConfig(_Section):
+    """Producer and consumer registration."""
+
+    section_path: ClassVar[str] = "registry"
+
+    heartbeat_interval_seconds: float = Field(default=60.0, gt=0)
+
+
+class PawnQueueConfig(_Section):
+    """The whole configuration. ``backend`` picks which store section is used.
+
+    Without ``backend``, the one store section given decides (the README's YAML, with only
+    ``s3:``, is an s3 config); with none, it is ``s3``.
+    """
+
+    backend: Backend = "s3"
+    s3: S3Config | None = None
+    filesystem: FilesystemConfig | None = None
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    polling: PollingConfig = Field(default_factory=PollingConfig)
+    concurrency: ConcurrencyConfig = Field(default_factory=ConcurrencyConfig)
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _choose_backend(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or data.get("backend") is not None:
+            return data
+        stores = _given_stores(data)
+        if len(stores) > 1:
+            raise InvalidValue(_ambiguous_stores(stores), field="backend", show_value=False)
+        return {**data, "backend": stores[0] if stores else "s3"}
+
+    @model_validator(mode="after")
+    def _check_combination(self) -> Self:
+        if self.backend == "s3" and self.s3 is None:
+            raise InvalidValue(
+                "backend 's3' needs an s3 section with bucket_name "
+                "(in the config, PAWNQUEUE_S3_BUCKET_NAME or an s3:// URL)",
+                field="s3",
+                show_value=False,
+            )
+        if self.backend == "filesystem" and self.filesystem is None:
+            raise InvalidValue(
+                "required for backend 'filesystem' "
+                "(in the config, PAWNQUEUE_FILESYSTEM_PATH or a file:// URL)",
+                field="filesystem.path",
+                show_value=False,
+            )
+        visibility = self.polling.visibility_timeout_seconds
+        if self.concurrency.clock_skew_margin_seconds >= visibility:
+            # Expiry is judged on other machines' clocks; a margin this large means a lease
+            # abandoned by a crashed consumer would never be taken over.
+            raise InvalidValue(
+                f"must be less than polling.visibility_timeout_seconds ({visibility:g})",
+                field="concurrency.clock_skew_margin_seconds",
+                value=self.concurrency.clock_skew_margin_seconds,
+            )
+        return self
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PawnQueueConfig:
+        """Validate a mapping shaped like the YAML file. The environment is not read."""
+        return _validate(data)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> PawnQueueConfig:
+        """Load a YAML file shaped like ``config.example.yaml``. The environment is not read."""
+        return _validate(read_yaml_mapping(path), origin=os.fspath(path))
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        environ: Mapping[str, str] | None = None,
+        **sections: Mapping[str, Any],
+    ) -> PawnQueueConfig:
+        """The store from a URL (see :func:`parse_url`), other sections from keywords.
+
+        ``from_url("s3://b?endpoint_url=http://127.0.0.1:8333", polling={"interval_seconds": 1})``.
+        ``PAWNQUEUE_*`` variables (``environ``, default ``os.environ``) fill what the URL and
+        the sections leave unset, credentials in particular.
+        """
+        return _with_env(deep_merge(parse_url(url), sections), environ, override=False)
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        base: PawnQueueConfig | Mapping[str, Any] | None = None,
+        *,
+        override: bool = True,
+    ) -> PawnQueueConfig:
+        """``base`` (default: nothing) combined with the ``PAWNQUEUE_*`` variables of ``environ``.
+
+        ``override=True``: variables win over ``base``; ``False``: they only fill what ``base``
+        leaves unset. Variables in ``ENV_VARS``; ``PAWNQUEUE_URL`` gives a store URL, whose
+        values the specific variables override. Empty variables count as unset.
+
+        The store is chosen by ``PAWNQUEUE_BACKEND`` or ``PAWNQUEUE_URL`` and by ``base``
+        (``override`` says which comes first), else ``filesystem`` when
+        ``PAWNQUEUE_FILESYSTEM_PATH`` is set, else ``s3``. Variables of the other stores
+        are ignored, so unrelated credentials in the environment do no harm.
+        """
+        return _with_env(plain(base or {}), environ, override=override)
+
+
+# --- environment --------------------------------------------------------------------------
+
+ENV_VARS: Final[Mapping[str, str]] = {
+    # The README's table, names kept as 0.1.x had them.
+    "PAWNQUEUE_S3_ENDPOINT_URL": "s3.endpoint_url",
+    "PAWNQUEUE_S3_BUCKET_NAME": "s3.bucket_name",
+    "PAWNQUEUE_S3_ACCESS_KEY": "s3.aws_access_key_id",
+    "PAWNQUEUE_S3_SECRET_KEY": "s3.aws_secret_access_key",
+    "PAWNQUEUE_S3_REGION": "s3.region_name",
+    "PAWNQUEUE_S3_USE_SSL": "s3.use_ssl",
+    "PAWNQUEUE_POLLING_INTERVAL_SECONDS": "polling.interval_seconds",
+    "PAWNQUEUE_POLLING_MAX_MESSAGES_PER_POLL": "polling.max_messages_per_poll",
+    "PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT": "polling.visibility_timeout_seconds",
+    "PAWNQUEUE_POLLING_LEASE_REFRESH_INTERVAL": "polling.lease_refresh_interval_seconds",
+    "PAWNQUEUE_POLLING_JITTER_MAX_MS": "polling.jitter_max_ms",
+    "PAWNQUEUE_CONCURRENCY_STRATEGY": "concurrency.strategy",
+    "PAWNQUEUE_CSPRNG_JITTER_MIN_MS": "concurrency.csprng_verify.jitter_min_ms",
+    "PAWNQUEUE_CSPRNG_JITTER_MAX_MS": "concurrency.csprng_verify.jitter_max_ms",
+    "PAWNQUEUE_CSPRNG_VERIFY_RETRIES": "concurrency.csprng_verify.verify_retries",
+    "PAWNQUEUE_CSPRNG_RETRY_DELAY_MS": "concurrency.csprng_verify.verify_retry_delay_ms",
+    "PAWNQUEUE_REGISTRY_HEARTBEAT_INTERVAL": "registry.heartbeat_interval_seconds",
+    # Added in 0.2.
+    "PAWNQUEUE_BACKEND": "backend",
+    "PAWNQUEUE_FILESYSTEM_PATH": "filesystem.path",
+    "PAWNQUEUE_S3_PREFIX": "s3.prefix",
+    "PAWNQUEUE_S3_VERIFY_SSL": "s3.verify_ssl",
+    "PAWNQUEUE_S3_SESSION_TOKEN": "s3.aws_session_token",
+    "PAWNQUEUE_S3_ADDRESSING_STYLE": "s3.addressing_style",
+    "PAWNQUEUE_CLOCK_SKEW_MARGIN_SECONDS": "concurrency.clock_skew_margin_seconds",
+}
+"""Every ``PAWNQUEUE_*`` variable and the config path it sets (docs are checked against it)."""
+
+URL_ENV_VAR: Final = "PAWNQUEUE_URL"
+"""Selects the store by URL (see :func:`parse_url`); the variables above override its values."""
+
+# Keys an s3:// URL accepts: everything but what the URL's own parts give and the credentials.
+S3_URL_KEYS: Final[tuple[str, ...]] = tuple(
+    name
+    for name in S3Config.model_fields
+    if name not in ("bucket_name", "prefix") and not is_secret_path(name)
+)
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """A store URL as a config mapping, e.g. ``{"backend": "s3", "s3": {...}}``.
+
+    ``s3://bucket/optional/prefix?endpoint_url=http://127.0.0.1:8333&region_name=us-east-1``
+    (query keys: ``S3_URL_KEYS``), ``file:///abs/dir``, ``file://./rel/dir``,
+    ``file://localhost/abs``, ``memory://`` (a fresh store), ``memory://name`` (shared in the
+    process). Credentials in the URL are refused.
+    """
+    data = parse_store_url(url, S3_URL_KEYS)
+    section = data[data["backend"]]
+    for key, raw in section.items():
+        section[key] = _coerce(f"{data['backend']}.{key}", raw, f"URL parameter {key}")
+    return data
+
+
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any] | PawnQueueConfig,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> PawnQueueConfig:
+    """A config from a YAML path, a mapping or a config (what ``PawnQueue.from_config`` takes).
+
+    For a path or a mapping, ``PAWNQUEUE_*`` variables of ``environ`` (default ``os.environ``)
+    override its values, as the README documents; pass ``environ={}`` to ignore the
+    environment. A :class:`PawnQueueConfig` is returned unchanged.
+    """
+    if isinstance(source, PawnQueueConfig):
+        return source
+    if isinstance(source, Mapping):
+        return _with_env(plain(source), environ, override=True)
+    if isinstance(source, str | os.PathLike):
+        data = read_yaml_mapping(source)
+        return _with_env(data, environ, override=True, origin=os.fspath(source))
+    raise ConfigError(
+        f"a config is a YAML file path, a mapping or a PawnQueueConfig, not {type(source).__name__}"
+    )
+
+
+def _validate(
+    data: Any, *, sources: Mapping[str, str] | None = None, origin: str | None = None
+) -> PawnQueueConfig:
+    with config_errors(PawnQueueConfig, sources=sources, origin=origin):
+        # Past the model_validate override, so errors carry sources and origin.
+        config: PawnQueueConfig = PawnQueueConfig.__pydantic_validator__.validate_python(data)
+        return config
+
+
+def _with_env(
+    data: dict[str, Any],
+    environ: Mapping[str, str] | None,
+    *,
+    override: bool,
+    origin: str | None = None,
+) -> PawnQueueConfig:
+    """``data`` and the environment, the environment winning if ``override``."""
+    source = os.environ if environ is None else environ
+    env = {
+        name: source[name].strip()
+        for name in (*ENV_VARS, URL_ENV_VAR)
+        if source.get(name, "").strip()
+    }
+    url_data = None
+    if URL_ENV_VAR in env:
+        try:
+            url_data = parse_url(env[URL_ENV_VAR])
+        except ConfigError as exc:
+            raise ConfigError(f"{URL_ENV_VAR}: {exc}") from None
+
+    from_data, from_env = _data_backend(data), _env_backend(env, url_data)
+    chosen = (from_env or from_data) if override else (from_data or from_env)
+    backend = chosen or ("filesystem" if "PAWNQUEUE_FILESYSTEM_PATH" in env else "s3")
+
+    layer: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if url_data is not None and url_data["backend"] == backend:
+        layer = {backend: url_data[backend]}
+        sources = dict.fromkeys(leaf_paths(layer), URL_ENV_VAR)
+    for name, path in ENV_VARS.items():
+        store = path.split(".")[0]
+        if name not in env or path == "backend" or (store in BACKENDS and store != backend):
+            continue
+        set_path(layer, path, _coerce(path, env[name], name))
+        sources[path] = name
+
+    if override:
+        merged = deep_merge(data, layer)
+    else:
+        merged = deep_merge(layer, data)
+        sources = {path: name for path, name in sources.items() if not has_path(data, path)}
+    merged["backend"] = backend
+    return _validate(merged, sources=sources, origin=origin)
+
+
+def _data_backend(data: Mapping[str, Any]) -> str | None:
+    if data.get("backend") is not None:
+        return str(data["backend"])
+    stores = _given_stores(data)
+    if len(stores) > 1:
+        raise ConfigError(f"backend: {_ambiguous_stores(stores)}")
+    return stores[0] if stores else None
+
+
+def _env_backend(env: Mapping[str, str], url_data: Mapping[str, Any] | None) -> str | None:
+    named = env.get("PAWNQUEUE_BACKEND")
+    if named is not None and named not in BACKENDS:
+        raise ConfigError(
+            f"PAWNQUEUE_BACKEND: {named!r} is not a backend; allowed: {', '.join(BACKENDS)}"
+        )
+    from_url = str(url_data["backend"]) if url_data is not None else None
+    if named and from_url and named != from_url:
+        raise ConfigError(
+            f"PAWNQUEUE_BACKEND is {named!r} but PAWNQUEUE_URL selects {from_url!r}; set only one"
+        )
+    return named or from_url
+
+
+def _given_stores(data: Mapping[str, Any]) -> list[str]:
+    return [name for name in BACKENDS if data.get(name) is not None]
+
+
+def _ambiguous_stores(stores: list[str]) -> str:
+    return f"several store sections ({', '.join(stores)}): set backend to one of them"
+
+
+def _coerce(path: str, raw: str, label: str) -> Any:
+    """Text from a variable or URL for the field at ``path``: booleans parsed, the rest as is."""
+    if _field(path).annotation is bool:
+        try:
+            return parse_bool(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{label} ({path}): {raw!r} is not a boolean: {exc}") from None
+    return raw  # pydantic converts numbers and checks everything, naming ``label``
+
+
+def _field(path: str) -> FieldInfo:
+    model: type[BaseModel] | None = PawnQueueConfig
+    *sections, name = path.split(".")
+    for section in sections:
+        model = model_class_of(model.model_fields[section].annotation) if model else None
+    assert model is not None, path
+    return model.model_fields[name]

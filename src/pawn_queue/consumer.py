@@ -1,0 +1,287 @@
+"""Consumer: claims messages from its topics, in pull (poll) or push (listen) mode."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from pawn_queue import layout
+from pawn_queue._aio import gather_limited
+from pawn_queue.config import PollingConfig
+from pawn_queue.envelope import CorruptObject, Envelope, encode_json, now_utc
+from pawn_queue.exceptions import LeaseLostError, NotFound, PawnQueueError, StoreError
+from pawn_queue.leases import Lease, LeaseManager
+from pawn_queue.message import Message
+from pawn_queue.registry import RegistryEntry
+from pawn_queue.store.base import Store
+
+logger = logging.getLogger(__name__)
+
+MessageHandler = Callable[[Message], Awaitable[Any]]
+
+_LIST_PAGE = 1000
+_IO_CONCURRENCY = 32
+_SPREAD = 8  # how many polls' worth of candidates a contended consumer spreads over
+
+
+class Consumer:
+    """Consumes one or more topics. Obtain one with ``PawnQueue.register_consumer()``.
+
+    Every message returned by :meth:`poll` is leased to this consumer, and the lease is
+    refreshed in the background until the message is acked or nacked.
+    """
+
+    def __init__(
+        self,
+        entry: RegistryEntry,
+        topics: list[str],
+        store: Store,
+        leases: LeaseManager,
+        polling: PollingConfig,
+    ) -> None:
+        self._entry = entry
+        self._topics = list(topics)
+        self._store = store
+        self._leases = leases
+        self._polling = polling
+        self._held: dict[str, Lease] = {}
+        self._refresher: asyncio.Task[None] | None = None
+        self._refresher_stop = asyncio.Event()
+        self._next_topic = 0
+        self._contended: dict[str, bool] = {}
+        self._refresh_paused = False  # lets tests stand in for a stalled process
+
+    @property
+    def id(self) -> str:
+        """Stable UUIDv4 assigned at registration."""
+        return self._entry.entity_id
+
+    @property
+    def name(self) -> str:
+        return self._entry.name
+
+    @property
+    def topics(self) -> list[str]:
+        return list(self._topics)
+
+    def __repr__(self) -> str:
+        return f"Consumer(name={self.name!r}, id={self.id!r}, topics={self._topics!r})"
+
+    # -- pull -------------------------------------------------------------------------------
+
+    async def poll(self) -> list[Message]:
+        """Claim and return up to ``polling.max_messages_per_poll`` messages, FIFO per topic."""
+        wanted = self._polling.max_messages_per_poll
+        messages: list[Message] = []
+        count = len(self._topics)
+        start, self._next_topic = self._next_topic, (self._next_topic + 1) % max(count, 1)
+        for i in range(count):
+            if len(messages) >= wanted:
+                break
+            topic = self._topics[(start + i) % count]
+            messages += await self._poll_topic(topic, wanted - len(messages))
+        return messages
+
+    async def _poll_topic(self, topic: str, wanted: int) -> list[Message]:
+        claimed: list[Message] = []
+        start_after: str | None = None
+        recently_leased = await self._recently_leased(topic)
+        while len(claimed) < wanted:
+            page = await self._store.list(
+                layout.messages_prefix(topic), start_after=start_after, limit=_LIST_PAGE
+            )
+            candidates = []
+            for meta in page:
+                message_id = layout.message_id_from_key(meta.key)
+                if message_id is None:
+                    continue
+                lease_key = layout.lease_key(topic, message_id)
+                if lease_key in self._held or lease_key in recently_leased:
+                    continue
+                if self._leases.worth_claiming(topic, message_id, meta.key):
+                    candidates.append((message_id, meta.key))
+            if self._contended.get(topic) and len(candidates) > wanted:
+                # Others are claiming the same head of the listing: start somewhere else in
+                # its first few pages so competing consumers stop colliding.
+                offset = random.randrange(min(len(candidates), wanted * _SPREAD))
+                candidates = candidates[offset:] + candidates[:offset]
+            conflicts = 0
+            while candidates and len(claimed) < wanted:
+                batch, candidates = (
+                    candidates[: wanted - len(claimed)],
+                    candidates[wanted - len(claimed) :],
+                )
+                results = await gather_limited(
+                    _IO_CONCURRENCY, (self._claim(topic, mid, key) for mid, key in batch)
+                )
+                for result in results:
+                    if isinstance(result, Message):
+                        claimed.append(result)
+                    elif result is None:
+                        conflicts += 1
+                    elif isinstance(result, asyncio.CancelledError):
+                        raise result
+                    elif isinstance(result, BaseException):
+                        logger.warning("claim failed topic=%s error=%s", topic, result)
+            self._contended[topic] = conflicts > 0
+            if len(page) < _LIST_PAGE:
+                break
+            start_after = page[-1].key
+        return claimed
+
+    async def _recently_leased(self, topic: str) -> set[str]:
+        """Lease keys written within one visibility timeout, listed only under contention.
+
+        One LIST of the lease prefix costs less than the create-only PUTs (and the GETs after
+        them) that competing consumers would otherwise waste on each other's messages.
+        """
+        if not self._contended.get(topic):
+            return set()
+        fresh_after = now_utc() - timedelta(seconds=self._polling.visibility_timeout_seconds)
+        leases = await self._store.list(layout.leases_prefix(topic))
+        return {m.key for m in leases if m.last_modified > fresh_after}
+
+    async def _claim(self, topic: str, message_id: str, key: str) -> Message | None:
+        if not self._leases.worth_claiming(topic, message_id, key):
+            return None  # settled or claimed in this process since the listing
+        lease = await self._leases.claim(
+            topic, message_id, key, self.id, self._polling.visibility_timeout_seconds
+        )
+        if lease is None:
+            return None
+        try:
+            obj = await self._store.get(key)
+        except NotFound:
+            # Acked while we claimed (rule 4): give the lease back and skip it.
+            await self._leases.release(lease, message_gone=True)
+            return None
+        except BaseException:
+            await self._leases.release(lease)
+            raise
+        try:
+            envelope = Envelope.decode(obj.data)
+        except CorruptObject as exc:
+            await self._quarantine(topic, message_id, key, obj.data, str(exc), lease)
+            return None
+        self._held[lease.key] = lease
+        self._ensure_refresher()
+        return Message(envelope, key, lease, self._store, self._leases, self._forget)
+
+    async def _quarantine(
+        self, topic: str, message_id: str, key: str, data: bytes, error: str, lease: Lease
+    ) -> None:
+        """Move an unreadable message object to dead letter instead of blocking the topic."""
+        body = {
+            "id": message_id,
+            "topic": topic,
+            "producer_id": "",
+            "created_at": "",
+            "payload": None,
+            "dead_letter": {
+                "reason": "corrupt",
+                "error": error,
+                "dead_lettered_at": now_utc().isoformat(),
+                "source_key": key,
+                "raw_base64": base64.b64encode(data).decode("ascii"),
+            },
+        }
+        await self._store.put(layout.dead_letter_key(topic, message_id), encode_json(body))
+        await self._store.delete(key)
+        await self._leases.release(lease, message_gone=True)
+        logger.warning("quarantined corrupt message key=%s error=%s", key, error)
+
+    # -- push -------------------------------------------------------------------------------
+
+    async def listen(self, handler: MessageHandler) -> None:
+        """Poll and call ``handler`` for each message until cancelled.
+
+        Messages of one poll are handled concurrently. A handler that raises dead-letters its
+        message (the README's behaviour). A message the handler neither acked nor nacked is
+        redelivered after the visibility timeout. On cancellation the leases still held are
+        released, so other consumers can take those messages at once.
+        """
+        try:
+            while True:
+                try:
+                    messages = await self.poll()
+                except StoreError as exc:
+                    logger.warning("poll failed consumer=%s error=%s", self.name, exc)
+                    messages = []
+                if not messages:
+                    await asyncio.sleep(self._polling.interval_seconds)
+                    continue
+                await asyncio.gather(*(self._dispatch(handler, m) for m in messages))
+        finally:
+            await asyncio.shield(self.release_all())
+
+    async def _dispatch(self, handler: MessageHandler, message: Message) -> None:
+        try:
+            await handler(message)
+        except Exception as exc:
+            logger.error(
+                "handler failed message=%s topic=%s error=%r", message.id, message.topic, exc
+            )
+            if not message.settled:
+                try:
+                    await message.dead_letter("handler_error", repr(exc))
+                except PawnQueueError as nack_exc:
+                    logger.error("dead-letter failed message=%s error=%s", message.id, nack_exc)
+            return
+        if not message.settled:
+            logger.warning(
+                "handler returned without ack or nack message=%s; redelivered after the "
+                "visibility timeout",
+                message.id,
+            )
+            self._held.pop(layout.lease_key(message.topic, message.id), None)
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def _forget(self, lease: Lease) -> None:
+        self._held.pop(lease.key, None)
+
+    def _ensure_refresher(self) -> None:
+        if self._refresher is None or self._refresher.done():
+            self._refresher_stop = asyncio.Event()
+            self._refresher = asyncio.create_task(self._refresh_loop(self._refresher_stop))
+
+    async def _refresh_loop(self, stop: asyncio.Event) -> None:
+        interval = self._polling.lease_refresh_interval_seconds
+        while self._held:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+            if stop.is_set():
+                return
+            if self._refresh_paused:
+                continue
+            held = list(self._held.values())
+            results = await gather_limited(
+                _IO_CONCURRENCY, (self._leases.refresh(lease) for lease in held)
+            )
+            for lease, result in zip(held, results, strict=True):
+                if isinstance(result, LeaseLostError):
+                    self._held.pop(lease.key, None)
+                elif isinstance(result, BaseException):
+                    logger.warning("lease refresh failed key=%s error=%s", lease.key, result)
+
+    async def release_all(self) -> None:
+        """Release every lease this consumer holds and stop refreshing."""
+        if self._refresher is not None:
+            # Stop it between rounds, never mid-write: a cancelled request can still land
+            # after the release and resurrect the lease.
+            self._refresher_stop.set()
+            await self._refresher
+            self._refresher = None
+        held, self._held = list(self._held.values()), {}
+        results = await gather_limited(
+            _IO_CONCURRENCY, (self._leases.release(lease) for lease in held)
+        )
+        for lease, result in zip(held, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.warning("lease release failed key=%s error=%s", lease.key, result)

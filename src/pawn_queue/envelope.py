@@ -1,0 +1,194 @@
+"""Bytes on the wire: message, dead-letter and lease bodies.
+
+Messages are compact JSON, the same shape pawn-queue 0.1.x writes::
+
+    {"created_at": "...+00:00", "id": "<uuid4>", "payload": ...,
+     "producer_id": "<uuid4>", "topic": "orders"}
+
+Fields added by this version (``attributes``, ``dead_letter``) are optional, so 0.1.x reads
+our messages and we read theirs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pawn_queue.exceptions import PayloadError
+
+
+class CorruptObject(ValueError):
+    """An object in the bucket is not a valid message or lease."""
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def encode_json(value: Any) -> bytes:
+    """Encode ``value`` as compact UTF-8 JSON, keeping key order; raise PayloadError if it
+    cannot be (not serialisable, NaN or infinity, nested too deeply)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+            "utf-8"
+        )
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise PayloadError("payload is nested too deeply to encode as JSON") from None
+
+
+def parse_time(value: str) -> datetime:
+    """Parse an ISO-8601 time; naive values are taken as UTC."""
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _load_object(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptObject(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CorruptObject(f"{what} is not a JSON object")
+    return value
+
+
+def _require_str(obj: dict[str, Any], name: str, what: str) -> str:
+    value = obj.get(name)
+    if not isinstance(value, str):
+        raise CorruptObject(f"{what} has no string field {name!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A message as stored: identity, metadata and payload."""
+
+    id: str
+    topic: str
+    producer_id: str
+    created_at: str
+    payload: Any
+    attributes: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "topic": self.topic,
+            "producer_id": self.producer_id,
+            "created_at": self.created_at,
+            "payload": self.payload,
+        }
+        if self.attributes:
+            body["attributes"] = self.attributes
+        return body
+
+    def encode(self) -> bytes:
+        return encode_json(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any], what: str = "message") -> Envelope:
+        if "payload" not in obj:
+            raise CorruptObject(f"{what} has no field 'payload'")
+        attributes = obj.get("attributes") or {}
+        if not isinstance(attributes, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
+        ):
+            raise CorruptObject(f"{what} has invalid 'attributes'")
+        return cls(
+            id=_require_str(obj, "id", what),
+            topic=_require_str(obj, "topic", what),
+            producer_id=_require_str(obj, "producer_id", what),
+            created_at=_require_str(obj, "created_at", what),
+            payload=obj["payload"],
+            attributes=attributes,
+        )
+
+    @classmethod
+    def decode(cls, data: bytes, what: str = "message") -> Envelope:
+        return cls.from_dict(_load_object(data, what), what)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterInfo:
+    """Why and when a message was dead-lettered."""
+
+    reason: str
+    error: str | None
+    dead_lettered_at: str
+    source_key: str
+
+
+def encode_dead_letter(envelope: Envelope, info: DeadLetterInfo) -> bytes:
+    body = envelope.to_dict()
+    body["dead_letter"] = {
+        "reason": info.reason,
+        "error": info.error,
+        "dead_lettered_at": info.dead_lettered_at,
+        "source_key": info.source_key,
+    }
+    return encode_json(body)
+
+
+def decode_dead_letter(data: bytes) -> tuple[Envelope, DeadLetterInfo | None]:
+    """A dead letter's message and, when written by this version, why it was dead-lettered."""
+    obj = _load_object(data, "dead letter")
+    envelope = Envelope.from_dict(obj, "dead letter")
+    meta = obj.get("dead_letter")
+    if not isinstance(meta, dict):
+        return envelope, None
+    error = meta.get("error")
+    return envelope, DeadLetterInfo(
+        reason=str(meta.get("reason", "")),
+        error=error if isinstance(error, str) else None,
+        dead_lettered_at=str(meta.get("dead_lettered_at", "")),
+        source_key=str(meta.get("source_key", "")),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseBody:
+    """A lease as stored; the field names are the ones pawn-queue 0.1.x reads."""
+
+    consumer_id: str
+    message_id: str
+    claimed_at: str
+    expires_at: str
+    nonce: str
+    message_key: str = ""
+
+    def encode(self) -> bytes:
+        body = {
+            "consumer_id": self.consumer_id,
+            "message_id": self.message_id,
+            "claimed_at": self.claimed_at,
+            "expires_at": self.expires_at,
+            "nonce": self.nonce,
+        }
+        if self.message_key:
+            body["message_key"] = self.message_key
+        return encode_json(body)
+
+    @property
+    def expires(self) -> datetime:
+        return parse_time(self.expires_at)
+
+    @classmethod
+    def decode(cls, data: bytes) -> LeaseBody:
+        obj = _load_object(data, "lease")
+        try:
+            expires_at = _require_str(obj, "expires_at", "lease")
+            parse_time(expires_at)
+        except ValueError as exc:
+            raise CorruptObject(f"lease has an invalid expires_at: {exc}") from None
+        return cls(
+            consumer_id=_require_str(obj, "consumer_id", "lease"),
+            message_id=_require_str(obj, "message_id", "lease"),
+            claimed_at=str(obj.get("claimed_at", "")),
+            expires_at=expires_at,
+            nonce=str(obj.get("nonce", "")),
+            message_key=str(obj.get("message_key", "")),
+        )

@@ -1,0 +1,85 @@
+"""Every error pawn-queue raises.
+
+One root, so ``except PawnQueueError`` catches everything the library raises::
+
+    PawnQueueError
+    ├── ConfigError                  invalid configuration, URL or name (raised before any I/O)
+    ├── StoreError                   the storage failed or refused a request
+    │   ├── NotFound                 the key does not exist
+    │   ├── AlreadyExists            create-only put on an existing key
+    │   ├── PreconditionFailed       if-match put whose etag no longer matches (or key is gone)
+    │   ├── StoreUnavailable         transient: timeout, connection refused, 5xx, throttling
+    │   ├── AccessDenied             credentials missing, wrong or without permission
+    │   └── BucketNotFound           the bucket (or root directory) does not exist
+    ├── TopicNotFoundError           the topic has no marker
+    ├── PublishError                 a message could not be written (``__cause__`` says why)
+    ├── QueueFullError               a topic stayed at ``max_pending`` for the whole wait
+    ├── PayloadError                 the payload cannot be encoded (not JSON-serialisable, NaN...)
+    ├── LeaseConflictError           another consumer holds the lease
+    └── LeaseLostError               the lease expired and was taken over; nothing was deleted
+
+Storage-client exceptions (obstore, OSError) are translated where the store is called and
+never reach users; the original is kept as ``__cause__``. Messages never contain credentials.
+"""
+
+from __future__ import annotations
+
+
+class PawnQueueError(Exception):
+    """Root of every pawn-queue error."""
+
+
+class ConfigError(PawnQueueError, ValueError):
+    """Invalid configuration, store URL or name."""
+
+
+class StoreError(PawnQueueError):
+    """The storage failed or refused a request."""
+
+
+class NotFound(StoreError):
+    """The key does not exist."""
+
+
+class AlreadyExists(StoreError):
+    """A create-only put found the key already present."""
+
+
+class PreconditionFailed(StoreError):
+    """An if-match put found another etag (or no object) at the key."""
+
+
+class StoreUnavailable(StoreError):
+    """A transient failure: timeout, refused connection, server error or throttling."""
+
+
+class AccessDenied(StoreError):
+    """The credentials are missing, wrong, or lack permission."""
+
+
+class BucketNotFound(StoreError):
+    """The bucket or root directory does not exist."""
+
+
+class TopicNotFoundError(PawnQueueError):
+    """The topic has not been created."""
+
+
+class PublishError(PawnQueueError):
+    """A message could not be written; ``__cause__`` holds the store error."""
+
+
+class QueueFullError(PublishError):
+    """The topic stayed at its ``max_pending`` bound for the whole wait."""
+
+
+class PayloadError(PublishError, TypeError):
+    """The payload cannot be encoded as a message (not JSON-serialisable, NaN, too deep)."""
+
+
+class LeaseConflictError(PawnQueueError):
+    """Another consumer holds the lease."""
+
+
+class LeaseLostError(PawnQueueError):
+    """The lease expired and was taken over; the operation deleted nothing."""

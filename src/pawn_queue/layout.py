@@ -1,0 +1,142 @@
+"""Where every object lives, and which names are allowed.
+
+Every storage key is built here. The layout is compatible with pawn-queue 0.1.x::
+
+    {topic}/.topic                              topic marker (JSON: settings)
+    {topic}/messages/{ts}-{uuid}.json           pending message, FIFO by key
+    {topic}/leases/{uuid}.lease                 claim of the message {uuid}
+    {topic}/dead-letter/{uuid}.json             dead letter
+    _registry/{producers|consumers}/{uuid}.json registry entry
+    _registry/names/{producers|consumers}/{name}.json  name -> uuid index (create-only)
+    _probe/{uuid}.probe                         strategy probe, deleted at once
+
+Names starting with ``_`` or ``.`` are reserved for the library.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from datetime import UTC, datetime
+from typing import Literal
+
+from pawn_queue.exceptions import ConfigError
+
+Role = Literal["producers", "consumers"]
+ROLES: tuple[Role, ...] = ("producers", "consumers")
+
+MAX_NAME_LENGTH = 128
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+TOPIC_MARKER = ".topic"
+MESSAGES = "messages/"
+LEASES = "leases/"
+DEAD_LETTER = "dead-letter/"
+REGISTRY = "_registry/"
+PROBE = "_probe/"
+RESERVED_PREFIXES = ("_", ".")
+
+
+def validate_name(name: object, what: str = "name") -> str:
+    """Return ``name`` if it is a valid topic, producer or consumer name, else raise ConfigError.
+
+    Allowed: 1-128 ASCII letters, digits, ``.``, ``_`` and ``-``, starting with a letter or
+    digit; no ``..``. This keeps names safe as key segments and as file names on every store.
+    """
+    if not isinstance(name, str):
+        raise ConfigError(f"{what} must be a string, got {type(name).__name__}")
+    shown = repr(name if len(name) <= 40 else name[:40] + "...")
+    if not name:
+        raise ConfigError(f"{what} must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigError(
+            f"{what} {shown} is {len(name)} characters long; at most {MAX_NAME_LENGTH}"
+        )
+    if name.startswith(RESERVED_PREFIXES):
+        raise ConfigError(f"{what} {shown} starts with '_' or '.', which are reserved")
+    if ".." in name or not _NAME_RE.match(unicodedata.normalize("NFC", name)) or not name.isascii():
+        raise ConfigError(
+            f"{what} {shown} is invalid: use ASCII letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit, without '..'"
+        )
+    return name
+
+
+def is_uuid(value: str) -> bool:
+    return bool(_UUID_RE.match(value))
+
+
+def topic_prefix(topic: str) -> str:
+    return f"{topic}/"
+
+
+def topic_marker_key(topic: str) -> str:
+    return f"{topic}/{TOPIC_MARKER}"
+
+
+def messages_prefix(topic: str) -> str:
+    return f"{topic}/{MESSAGES}"
+
+
+def message_key(topic: str, message_id: str, at: datetime) -> str:
+    """The key of a message; the UTC timestamp first makes listing order FIFO."""
+    ts = at.astimezone(UTC).strftime("%Y%m%dT%H%M%S_%f")
+    return f"{topic}/{MESSAGES}{ts}-{message_id}.json"
+
+
+def message_id_from_key(key: str) -> str | None:
+    """The message id in a message key, or None if the key is not a message."""
+    name = key.rsplit("/", 1)[-1]
+    if not name.endswith(".json") or len(name) < 41:
+        return None
+    candidate = name[-41:-5]
+    return candidate if is_uuid(candidate) else None
+
+
+def leases_prefix(topic: str) -> str:
+    return f"{topic}/{LEASES}"
+
+
+def lease_key(topic: str, message_id: str) -> str:
+    return f"{topic}/{LEASES}{message_id}.lease"
+
+
+def dead_letter_prefix(topic: str) -> str:
+    return f"{topic}/{DEAD_LETTER}"
+
+
+def dead_letter_key(topic: str, message_id: str) -> str:
+    return f"{topic}/{DEAD_LETTER}{message_id}.json"
+
+
+def registry_prefix(role: Role) -> str:
+    return f"{REGISTRY}{role}/"
+
+
+def registry_key(role: Role, entity_id: str) -> str:
+    return f"{REGISTRY}{role}/{entity_id}.json"
+
+
+def registry_name_key(role: Role, name: str) -> str:
+    return f"{REGISTRY}names/{role}/{name}.json"
+
+
+def probe_key(probe_id: str) -> str:
+    return f"{PROBE}{probe_id}.probe"
+
+
+def topic_from_marker_key(key: str) -> str | None:
+    """The topic a marker key belongs to, or None."""
+    topic, sep, rest = key.partition("/")
+    return (
+        topic if sep and rest == TOPIC_MARKER and not topic.startswith(RESERVED_PREFIXES) else None
+    )
+
+
+def after_subtree(segment: str) -> str:
+    """A ``start_after`` value that skips every key under ``segment/``.
+
+    ``0`` is the character right after ``/``, so ``segment0`` sorts after all of ``segment/...``.
+    """
+    return f"{segment}0"

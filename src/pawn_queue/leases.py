@@ -1,0 +1,310 @@
+"""Leases: the only code that claims, refreshes, takes over or releases a message.
+
+Two strategies (see docs/protocol.md):
+
+* ``conditional_write``: claim with a create-only put, refresh and release with if-match on
+  our own etag, take over an expired lease with if-match on its etag. Atomic.
+* ``csprng_verify``: for stores without conditional writes. Write a lease with a fresh
+  random nonce, wait, and check with HEADs that our write survived (the README's 4 steps).
+  Probabilistic; the docs and the startup log say so.
+
+A lease is expired for a taker only when ``now > expires_at + clock_skew_margin``, and its
+holder treats it as safe only while ``now < expires_at - clock_skew_margin``: clocks that
+differ by less than the margin never see a live lease as expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pawn_queue import layout
+from pawn_queue.config import ConcurrencyConfig
+from pawn_queue.envelope import CorruptObject, LeaseBody, now_utc
+from pawn_queue.exceptions import (
+    AlreadyExists,
+    LeaseLostError,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+    StoreUnavailable,
+)
+from pawn_queue.store.base import IfMatch, PutMode, Store
+
+logger = logging.getLogger(__name__)
+
+_SETTLED_SECONDS = 60.0  # longer than any listing stays in use
+_SETTLED_MEMORY = 10_000
+ResolvedStrategy = Literal["conditional_write", "csprng_verify"]
+
+
+@dataclass(slots=True)
+class Lease:
+    """A lease this process holds on one message object."""
+
+    topic: str
+    message_id: str
+    message_key: str
+    key: str
+    etag: str
+    body: LeaseBody
+    visibility: float
+    lost: bool = False
+    released: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    @property
+    def expires(self) -> datetime:
+        return self.body.expires
+
+
+class LeaseManager:
+    """Claims and keeps leases for one store with one resolved strategy."""
+
+    def __init__(
+        self, store: Store, strategy: ResolvedStrategy, concurrency: ConcurrencyConfig
+    ) -> None:
+        self._store = store
+        self.strategy = strategy
+        self._csprng = concurrency.csprng_verify
+        self._margin = timedelta(seconds=concurrency.clock_skew_margin_seconds)
+        # What this process knows without asking the store: lease keys held here, lease keys
+        # seen live elsewhere (until when), and message keys settled here a moment ago.
+        self._held_here: set[str] = set()
+        self._busy_until: dict[str, datetime] = {}
+        self._settled_here: dict[str, float] = {}
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def worth_claiming(self, topic: str, message_id: str, message_key: str) -> bool:
+        """False if this process knows the message is leased or gone (saves requests)."""
+        key = layout.lease_key(topic, message_id)
+        if key in self._held_here or message_key in self._settled_here:
+            return False
+        until = self._busy_until.get(key)
+        if until is None:
+            return True
+        if until > now_utc():
+            return False
+        del self._busy_until[key]
+        return True
+
+    def _note_settled(self, message_key: str) -> None:
+        now = time.monotonic()
+        if len(self._settled_here) >= _SETTLED_MEMORY:
+            self._settled_here = {k: t for k, t in self._settled_here.items() if t > now}
+        self._settled_here[message_key] = now + _SETTLED_SECONDS
+
+    async def claim(
+        self, topic: str, message_id: str, message_key: str, consumer_id: str, visibility: float
+    ) -> Lease | None:
+        """Claim the message; None if another consumer holds a live lease on it."""
+        key = layout.lease_key(topic, message_id)
+        body = self._new_body(consumer_id, message_id, message_key, visibility)
+        if self.strategy == "conditional_write":
+            etag = await self._claim_conditional(key, body)
+        else:
+            etag = await self._claim_csprng(key, body)
+        if etag is None:
+            return None
+        self._busy_until.pop(key, None)
+        self._held_here.add(key)
+        return Lease(topic, message_id, message_key, key, etag, body, visibility)
+
+    async def _claim_conditional(self, key: str, body: LeaseBody) -> str | None:
+        etag = await self._conditional_put(key, body, "create")
+        if etag is not None:
+            return etag
+        try:
+            current = await self._store.get(key)
+        except NotFound:
+            # Released between our put and get: one more create decides.
+            return await self._conditional_put(key, body, "create")
+        if not self._expired(current.data, current.meta.last_modified):
+            return None
+        etag = await self._conditional_put(key, body, IfMatch(current.meta.etag))
+        if etag is not None:
+            logger.info("lease takeover key=%s", key)
+        return etag
+
+    async def _claim_csprng(self, key: str, body: LeaseBody) -> str | None:
+        try:
+            current = await self._store.get(key)
+        except NotFound:
+            pass
+        else:
+            if not self._expired(current.data, current.meta.last_modified):
+                return None
+        cfg = self._csprng
+        etag = await self._store.put(key, body.encode(), "overwrite")
+        jitter_ms = cfg.jitter_min_ms + secrets.randbelow(cfg.jitter_max_ms - cfg.jitter_min_ms + 1)
+        await asyncio.sleep(jitter_ms / 1000)
+        for attempt in range(cfg.verify_retries + 1):
+            if attempt:
+                await asyncio.sleep(cfg.verify_retry_delay_ms / 1000)
+            if not await self._etag_is(key, etag):
+                return None
+        await asyncio.sleep(cfg.jitter_min_ms / 1000)
+        return etag if await self._etag_is(key, etag) else None
+
+    # -- keeping ----------------------------------------------------------------------------
+
+    async def refresh(self, lease: Lease, visibility: float | None = None) -> None:
+        """Push the lease's expiry to ``now + visibility``; raise LeaseLostError if it is gone."""
+        async with lease.lock:
+            if lease.released and not lease.lost:
+                return
+            await self._renew(lease, lease.visibility if visibility is None else visibility)
+
+    async def ensure_held(self, lease: Lease) -> None:
+        """Make sure the lease stays ours for a while; raise LeaseLostError if it is not ours."""
+        if lease.lost or lease.released:
+            raise LeaseLostError(f"lease on message {lease.message_id} is no longer held")
+        if not self._safe_for(lease, windows=2):
+            await self.refresh(lease)
+
+    async def release(self, lease: Lease, *, message_gone: bool = False) -> None:
+        """Delete our lease so others can claim the message at once; a lost lease is left be.
+
+        ``message_gone`` says the message was deleted (acked, dead-lettered or found missing).
+        """
+        if message_gone:
+            self._note_settled(lease.message_key)
+        async with lease.lock:
+            self._held_here.discard(lease.key)
+            if lease.lost or lease.released:
+                return
+            if not self._safe_for(lease, windows=1):
+                # Too close to expiry to be sure a delete would hit our own lease: renew first.
+                try:
+                    await self._renew(lease, lease.visibility)
+                except LeaseLostError:
+                    return
+            lease.released = True
+            await self._store.delete(lease.key)
+
+    def _safe_for(self, lease: Lease, windows: int) -> bool:
+        """Whether the lease stays ours for ``windows`` safety windows on every clock.
+
+        A window is the skew margin plus time for a request to land (at most 1 s).
+        """
+        window = self._margin + timedelta(seconds=min(1.0, lease.visibility / 4))
+        return lease.expires - now_utc() > windows * window
+
+    async def _renew(self, lease: Lease, seconds: float) -> None:
+        if lease.lost:
+            raise LeaseLostError(f"lease on message {lease.message_id} was lost")
+        body = self._new_body(lease.body.consumer_id, lease.message_id, lease.message_key, seconds)
+        etag = await self._replace(lease, body)
+        if etag is None:
+            lease.lost = True
+            self._held_here.discard(lease.key)
+            logger.warning("lease lost key=%s", lease.key)
+            raise LeaseLostError(f"lease on message {lease.message_id} was taken over")
+        lease.etag, lease.body, lease.visibility = etag, body, seconds
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _new_body(
+        self, consumer_id: str, message_id: str, message_key: str, visibility: float
+    ) -> LeaseBody:
+        now = now_utc()
+        return LeaseBody(
+            consumer_id=consumer_id,
+            message_id=message_id,
+            claimed_at=now.isoformat(),
+            expires_at=(now + timedelta(seconds=visibility)).isoformat(),
+            nonce=_nonce(),
+            message_key=message_key,
+        )
+
+    def _expired(self, data: bytes, last_modified: datetime) -> bool:
+        """Whether a stored lease may be taken over; a corrupt one ages from its write time."""
+        try:
+            expires = LeaseBody.decode(data).expires
+        except CorruptObject:
+            expires = last_modified
+        return now_utc() > expires + self._margin
+
+    async def _replace(self, lease: Lease, body: LeaseBody) -> str | None:
+        """Write ``body`` over our lease; None if the lease is no longer ours."""
+        if self.strategy == "conditional_write":
+            return await self._conditional_put(lease.key, body, IfMatch(lease.etag))
+        if not await self._etag_is(lease.key, lease.etag):
+            return None
+        return await self._store.put(lease.key, body.encode(), "overwrite")
+
+    async def _conditional_put(self, key: str, body: LeaseBody, mode: PutMode) -> str | None:
+        """A conditional put that recognises its own earlier success (rule 6); None if lost."""
+        try:
+            return await self._store.put(key, body.encode(), mode)
+        except (AlreadyExists, PreconditionFailed):
+            pass
+        # A retried request can fail on its own earlier success: the nonce tells.
+        try:
+            current = await self._store.get(key)
+        except NotFound:
+            return None
+        try:
+            if LeaseBody.decode(current.data).nonce == body.nonce:
+                return current.meta.etag
+        except CorruptObject:
+            pass
+        return None
+
+    async def _etag_is(self, key: str, etag: str) -> bool:
+        try:
+            return (await self._store.head(key)).etag == etag
+        except NotFound:
+            return False
+
+
+def _nonce() -> str:
+    return secrets.token_hex(32)
+
+
+async def probe_strategy(store: Store) -> ResolvedStrategy:
+    """The README's probe: write ``_probe/{uuid}.probe``, then write it again create-only.
+
+    conditional_write is chosen only if create-only *and* if-match are both enforced.
+    """
+    key = layout.probe_key(str(uuid.uuid4()))
+    try:
+        await store.put(key, _nonce().encode(), "overwrite")
+        create_enforced = await _rejects(store.put(key, _nonce().encode(), "create"), AlreadyExists)
+        stale = IfMatch('"pawn-queue-probe-stale-etag"')
+        if_match_enforced = await _rejects(
+            store.put(key, _nonce().encode(), stale), PreconditionFailed
+        )
+    finally:
+        await store.delete(key)
+    strategy: ResolvedStrategy = (
+        "conditional_write" if create_enforced and if_match_enforced else "csprng_verify"
+    )
+    logger.info(
+        "strategy=%s create_only=%s if_match=%s (probe of conditional writes)",
+        strategy,
+        create_enforced,
+        if_match_enforced,
+    )
+    return strategy
+
+
+async def _rejects(put: Awaitable[str], error: type[StoreError]) -> bool:
+    """Whether the store refused the write with ``error`` (a transient failure propagates)."""
+    try:
+        await put
+    except error:
+        return True
+    except StoreUnavailable:
+        raise
+    except StoreError:
+        return False
+    return False

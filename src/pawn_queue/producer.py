@@ -1,0 +1,78 @@
+"""Producer: publishes messages to topics."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from pawn_queue import layout
+from pawn_queue.envelope import Envelope, now_utc
+from pawn_queue.exceptions import PayloadError, PublishError, StoreError
+from pawn_queue.registry import RegistryEntry
+from pawn_queue.store.base import Store
+from pawn_queue.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+
+class Producer:
+    """Publishes messages. Obtain one with ``PawnQueue.register_producer()``."""
+
+    def __init__(self, entry: RegistryEntry, store: Store, topics: Topics) -> None:
+        self._entry = entry
+        self._store = store
+        self._topics = topics
+
+    @property
+    def id(self) -> str:
+        """Stable UUIDv4 assigned at registration."""
+        return self._entry.entity_id
+
+    @property
+    def name(self) -> str:
+        return self._entry.name
+
+    def __repr__(self) -> str:
+        return f"Producer(name={self.name!r}, id={self.id!r})"
+
+    async def publish(
+        self, topic: str, payload: Any, *, attributes: Mapping[str, str] | None = None
+    ) -> str:
+        """Publish ``payload`` (any JSON value) to ``topic`` and return the message id.
+
+        Returns only after the store acknowledged the write: a returned id is durable.
+        Raises TopicNotFoundError for an unknown topic and PayloadError for a payload that
+        cannot be encoded (both before anything is written), PublishError if the write fails.
+        """
+        await self._topics.settings(topic)
+        message_id = str(uuid.uuid4())
+        now = now_utc()
+        envelope = Envelope(
+            id=message_id,
+            topic=topic,
+            producer_id=self.id,
+            created_at=now.isoformat(),
+            payload=payload,
+            attributes=_check_attributes(attributes),
+        )
+        body = envelope.encode()
+        key = layout.message_key(topic, message_id, now)
+        try:
+            await self._store.put(key, body, "overwrite")
+        except StoreError as exc:
+            raise PublishError(f"could not publish to topic {topic!r}: {exc}") from exc
+        logger.debug("published message=%s topic=%s", message_id, topic)
+        return message_id
+
+
+def _check_attributes(attributes: Mapping[str, str] | None) -> dict[str, str]:
+    if attributes is None:
+        return {}
+    if not isinstance(attributes, Mapping):
+        raise PayloadError(f"attributes must be a mapping of str to str, got {type(attributes)}")
+    for k, v in attributes.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise PayloadError(f"attributes must map str to str, got {k!r}: {v!r}")
+    return dict(attributes)

@@ -1,0 +1,31 @@
+"""Stores: the storage primitives the queue is built on (see :mod:`pawn_queue.store.base`)."""
+
+from __future__ import annotations
+
+from pawn_queue.config import PawnQueueConfig
+from pawn_queue.exceptions import ConfigError
+from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, Store, StoredObject
+
+__all__ = ["IfMatch", "ObjectMeta", "PutMode", "Store", "StoredObject", "open_store"]
+
+
+def open_store(config: PawnQueueConfig) -> Store:
+    """The store selected by ``config.backend``. Does no I/O."""
+    if config.backend == "memory":
+        from pawn_queue.store.memory import MemoryStore
+
+        name = config.memory.name
+        return MemoryStore.named(name) if name else MemoryStore()
+    if config.backend == "filesystem":
+        from pawn_queue.store.filesystem import FilesystemStore
+
+        if config.filesystem is None:
+            raise ConfigError("backend 'filesystem' needs filesystem.path")
+        return FilesystemStore(config.filesystem.path)
+    if config.backend == "s3":
+        from pawn_queue.store.s3 import S3Store
+
+        if config.s3 is None:
+            raise ConfigError("backend 's3' needs an s3 section with bucket_name")
+        return S3Store(config.s3)
+    raise ConfigError(f"backend: got {config.backend!r}, allowed: 's3', 'filesystem', 'memory'")

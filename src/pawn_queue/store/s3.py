@@ -1,0 +1,472 @@
+"""The S3 store: any S3-compatible bucket through obstore (Rust ``object_store``).
+
+Things obstore and S3 servers do that this module works around:
+
+* obstore list prefixes are path segments (``a/b`` lists ``a/b/...`` only) and list offsets
+  are parsed as paths (a trailing ``/`` is dropped). :meth:`S3Store.list` therefore lists the
+  parent "directory" of the prefix from a computed offset and filters by string prefix.
+* SeaweedFS walks its directory tree for a listing: ``start-after=a/b`` skips every key under
+  ``a/b/`` when ``a/b/`` is a directory. Offsets sent here are never a key's parent directory.
+* obstore error text carries URLs and response bodies; an AWS error body can echo the access
+  key. Errors are rebuilt from the HTTP status, the S3 error code and message only.
+* obstore reads ``AWS_*`` environment variables for any setting not passed explicitly, and
+  ``AWS_ENDPOINT_URL_S3`` beats ``endpoint``; explicit settings here pin what matters.
+
+Keys obstore cannot represent (rejected with :class:`ConfigError`): empty keys, a leading or
+trailing ``/``, empty segments (``a//b``), ``.`` or ``..`` segments and ASCII control
+characters. A backslash is also rejected: SeaweedFS turns it into ``/``. Keys are limited to
+1,024 UTF-8 bytes including the store prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import obstore
+from obstore.store import S3Store as _ObstoreS3Store
+
+from pawn_queue.config import S3Config
+from pawn_queue.exceptions import (
+    AccessDenied,
+    AlreadyExists,
+    BucketNotFound,
+    ConfigError,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+    StoreUnavailable,
+)
+from pawn_queue.store._s3_listing import ServerSortsBytes, key_problem, offset_below, tree_walk
+from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, StoredObject
+
+if TYPE_CHECKING:
+    from obstore import ListStream
+    from obstore import ObjectMeta as _ObstoreMeta
+    from obstore import PutMode as _ObstorePutMode
+    from obstore.store import ClientConfig, RetryConfig, S3Credential
+    from obstore.store import S3Config as _ObstoreS3Config
+
+__all__ = ["S3ErrorDetail", "S3Store"]
+
+_T = TypeVar("_T")
+
+_MAX_KEY_BYTES = 1024
+_LIST_PAGE = 1000  # S3's own page size; obstore always asks for it
+
+_ACCESS_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "AuthorizationHeaderMalformed",
+        "MissingSecurityHeader",
+        "InvalidSecurity",
+        "AccountProblem",
+    }
+)
+_TRANSIENT_CODES = frozenset(
+    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
+)
+_NETWORK_KINDS = frozenset({"Connect", "Timeout", "Request", "Io", "Interrupted", "Body"})
+
+
+class S3ErrorDetail(Exception):
+    """The sanitised client failure kept as ``__cause__`` of a translated error.
+
+    Holds the client's exception type, HTTP status, S3 error code and message only: never the
+    request URL, headers or response body (an error body can echo the access key).
+    """
+
+
+def _check_key(key: str, prefix: str) -> None:
+    """Raise ConfigError for a key obstore cannot represent or SeaweedFS would alter."""
+    reason = key_problem(key)
+    if reason is None and len(f"{prefix}/{key}".encode()) > _MAX_KEY_BYTES:
+        reason = f"longer than {_MAX_KEY_BYTES} UTF-8 bytes with the prefix"
+    if reason is not None:
+        raise ConfigError(f"S3 key {key!r} cannot be stored: {reason}")
+
+
+def _normalise_prefix(prefix: str) -> str:
+    prefix = prefix.strip("/")
+    if prefix and (problem := key_problem(prefix)) is not None:
+        raise ConfigError(f"S3 prefix {prefix!r} is invalid: {problem}")
+    return prefix
+
+
+def _endpoint(config: S3Config) -> tuple[str | None, bool]:
+    """The endpoint URL to use and whether it is plain HTTP."""
+    url = config.endpoint_url
+    if not url:
+        return None, not config.use_ssl
+    if "://" not in url:
+        url = ("https://" if config.use_ssl else "http://") + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"S3 endpoint {_redact_url(url)!r} is not an http(s) URL")
+    if config.addressing_style == "virtual" and not parts.netloc.startswith(
+        f"{config.bucket_name}."
+    ):
+        # obstore expects the bucket already in the host for virtual-hosted requests.
+        parts = parts._replace(netloc=f"{config.bucket_name}.{parts.netloc}")
+    return urlunsplit(parts).rstrip("/"), parts.scheme == "http"
+
+
+def _redact_url(url: str) -> str:
+    """The URL without user info (credentials some tools put in endpoints)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _meta(raw: _ObstoreMeta) -> ObjectMeta:
+    return ObjectMeta(
+        key=raw["path"],
+        etag=raw["e_tag"] or "",
+        size=raw["size"],
+        last_modified=raw["last_modified"],
+    )
+
+
+def _obstore_mode(mode: PutMode) -> _ObstorePutMode:
+    if isinstance(mode, IfMatch):
+        return {"e_tag": mode.etag}
+    if mode in ("overwrite", "create"):
+        return mode
+    raise ConfigError(f"unknown put mode {mode!r}")
+
+
+class S3Store:
+    """A :class:`~pawn_queue.store.base.Store` on an S3-compatible bucket.
+
+    Etags are returned as the server sends them (S3: quoted, ``'"<md5>"'``) and passed back
+    verbatim in ``If-Match``. Without credentials in the config obstore's default chain
+    (``AWS_*`` variables, web identity, instance metadata) is used.
+    """
+
+    def __init__(self, config: S3Config) -> None:
+        self._bucket = config.bucket_name
+        self._prefix = _normalise_prefix(config.prefix)
+        endpoint, plain_http = _endpoint(config)
+        self._endpoint = _redact_url(endpoint) if endpoint else "(AWS)"
+        # SeaweedFS lists in directory-tree order; S3 proper in byte order (see list()).
+        self._sorts_bytes = False
+
+        client: ClientConfig = {
+            "allow_http": plain_http,
+            "allow_invalid_certificates": not config.verify_ssl,
+            "connect_timeout": timedelta(seconds=config.connect_timeout_seconds),
+            "timeout": timedelta(seconds=config.request_timeout_seconds),
+        }
+        retry_timeout = timedelta(seconds=config.retry_timeout_seconds)
+        retry: RetryConfig = {
+            "max_retries": config.max_retries,
+            "retry_timeout": retry_timeout,
+            "backoff": {
+                "init_backoff": timedelta(milliseconds=100),
+                "max_backoff": min(timedelta(seconds=10), retry_timeout),
+                "base": 2,
+            },
+        }
+
+        key_id, secret = config.aws_access_key_id, config.aws_secret_access_key
+        if (key_id is None) != (secret is None):
+            raise ConfigError("set both aws_access_key_id and aws_secret_access_key, or neither")
+        secrets: list[str] = []
+        provider: Callable[[], S3Credential] | None = None
+        if key_id is not None and secret is not None:
+            # A provider instead of plain keys: obstore would otherwise add AWS_SESSION_TOKEN
+            # from the environment to our explicit keys, and keep the secret in .config.
+            credential: S3Credential = {
+                "access_key_id": key_id.get_secret_value(),
+                "secret_access_key": secret.get_secret_value(),
+                "token": (
+                    config.aws_session_token.get_secret_value()
+                    if config.aws_session_token is not None
+                    else None
+                ),
+                "expires_at": None,
+            }
+            secrets = [v for v in credential.values() if isinstance(v, str) and v]
+
+            def provider() -> S3Credential:
+                return credential
+
+        options: _ObstoreS3Config = {
+            "bucket": self._bucket,
+            "region": config.region_name,
+            "virtual_hosted_style_request": config.addressing_style == "virtual",
+            "conditional_put": "etag",  # enables IfMatch puts
+            "skip_signature": False,
+        }
+        if endpoint is not None:
+            # Both keys: AWS_ENDPOINT_URL_S3 from the environment would beat "endpoint".
+            options["endpoint"] = endpoint
+            options["aws_endpoint_url_s3"] = endpoint
+        try:
+            self._store: _ObstoreS3Store | None = _ObstoreS3Store(
+                prefix=self._prefix or None,
+                config=options,
+                client_options=client,
+                retry_config=retry,
+                credential_provider=provider,
+            )
+        except Exception as exc:
+            message = str(exc).split("\n", 1)[0]
+            for value in secrets:
+                message = message.replace(value, "***")
+            error = ConfigError(f"invalid S3 configuration for bucket {self._bucket!r}: {message}")
+        else:
+            return
+        raise error
+
+    def __repr__(self) -> str:
+        return (
+            f"S3Store(endpoint={self._endpoint!r}, bucket={self._bucket!r}, "
+            f"prefix={self._prefix!r})"
+        )
+
+    # -- Store protocol -------------------------------------------------------------------
+
+    async def get(self, key: str) -> StoredObject:
+        _check_key(key, self._prefix)
+        store = self._live()
+
+        async def fetch() -> StoredObject:
+            result = await obstore.get_async(store, key)
+            data = bytes(await result.bytes_async())
+            return StoredObject(data=data, meta=_meta(result.meta))
+
+        return await self._call("get", key, fetch)
+
+    async def head(self, key: str) -> ObjectMeta:
+        _check_key(key, self._prefix)
+        store = self._live()
+        raw = await self._call("head", key, lambda: obstore.head_async(store, key))
+        return _meta(raw)
+
+    async def put(self, key: str, data: bytes, mode: PutMode = "overwrite") -> str:
+        _check_key(key, self._prefix)
+        store = self._live()
+        obstore_mode = _obstore_mode(mode)
+        result = await self._call(
+            "put",
+            key,
+            # One PUT request: conditional headers do not apply to multipart uploads.
+            lambda: obstore.put_async(store, key, data, mode=obstore_mode, use_multipart=False),
+        )
+        etag = result["e_tag"]
+        if not etag:
+            raise StoreError(f"S3 put to {self._where(key)} returned no ETag")
+        return etag
+
+    async def list(
+        self, prefix: str = "", start_after: str | None = None, limit: int | None = None
+    ) -> list[ObjectMeta]:
+        if limit is not None and limit <= 0:
+            return []
+        if start_after is not None and start_after < prefix:
+            start_after = None  # every key with the prefix sorts after it
+        if start_after is not None and not start_after.startswith(prefix):
+            return []  # start_after sorts after every key with the prefix
+        # obstore lists whole path segments: list the prefix's parent and filter.
+        parent, _, partial = prefix.rpartition("/")
+        if parent and key_problem(parent) is not None:
+            return []  # no storable key lies under an invalid parent
+        bound: str | None = prefix if partial else None
+        inclusive = start_after is None
+        if start_after is not None:
+            bound = start_after
+        results: list[ObjectMeta] = []
+        if not self._sorts_bytes:
+            try:
+                walk = tree_walk(self._pages, parent, bound, inclusive)
+                async with contextlib.aclosing(walk):
+                    async for meta in walk:
+                        if _collect(meta, prefix, results, limit):
+                            return results
+                return results
+            except ServerSortsBytes:
+                # Learnt once per store: from now on one plain listing is in byte order.
+                self._sorts_bytes = True
+                if results:
+                    bound, inclusive = results[-1].key, False
+        pages = self._pages(parent, offset_below(bound) if bound else None)
+        async with contextlib.aclosing(pages):
+            async for meta in pages:
+                if (
+                    bound is None or meta.key > bound or (inclusive and meta.key == bound)
+                ) and _collect(meta, prefix, results, limit):
+                    break
+        return results
+
+    async def delete(self, key: str) -> None:
+        await self.delete_many([key])
+
+    async def delete_many(self, keys: Sequence[str]) -> None:
+        if not keys:
+            return
+        for key in keys:
+            _check_key(key, self._prefix)
+        store = self._live()
+        paths = list(keys)
+        where = paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more)"
+        # S3 reports a missing key as deleted; some servers answer 404 instead.
+        with contextlib.suppress(NotFound):
+            # obstore sends DeleteObjects requests of up to 1,000 keys.
+            await self._call("delete", where, lambda: obstore.delete_async(store, paths))
+
+    async def close(self) -> None:
+        # obstore has no close: dropping the last reference frees the connection pool.
+        self._store = None
+
+    # -- extras ---------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """Verify that the bucket exists and the credentials may list it (one request).
+
+        Raises BucketNotFound, AccessDenied or StoreUnavailable with a clear message.
+        """
+        store = self._live()
+        await self._call(
+            "check",
+            None,
+            # A prefix that holds nothing keeps the answer small.
+            lambda: obstore.list_with_delimiter_async(store, "_pawn_queue_check"),
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    async def _pages(self, directory: str, offset: str | None) -> AsyncGenerator[ObjectMeta, None]:
+        """Every key under ``directory/`` after ``offset``, in the server's order."""
+        store = self._live()
+        label = f"{directory}/" if directory else ""
+        stream: ListStream[Sequence[_ObstoreMeta]] = await self._call(
+            "list",
+            label,
+            what="prefix",
+            make=lambda: _ready(
+                obstore.list(store, directory or None, offset=offset, chunk_size=_LIST_PAGE)
+            ),
+        )
+        while True:
+            chunk = await self._call("list", label, lambda: _next_chunk(stream), "prefix")
+            if chunk is None:
+                return
+            for raw in chunk:
+                yield _meta(raw)
+
+    def _live(self) -> _ObstoreS3Store:
+        if self._store is None:
+            raise StoreError(f"{self!r} is closed")
+        return self._store
+
+    def _where(self, key: str | None, what: str = "key") -> str:
+        if key is None:
+            return f"bucket {self._bucket!r}"
+        path = f"{self._prefix}/{key}" if self._prefix else key
+        return f"bucket {self._bucket!r} {what} {path!r}"
+
+    async def _call(
+        self, op: str, key: str | None, make: Callable[[], Awaitable[_T]], what: str = "key"
+    ) -> _T:
+        """Run one client call, translating every client exception."""
+        try:
+            return await make()
+        except Exception as exc:  # the store boundary: nothing from the client escapes
+            error = self._translate(exc, op, self._where(key, what))
+        # Raised outside the handler so the client exception is not kept as __context__.
+        raise error
+
+    def _translate(self, exc: Exception, op: str, where: str) -> StoreError:
+        text = str(exc)
+        status_match = re.search(r"status(?: code)?: (\d{3})", text)
+        status = int(status_match.group(1)) if status_match else None
+        code_match = re.search(r"<Code>([A-Za-z0-9.]{1,64})</Code>", text)
+        code = code_match.group(1) if code_match else None
+        message_match = re.search(r"<Message>([^<]{0,200})</Message>", text)
+        kinds = set(re.findall(r"kind: (\w+)", text))
+        name = type(exc).__name__
+
+        cls: type[StoreError]
+        if code == "NoSuchBucket":
+            cls = BucketNotFound
+        elif name == "AlreadyExistsError":
+            cls = AlreadyExists
+        elif name == "PreconditionError":
+            cls = PreconditionFailed
+        elif isinstance(exc, FileNotFoundError) or name == "NotFoundError" or status == 404:
+            cls = NotFound
+        elif (
+            name in ("PermissionDeniedError", "UnauthenticatedError")
+            or status in (401, 403)
+            or code in _ACCESS_CODES
+        ):
+            cls = AccessDenied
+        elif (
+            (status is not None and (status >= 500 or status == 429))
+            or code in _TRANSIENT_CODES
+            or (status is None and (kinds & _NETWORK_KINDS or "error sending request" in text))
+        ):
+            cls = StoreUnavailable
+        else:
+            cls = StoreError
+
+        if status is not None:
+            summary = f"HTTP {status}" + (f" {code}" if code else "")
+        elif "ConnectionRefused" in kinds:
+            summary = "connection refused"
+        elif "Timeout" in kinds:
+            summary = "timed out"
+        elif cls is StoreUnavailable:
+            summary = "connection failed"
+        else:
+            summary = name
+        retries = re.search(r"after (\d+) retries", text)
+        if retries:
+            summary += f" after {retries.group(1)} retries"
+
+        detail = f"{name}: {summary}"
+        if message_match:
+            detail += f": {message_match.group(1).strip()}"
+        error = cls(f"S3 {op} failed for {where} at {self._endpoint}: {summary}")
+        error.__cause__ = S3ErrorDetail(detail)
+        return error
+
+
+def _collect(meta: ObjectMeta, prefix: str, results: list[ObjectMeta], limit: int | None) -> bool:
+    """Add ``meta`` (keys arrive in byte order from the bound on); True when done."""
+    if not meta.key.startswith(prefix):
+        return meta.key > prefix  # past the keys with the prefix
+    results.append(meta)
+    return limit is not None and len(results) >= limit
+
+
+async def _ready(value: _T) -> _T:
+    return value
+
+
+async def _next_chunk(stream: ListStream[Sequence[_ObstoreMeta]]) -> Sequence[_ObstoreMeta] | None:
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+if TYPE_CHECKING:
+    from pawn_queue.store.base import Store
+
+    def _satisfies_protocol(store: S3Store) -> Store:
+        return store

@@ -1,0 +1,137 @@
+"""Topics: markers that say a topic exists and hold its settings."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+from pawn_queue import layout
+from pawn_queue.envelope import encode_json, now_utc
+from pawn_queue.exceptions import (
+    AlreadyExists,
+    ConfigError,
+    NotFound,
+    PreconditionFailed,
+    TopicNotFoundError,
+)
+from pawn_queue.store.base import IfMatch, Store
+
+logger = logging.getLogger(__name__)
+
+_CACHE_SECONDS = 30.0
+_DELETE_PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """Per-topic settings, stored in the topic marker."""
+
+    max_receive_count: int | None = None
+    retention_seconds: float | None = None
+    max_pending: int | None = None
+    dedup_window_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_receive_count", "retention_seconds", "max_pending"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name}: got {value!r}, must be a positive number or None")
+        if self.dedup_window_seconds < 0:
+            raise ConfigError(
+                f"dedup_window_seconds: got {self.dedup_window_seconds!r}, must be >= 0"
+            )
+
+    @classmethod
+    def from_marker(cls, data: bytes) -> TopicSettings:
+        """Settings from a marker; markers of pawn-queue 0.1.x (no settings) give the defaults."""
+        try:
+            raw = json.loads(data).get("settings") or {}
+            known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
+            return cls(**known)
+        except (ValueError, TypeError, AttributeError, ConfigError):
+            logger.warning("topic marker has unreadable settings; using defaults")
+            return cls()
+
+
+class Topics:
+    """Create, find, list and delete topics. Caches markers for a short time."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._cache: dict[str, tuple[float, TopicSettings]] = {}
+
+    async def create(self, name: str, settings: TopicSettings) -> None:
+        layout.validate_name(name, "topic name")
+        key = layout.topic_marker_key(name)
+        body = {"topic": name, "created_at": now_utc().isoformat(), "settings": asdict(settings)}
+        try:
+            await self._store.put(key, encode_json(body), "create")
+            logger.info("topic created topic=%s", name)
+        except AlreadyExists:
+            current = await self._store.get(key)
+            if TopicSettings.from_marker(current.data) != settings:
+                existing = json.loads(current.data)
+                body["created_at"] = existing.get("created_at", body["created_at"])
+                try:
+                    await self._store.put(key, encode_json(body), IfMatch(current.meta.etag))
+                    logger.info("topic settings updated topic=%s", name)
+                except PreconditionFailed:
+                    logger.info("topic settings changed concurrently topic=%s", name)
+        self._cache[name] = (time.monotonic() + _CACHE_SECONDS, settings)
+
+    async def settings(self, name: str) -> TopicSettings:
+        """The topic's settings; raise TopicNotFoundError if it does not exist."""
+        cached = self._cache.get(name)
+        if cached and cached[0] > time.monotonic():
+            return cached[1]
+        layout.validate_name(name, "topic name")
+        try:
+            marker = await self._store.get(layout.topic_marker_key(name))
+        except NotFound:
+            self._cache.pop(name, None)
+            raise TopicNotFoundError(f"topic {name!r} does not exist") from None
+        settings = TopicSettings.from_marker(marker.data)
+        self._cache[name] = (time.monotonic() + _CACHE_SECONDS, settings)
+        return settings
+
+    async def list(self) -> list[str]:
+        """All topics, sorted. Costs two requests per top-level name in the bucket."""
+        topics: list[str] = []
+        cursor: str | None = None
+        while True:
+            first = await self._store.list("", start_after=cursor, limit=1)
+            if not first:
+                return topics
+            segment = first[0].key.split("/", 1)[0]
+            cursor = layout.after_subtree(segment)
+            if segment.startswith(layout.RESERVED_PREFIXES) or "/" not in first[0].key:
+                continue
+            try:
+                await self._store.head(layout.topic_marker_key(segment))
+            except NotFound:
+                continue
+            topics.append(segment)
+
+    async def delete(self, name: str) -> int:
+        """Delete the topic and everything in it; returns the number of objects deleted."""
+        layout.validate_name(name, "topic name")
+        marker = layout.topic_marker_key(name)
+        try:
+            await self._store.head(marker)
+        except NotFound:
+            raise TopicNotFoundError(f"topic {name!r} does not exist") from None
+        # Marker first: publishers stop seeing the topic before its messages go.
+        await self._store.delete(marker)
+        self._cache.pop(name, None)
+        deleted = 1
+        prefix = layout.topic_prefix(name)
+        while page := await self._store.list(prefix, limit=_DELETE_PAGE):
+            await self._store.delete_many([m.key for m in page])
+            deleted += len(page)
+        logger.info("topic deleted topic=%s objects=%d", name, deleted)
+        return deleted
+
+    def forget(self, name: str) -> None:
+        self._cache.pop(name, None)

@@ -1,0 +1,387 @@
+"""What only the filesystem store promises: cross-process atomicity, containment, privacy."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import shutil
+import stat
+import threading
+import traceback
+from collections.abc import AsyncIterator, Callable, Sequence
+from multiprocessing.context import SpawnContext
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pawn_queue.exceptions import (
+    AlreadyExists,
+    BucketNotFound,
+    ConfigError,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+)
+from pawn_queue.store.base import IfMatch
+from pawn_queue.store.filesystem import FilesystemStore
+
+PROCESSES = 8
+RACE_KEYS = [f"race/{i}/k.json" for i in range(6)]
+
+
+@pytest.fixture
+async def fs(tmp_path: Path) -> AsyncIterator[FilesystemStore]:
+    store = FilesystemStore(tmp_path / "root")
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def leftover_temp_files(root: Path) -> list[Path]:
+    return list((root / ".pawnqueue" / "tmp").iterdir())
+
+
+# -- across processes -----------------------------------------------------------------------
+# Workers run in "spawn" children, so they must be importable module-level functions. Each
+# reports (worker, result) or (worker, traceback) on the queue; a barrier lines them up.
+
+
+def _report(results: Any, worker: int, fn: Callable[[], object]) -> None:
+    try:
+        results.put((worker, fn(), None))
+    except BaseException:
+        results.put((worker, None, traceback.format_exc()))
+
+
+def _race_worker(
+    root: str, worker: int, etags: dict[str, str] | None, barrier: Any, results: Any
+) -> None:
+    """Put every race key once, create-only (``etags`` None) or if-match; say who won what."""
+
+    async def main() -> dict[str, str]:
+        store = FilesystemStore(root)
+        try:
+            await store.list("warm-up/")  # prepare the root before the starting line
+            await asyncio.to_thread(barrier.wait)
+
+            async def one(key: str) -> tuple[str, str]:
+                data = f"{worker}:{key}".encode()
+                try:
+                    if etags is None:
+                        return key, await store.put(key, data, mode="create")
+                    return key, await store.put(key, data, mode=IfMatch(etags[key]))
+                except (AlreadyExists, PreconditionFailed) as exc:
+                    return key, type(exc).__name__
+
+            return dict(await asyncio.gather(*(one(key) for key in RACE_KEYS)))
+        finally:
+            await store.close()
+
+    _report(results, worker, lambda: asyncio.run(main()))
+
+
+def _counter_worker(
+    root: str, worker: int, threads: int, increments: int, barrier: Any, results: Any
+) -> None:
+    """From ``threads`` threads (one event loop each, one shared store), increment a counter
+    with compare-and-swap and create one log key per increment."""
+
+    def run() -> int:
+        store = FilesystemStore(root)
+        start = threading.Barrier(threads)
+        retries: list[int] = []
+
+        async def thread_main(thread: int) -> None:
+            await asyncio.to_thread(start.wait)
+            conflicts = 0
+            for i in range(increments):
+                while True:
+                    current = await store.get("counter")
+                    new = str(int(current.data) + 1).encode()
+                    try:
+                        await store.put("counter", new, mode=IfMatch(current.meta.etag))
+                        break
+                    except PreconditionFailed:
+                        conflicts += 1
+                await store.put(f"log/{worker}-{thread}-{i}", new, mode="create")
+            retries.append(conflicts)
+
+        barrier.wait()
+        pool = [
+            threading.Thread(target=asyncio.run, args=(thread_main(t),)) for t in range(threads)
+        ]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        asyncio.run(store.close())
+        assert len(retries) == threads, "a thread died"
+        return sum(retries)
+
+    _report(results, worker, run)
+
+
+def run_processes(target: Callable[..., None], args: Sequence[tuple[object, ...]]) -> list[Any]:
+    """Start one spawned process per ``args`` entry (each gets worker, *args, barrier, queue
+    appended as documented by the target) and return their results in worker order."""
+    ctx: SpawnContext = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(len(args))
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=target, args=(*a[:1], worker, *a[1:], barrier, results))
+        for worker, a in enumerate(args)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        reports = [results.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+    errors = [tb for _, _, tb in reports if tb]
+    assert not errors, errors[0]
+    return [value for _, value, _ in sorted(reports, key=lambda r: r[0])]
+
+
+def check_one_winner_per_key(root: Path, outcomes: list[dict[str, str]], loser: str) -> None:
+    for key in RACE_KEYS:
+        winners = [w for w, out in enumerate(outcomes) if out[key].startswith('"')]
+        assert len(winners) == 1, (key, [out[key] for out in outcomes])
+        assert all(out[key] == loser for w, out in enumerate(outcomes) if w != winners[0])
+        assert (root / key).read_bytes() == f"{winners[0]}:{key}".encode()
+
+
+async def test_create_race_across_processes(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    outcomes = await asyncio.to_thread(run_processes, _race_worker, [(str(root), None)] * PROCESSES)
+    check_one_winner_per_key(root, outcomes, "AlreadyExists")
+    assert leftover_temp_files(root) == []
+
+
+async def test_compare_and_swap_race_across_processes(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store = FilesystemStore(root)
+    etags = {key: await store.put(key, b"start") for key in RACE_KEYS}
+    await store.close()
+    outcomes = await asyncio.to_thread(
+        run_processes, _race_worker, [(str(root), etags)] * PROCESSES
+    )
+    check_one_winner_per_key(root, outcomes, "PreconditionFailed")
+
+
+async def test_threads_and_processes_share_one_directory(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    procs, threads, increments = 3, 3, 8
+    store = FilesystemStore(root)
+    await store.put("counter", b"0")
+    await asyncio.to_thread(
+        run_processes, _counter_worker, [(str(root), threads, increments)] * procs
+    )
+    total = procs * threads * increments
+    assert (await store.get("counter")).data == str(total).encode()
+    log = await store.list("log/")
+    assert len(log) == total
+    # Every increment was seen exactly once: the logged values are 1..total.
+    values = sorted([int((await store.get(m.key)).data) for m in log])
+    assert values == list(range(1, total + 1))
+    await store.close()
+
+
+# -- containment ----------------------------------------------------------------------------
+
+BAD_KEYS = [
+    "",
+    "../x",
+    "/etc/passwd",
+    "a/../../x",
+    "a/./b",
+    "./a",
+    "a//b",
+    "a/",
+    "..",
+    ".",
+    "a\\b",
+    "..\\x",
+    "a\x00b",
+    "a\nb",
+    "a\x7fb",
+    "a\x85b",
+    ".pawnqueue",
+    ".pawnqueue/x",
+    ".pawnqueue/locks/00.lock",
+    "x" * 256,
+    "a/" + "é" * 128,  # 256 bytes of UTF-8 in one segment
+    "k/\udc80",  # a lone surrogate: not encodable
+    "k/" * 600 + "x",  # over 1,024 bytes
+]
+
+
+def snapshot(directory: Path) -> set[Path]:
+    return set(directory.rglob("*"))
+
+
+@pytest.mark.parametrize("key", BAD_KEYS, ids=repr)
+async def test_invalid_keys_are_rejected(tmp_path: Path, key: str) -> None:
+    store = FilesystemStore(tmp_path / "root")
+    await store.put("ok", b"x")
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError):
+        await store.put(key, b"x")
+    for mode in ("create", IfMatch('"x"')):
+        with pytest.raises(ConfigError):
+            await store.put(key, b"x", mode=mode)
+    with pytest.raises(ConfigError):
+        await store.get(key)
+    with pytest.raises(ConfigError):
+        await store.head(key)
+    with pytest.raises(ConfigError):
+        await store.delete(key)
+    with pytest.raises(ConfigError):
+        await store.delete_many(["ok", key])  # all-or-nothing: "ok" survives
+    with pytest.raises(ValueError):  # ConfigError is a ValueError
+        await store.get(key)
+    await store.close()
+    assert snapshot(tmp_path) == before
+    assert (tmp_path / "root" / "ok").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize(
+    "key", ["...", "a/..b", "..a", ".hidden", "a b", ".pawnqueue2/x", "x" * 255, "a/" + "é" * 127]
+)
+async def test_unusual_but_valid_keys(fs: FilesystemStore, key: str) -> None:
+    await fs.put(key, b"ok")
+    assert (Path(fs.root) / key).read_bytes() == b"ok"
+    assert [m.key for m in await fs.list()] == [key]
+
+
+async def test_escaping_prefixes_list_nothing(fs: FilesystemStore) -> None:
+    await fs.put("a/b.json", b"x")
+    for prefix in ["../", "/", "/etc/", "a/../", "a/./", "a//", ".pawnqueue/", ".pawnqueue/tmp/"]:
+        assert await fs.list(prefix) == [], prefix
+    assert [m.key for m in await fs.list(".")] == []
+    assert [m.key for m in await fs.list("a/..")] == []
+
+
+# -- the reserved directory -----------------------------------------------------------------
+
+
+async def test_internal_files_never_listed(fs: FilesystemStore) -> None:
+    root = Path(fs.root)
+    await fs.put("k.json", b"x")
+    (root / ".pawnqueue" / "tmp" / "crashed-writer.tmp").write_bytes(b"half a message")
+    (root / ".pawnqueue" / "stray").write_bytes(b"?")
+    (root / "bad\\name").write_bytes(b"no key can name this")
+    (root / "link.json").symlink_to(root / "k.json")
+    (root / "empty" / "dirs").mkdir(parents=True)
+    assert [m.key for m in await fs.list()] == ["k.json"]
+    assert [m.key for m in await fs.list(".pawn")] == []
+    assert [m.key for m in await fs.list(start_after="")] == ["k.json"]
+    with pytest.raises(NotFound):
+        await fs.get("link.json")
+    with pytest.raises(NotFound):
+        await fs.head("link.json")
+
+
+async def test_stale_temp_files_are_swept_on_start(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    first = FilesystemStore(root)
+    await first.put("k", b"x")
+    await first.close()
+    stale = root / ".pawnqueue" / "tmp" / "stale.tmp"
+    fresh = root / ".pawnqueue" / "tmp" / "fresh.tmp"
+    stale.write_bytes(b"old")
+    fresh.write_bytes(b"maybe a live writer's")
+    two_hours_ago = os.stat(stale).st_mtime - 7200
+    os.utime(stale, (two_hours_ago, two_hours_ago))
+    second = FilesystemStore(root)
+    assert stale.exists(), "the constructor must not do I/O"
+    assert [m.key for m in await second.list()] == ["k"]
+    assert not stale.exists()
+    assert fresh.exists()
+    await second.close()
+
+
+async def test_no_temp_files_left_after_failed_writes(fs: FilesystemStore) -> None:
+    etag = await fs.put("k/a.json", b"x", mode="create")
+    with pytest.raises(AlreadyExists):
+        await fs.put("k/a.json", b"y", mode="create")
+    with pytest.raises(PreconditionFailed):
+        await fs.put("k/a.json", b"y", mode=IfMatch('"stale"'))
+    with pytest.raises(StoreError):
+        await fs.put("k/a.json/b", b"y")
+    await fs.put("k/a.json", b"z", mode=IfMatch(etag))
+    assert leftover_temp_files(Path(fs.root)) == []
+
+
+# -- durability, privacy, collisions, lifecycle ---------------------------------------------
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+async def test_put_lands_on_disk_privately(tmp_path: Path) -> None:
+    root = tmp_path / "deep" / "root"
+    store = FilesystemStore(root)
+    assert not root.exists(), "the constructor must not do I/O"
+    data = os.urandom(100_000)
+    etag = await store.put("a/b/c.json", data, mode="create")
+    assert (root / "a" / "b" / "c.json").read_bytes() == data
+    assert mode_of(root / "a" / "b" / "c.json") == 0o600
+    for directory in [root, root / "a", root / "a" / "b", root / ".pawnqueue"]:
+        assert mode_of(directory) == 0o700, directory
+    for lock in (root / ".pawnqueue" / "locks").iterdir():
+        assert mode_of(lock) == 0o600
+    assert (await store.head("a/b/c.json")).etag == etag
+    await store.put("a/b/c.json", b"replaced")
+    assert (root / "a" / "b" / "c.json").read_bytes() == b"replaced"
+    assert mode_of(root / "a" / "b" / "c.json") == 0o600
+    await store.close()
+
+
+async def test_key_and_directory_collisions(fs: FilesystemStore) -> None:
+    await fs.put("a/b", b"file under a")
+    for mode in ("overwrite", "create", IfMatch('"x"')):
+        with pytest.raises(StoreError, match="collides"):
+            await fs.put("a", b"would replace a directory", mode=mode)
+    for mode in ("overwrite", "create"):
+        with pytest.raises(StoreError, match="collides"):
+            await fs.put("a/b/c", b"would need a/b to be a directory", mode=mode)
+    with pytest.raises(PreconditionFailed):  # as on S3: there is no object at a/b/c
+        await fs.put("a/b/c", b"x", mode=IfMatch('"x"'))
+    assert (await fs.get("a/b")).data == b"file under a"
+    assert [m.key for m in await fs.list()] == ["a/b"]
+
+
+async def test_missing_root_after_start(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store = FilesystemStore(root)
+    await store.put("k", b"x")
+    shutil.rmtree(root)
+    with pytest.raises(BucketNotFound):
+        await store.get("k")
+    with pytest.raises(BucketNotFound):
+        await store.put("k", b"x")
+    with pytest.raises(BucketNotFound):
+        await store.list()
+    assert not root.exists(), "a vanished root (an unmounted volume?) must not be recreated"
+    await store.close()
+
+
+async def test_root_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "root").write_bytes(b"not a directory")
+    store = FilesystemStore(tmp_path / "root")
+    with pytest.raises(BucketNotFound):
+        await store.get("k")
+    await store.close()
+
+
+async def test_closed_store_refuses_work(fs: FilesystemStore) -> None:
+    await fs.put("k", b"x")
+    await fs.close()
+    with pytest.raises(StoreError, match="closed"):
+        await fs.get("k")
+    await fs.close()  # idempotent

@@ -1,0 +1,479 @@
+"""The queue's behaviour on every store (S3 against SeaweedFS)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from pawn_queue import (
+    LeaseLostError,
+    Message,
+    PawnQueue,
+    PayloadError,
+    PublishError,
+    TopicNotFoundError,
+    layout,
+)
+from pawn_queue.config import load_config
+from pawn_queue.exceptions import ConfigError, StoreUnavailable
+from pawn_queue.store import open_store
+from tests.faults import FaultyStore
+
+
+async def keys_under(pq: PawnQueue, prefix: str) -> list[str]:
+    return [m.key for m in await pq.store.list(prefix)]
+
+
+async def drain(consumer: Any, *, until: int, seen: list[str], ack: bool = True) -> None:
+    while len(seen) < until:
+        messages = await consumer.poll()
+        for message in messages:
+            seen.append(message.id)
+            if ack:
+                await message.ack()
+        if not messages:
+            await asyncio.sleep(0.01)
+
+
+async def test_publish_poll_ack(pq: PawnQueue) -> None:
+    await pq.create_topic("orders")
+    producer = await pq.register_producer("order-service")
+    consumer = await pq.register_consumer("billing", topics=["orders"])
+    mid = await producer.publish("orders", {"order_id": 42, "item": "widget"})
+    [message] = await consumer.poll()
+    assert (message.id, message.topic, message.producer_id) == (mid, "orders", producer.id)
+    assert message.payload == {"order_id": 42, "item": "widget"}
+    assert message.created_at.endswith("+00:00")
+    await message.ack()
+    await message.ack()  # idempotent
+    await message.nack()  # no-op after ack
+    assert await keys_under(pq, "orders/messages/") == []
+    assert await keys_under(pq, "orders/leases/") == []
+    assert await keys_under(pq, "orders/dead-letter/") == []
+    assert await consumer.poll() == []
+
+
+async def test_fifo_within_topic(pq: PawnQueue) -> None:
+    await pq.create_topic("fifo")
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["fifo"])
+    ids = [await producer.publish("fifo", {"n": n}) for n in range(25)]
+    got: list[str] = []
+    while len(got) < 25:
+        batch = await consumer.poll()
+        assert len(batch) <= 10
+        got += [m.id for m in batch]
+        for m in batch:
+            await m.ack()
+    assert got == ids
+
+
+async def test_unknown_topic_and_bad_payload_write_nothing(pq: PawnQueue) -> None:
+    await pq.create_topic("known")
+    producer = await pq.register_producer("p")
+    with pytest.raises(TopicNotFoundError):
+        await producer.publish("missing", {"a": 1})
+    for bad in ({"x": object()}, {"nan": float("nan")}, {1j: 2}):
+        with pytest.raises(PayloadError):
+            await producer.publish("known", bad)
+    assert await keys_under(pq, "known/messages/") == []
+    assert await keys_under(pq, "missing/") == []
+
+
+async def test_publish_store_failure_raises_publish_error(queue_config: dict[str, Any]) -> None:
+    config = load_config(queue_config)
+    faulty = FaultyStore(open_store(config))
+
+    async def fail_message_puts(operation: str, key: str) -> None:
+        if operation == "put" and "/messages/" in key:
+            raise StoreUnavailable("injected")
+
+    async with PawnQueue(config, store=faulty) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        faulty.hooks.append(fail_message_puts)
+        with pytest.raises(PublishError) as info:
+            await producer.publish("t", {"a": 1})
+        assert isinstance(info.value.__cause__, StoreUnavailable)
+
+
+async def test_topics_create_list_delete(pq: PawnQueue) -> None:
+    for name in ("b-topic", "a.topic", "c_topic"):
+        await pq.create_topic(name)
+        await pq.create_topic(name)  # idempotent
+    producer = await pq.register_producer("p")
+    await producer.publish("b-topic", {"x": 1})
+    assert await pq.list_topics() == ["a.topic", "b-topic", "c_topic"]
+    await pq.delete_topic("b-topic")
+    assert await pq.list_topics() == ["a.topic", "c_topic"]
+    assert await keys_under(pq, "b-topic/") == []
+    with pytest.raises(TopicNotFoundError):
+        await producer.publish("b-topic", {"x": 1})
+    with pytest.raises(TopicNotFoundError):
+        await pq.delete_topic("b-topic")
+    for bad in ("", "../x", "a/b", "_reserved", ".hidden", "x" * 200, "naïve"):
+        with pytest.raises(ConfigError):
+            await pq.create_topic(bad)
+
+
+async def test_topic_settings_are_stored_in_the_marker(pq: PawnQueue) -> None:
+    await pq.create_topic("s", max_receive_count=3, max_pending=100)
+    marker = json.loads((await pq.store.get("s/.topic")).data)
+    assert marker["topic"] == "s"
+    assert marker["settings"]["max_receive_count"] == 3
+    assert marker["settings"]["max_pending"] == 100
+    await pq.create_topic("s", max_receive_count=5)
+    marker = json.loads((await pq.store.get("s/.topic")).data)
+    assert marker["settings"]["max_receive_count"] == 5
+
+
+async def test_registry_is_idempotent_across_instances(queue_config: dict[str, Any]) -> None:
+    async with await PawnQueue.from_config(queue_config) as first:
+        producer = await first.register_producer("svc")
+        consumer = await first.register_consumer("worker", topics=await _topic(first, "t"))
+    async with await PawnQueue.from_config(queue_config) as second:
+        again = await second.register_producer("svc")
+        assert again.id == producer.id
+        assert (await second.register_consumer("worker", topics=["t"])).id == consumer.id
+        names = [(e.name, e.entity_id) for e in await second.registry.list("producers")]
+        assert names == [("svc", producer.id)]
+        assert [e.name for e in await second.registry.list("consumers")] == ["worker"]
+
+
+async def test_concurrent_registration_gets_one_id(queue_config: dict[str, Any]) -> None:
+    queues = [await PawnQueue.from_config(queue_config) for _ in range(6)]
+    for q in queues:
+        await q.setup()
+    try:
+        producers = await asyncio.gather(*(q.register_producer("racer") for q in queues))
+        assert len({p.id for p in producers}) == 1
+        assert len(await queues[0].registry.list("producers")) == 1
+    finally:
+        for q in queues:
+            await q.teardown()
+
+
+async def test_heartbeat_updates_last_seen(queue_config: dict[str, Any]) -> None:
+    queue_config["registry"] = {"heartbeat_interval_seconds": 0.05}
+    async with await PawnQueue.from_config(queue_config) as pq:
+        await pq.register_producer("beating")
+        [before] = await pq.registry.list("producers")
+        await pq.registry.heartbeat()
+        [after] = await pq.registry.list("producers")
+        assert after.last_seen > before.last_seen
+        assert after.registered_at == before.registered_at
+
+
+async def _topic(pq: PawnQueue, name: str) -> list[str]:
+    await pq.create_topic(name)
+    return [name]
+
+
+async def test_eight_consumers_drain_500(queue_config: dict[str, Any]) -> None:
+    async with await PawnQueue.from_config(queue_config) as pq:
+        await pq.create_topic("work")
+        producer = await pq.register_producer("p")
+        published = set(
+            await asyncio.gather(*(producer.publish("work", {"n": n}) for n in range(500)))
+        )
+    queues = [await PawnQueue.from_config(queue_config) for _ in range(8)]
+    seen: list[str] = []
+    try:
+        consumers = []
+        for i, q in enumerate(queues):
+            await q.setup()
+            consumers.append(await q.register_consumer(f"c{i}", topics=["work"]))
+        await asyncio.wait_for(
+            asyncio.gather(*(drain(c, until=500, seen=seen) for c in consumers)), 120
+        )
+    finally:
+        for q in queues:
+            await q.teardown()
+    counts = Counter(seen)
+    assert set(counts) == published
+    assert max(counts.values()) == 1, "a message was delivered twice with no lease expiring"
+    async with await PawnQueue.from_config(queue_config) as pq:
+        assert await keys_under(pq, "work/messages/") == []
+        assert await keys_under(pq, "work/leases/") == [], "orphan leases left behind"
+
+
+async def test_poll_refreshes_leases_and_lost_lease_ack_deletes_nothing(
+    queue_config: dict[str, Any],
+) -> None:
+    queue_config["polling"]["visibility_timeout_seconds"] = 1.0
+    queue_config["polling"]["lease_refresh_interval_seconds"] = 0.2
+    async with (
+        await PawnQueue.from_config(queue_config) as qa,
+        await PawnQueue.from_config(queue_config) as qb,
+    ):
+        await qa.create_topic("t")
+        await (await qa.register_producer("p")).publish("t", {"v": 1})
+        a = await qa.register_consumer("a", topics=["t"])
+        b = await qb.register_consumer("b", topics=["t"])
+        [held] = await a.poll()
+        # Three visibility timeouts later the background refresh still keeps it ours.
+        for _ in range(6):
+            await asyncio.sleep(0.5)
+            assert await b.poll() == []
+        a._refresh_paused = True  # a stalled process: no more refreshes
+        taken = await _poll_until_one(b, within=10)
+        assert taken.id == held.id
+        with pytest.raises(LeaseLostError):
+            await held.ack()
+        assert len(await keys_under(qa, "t/messages/")) == 1, "a lost lease deleted the message"
+        with pytest.raises(LeaseLostError):
+            await held.nack()
+        assert await keys_under(qa, "t/dead-letter/") == []
+        await taken.ack()
+        assert await keys_under(qa, "t/messages/") == []
+        assert await keys_under(qa, "t/leases/") == []
+
+
+async def _poll_until_one(consumer: Any, within: float) -> Message:
+    async def loop() -> Message:
+        while True:
+            messages = await consumer.poll()
+            if messages:
+                assert len(messages) == 1
+                return messages[0]
+            await asyncio.sleep(0.05)
+
+    return await asyncio.wait_for(loop(), within)
+
+
+async def test_refresh_after_takeover_does_not_overwrite(queue_config: dict[str, Any]) -> None:
+    queue_config["polling"]["visibility_timeout_seconds"] = 1.0
+    queue_config["polling"]["lease_refresh_interval_seconds"] = 0.2
+    async with (
+        await PawnQueue.from_config(queue_config) as qa,
+        await PawnQueue.from_config(queue_config) as qb,
+    ):
+        await qa.create_topic("t")
+        await (await qa.register_producer("p")).publish("t", {"v": 1})
+        a = await qa.register_consumer("a", topics=["t"])
+        b = await qb.register_consumer("b", topics=["t"])
+        [held] = await a.poll()
+        a._refresh_paused = True
+        taken = await _poll_until_one(b, within=10)
+        key = layout.lease_key("t", held.id)
+        owner_etag = (await qa.store.head(key)).etag
+        lease_a = a._held[key]
+        with pytest.raises(LeaseLostError):
+            await qa._leases.refresh(lease_a)  # type: ignore[union-attr]
+        assert (await qa.store.head(key)).etag == owner_etag
+        body = json.loads((await qa.store.get(key)).data)
+        assert body["consumer_id"] == b.id
+        await taken.ack()
+
+
+async def test_claim_racing_ack_never_redelivers(queue_config: dict[str, Any]) -> None:
+    async with (
+        await PawnQueue.from_config(queue_config) as qa,
+        await PawnQueue.from_config(queue_config) as qb,
+    ):
+        await qa.create_topic("t")
+        producer = await qa.register_producer("p")
+        a = await qa.register_consumer("a", topics=["t"])
+        b = await qb.register_consumer("b", topics=["t"])
+        for _ in range(15):
+            await producer.publish("t", {"v": 1})
+            [message] = await a.poll()
+            results = await asyncio.gather(message.ack(), b.poll(), b.poll(), b.poll())
+            stolen = [m for batch in results[1:] for m in batch]
+            assert stolen == [], "an acked message was delivered again"
+        assert await keys_under(qa, "t/messages/") == []
+        assert await keys_under(qa, "t/leases/") == []
+
+
+async def test_nack_moves_to_dead_letter(pq: PawnQueue) -> None:
+    await pq.create_topic("t")
+    mid = await (await pq.register_producer("p")).publish("t", {"bad": True})
+    [message] = await (await pq.register_consumer("c", topics=["t"])).poll()
+    await message.nack()
+    await message.nack()
+    await message.ack()  # no-op after nack
+    assert await keys_under(pq, "t/messages/") == []
+    assert await keys_under(pq, "t/leases/") == []
+    body = json.loads((await pq.store.get(f"t/dead-letter/{mid}.json")).data)
+    assert body["payload"] == {"bad": True}
+    assert body["id"] == mid
+    assert body["dead_letter"]["reason"] == "nack"
+
+
+async def test_nack_with_failing_dead_letter_write_loses_nothing(
+    queue_config: dict[str, Any],
+) -> None:
+    config = load_config(queue_config)
+    faulty = FaultyStore(open_store(config))
+
+    async def fail_dead_letter(operation: str, key: str) -> None:
+        if operation == "put" and "/dead-letter/" in key:
+            raise StoreUnavailable("injected dead-letter failure")
+
+    async with PawnQueue(config, store=faulty) as pq:
+        await pq.create_topic("t")
+        mid = await (await pq.register_producer("p")).publish("t", {"v": 1})
+        consumer = await pq.register_consumer("c", topics=["t"])
+        [message] = await consumer.poll()
+        faulty.hooks.append(fail_dead_letter)
+        with pytest.raises(StoreUnavailable):
+            await message.nack()
+        assert not message.settled
+        assert len(await keys_under(pq, "t/messages/")) == 1
+        assert await keys_under(pq, "t/dead-letter/") == []
+        faulty.hooks.clear()
+        await message.nack()  # retry succeeds once the store is back
+        assert await keys_under(pq, "t/messages/") == []
+        assert await keys_under(pq, "t/dead-letter/") == [f"t/dead-letter/{mid}.json"]
+
+
+async def test_listen_dead_letters_raising_handler_and_releases_on_cancel(
+    queue_config: dict[str, Any],
+) -> None:
+    config = load_config(queue_config)
+    faulty = FaultyStore(open_store(config))
+    async with (
+        PawnQueue(config, store=faulty) as qa,
+        await PawnQueue.from_config(queue_config) as qb,
+    ):
+        await qa.create_topic("t")
+        producer = await qa.register_producer("p")
+        ids = [await producer.publish("t", {"n": n}) for n in range(4)]
+        consumer = await qa.register_consumer("listener", topics=["t"])
+        acked: list[str] = []
+        blocked, dead_lettered, first_acked = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def on_release(operation: str, key: str) -> None:
+            # Releasing the failed message's lease comes after its dead-letter write.
+            if operation == "delete" and key == layout.lease_key("t", ids[1]):
+                dead_lettered.set()
+
+        faulty.hooks.append(on_release)
+
+        async def handler(message: Message) -> None:
+            n = message.payload["n"]
+            if n == 0:
+                await message.ack()
+                acked.append(message.id)
+                first_acked.set()
+            elif n == 1:
+                raise RuntimeError("boom")
+            else:
+                blocked.set()
+                await asyncio.Event().wait()  # holds its message until cancelled
+
+        task = asyncio.create_task(consumer.listen(handler))
+        await asyncio.wait_for(
+            asyncio.gather(blocked.wait(), dead_lettered.wait(), first_acked.wait()), 10
+        )
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert acked == [ids[0]]
+        dead = json.loads((await qa.store.get(f"t/dead-letter/{ids[1]}.json")).data)
+        assert dead["dead_letter"]["reason"] == "handler_error"
+        assert "boom" in dead["dead_letter"]["error"]
+        # Cancellation released the leases: another consumer gets the rest at once.
+        other = await qb.register_consumer("other", topics=["t"])
+        got = await other.poll()
+        assert sorted(m.id for m in got) == sorted(ids[2:])
+
+
+async def test_janitor_racing_refresh_keeps_live_lease(queue_config: dict[str, Any]) -> None:
+    queue_config["polling"]["visibility_timeout_seconds"] = 0.6
+    queue_config["polling"]["lease_refresh_interval_seconds"] = 0.2
+    queue_config["concurrency"]["clock_skew_margin_seconds"] = 0.05
+    config = load_config(queue_config)
+    faulty = FaultyStore(open_store(config))
+    async with (
+        await PawnQueue.from_config(queue_config) as qa,
+        PawnQueue(config, store=faulty) as qb,
+    ):
+        await qa.create_topic("t")
+        await (await qa.register_producer("p")).publish("t", {"v": 1})
+        a = await qa.register_consumer("a", topics=["t"])
+        b = await qb.register_consumer("b", topics=["t"])
+        [held] = await a.poll()
+        a._refresh_paused = True
+        key = layout.lease_key("t", held.id)
+        lease_a = a._held[key]
+        await asyncio.sleep(0.8)  # let the lease expire on every clock
+        takeover_ready, refreshed = asyncio.Event(), asyncio.Event()
+
+        read_expired = False
+
+        async def pause_takeover(operation: str, k: str) -> None:
+            # The janitor has read the expired lease; the holder refreshes before its write.
+            nonlocal read_expired
+            if k != key:
+                return
+            if operation == "get":
+                read_expired = True
+            elif operation == "put" and read_expired and not refreshed.is_set():
+                takeover_ready.set()
+                await refreshed.wait()
+
+        faulty.hooks.append(pause_takeover)
+        janitor = asyncio.create_task(b.poll())
+        await asyncio.wait_for(takeover_ready.wait(), 10)
+        await qa._leases.refresh(lease_a)  # type: ignore[union-attr]
+        refreshed.set()
+        assert await janitor == []
+        assert (await qa.store.head(key)).etag == lease_a.etag
+        await held.ack()
+        assert await keys_under(qa, "t/messages/") == []
+
+
+async def test_csprng_verify_drain_has_no_duplicates(queue_config: dict[str, Any]) -> None:
+    queue_config["concurrency"] = {
+        "strategy": "csprng_verify",
+        "clock_skew_margin_seconds": 0.2,
+        "csprng_verify": {
+            "jitter_min_ms": 20,
+            "jitter_max_ms": 40,
+            "verify_retries": 1,
+            "verify_retry_delay_ms": 10,
+        },
+    }
+    async with await PawnQueue.from_config(queue_config) as pq:
+        assert pq.strategy == "csprng_verify"
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        published = set(await asyncio.gather(*(producer.publish("t", {"n": n}) for n in range(60))))
+    queues = [await PawnQueue.from_config(queue_config) for _ in range(4)]
+    seen: list[str] = []
+    try:
+        consumers = []
+        for i, q in enumerate(queues):
+            await q.setup()
+            consumers.append(await q.register_consumer(f"c{i}", topics=["t"]))
+        await asyncio.wait_for(
+            asyncio.gather(*(drain(c, until=60, seen=seen) for c in consumers)), 120
+        )
+    finally:
+        for q in queues:
+            await q.teardown()
+    assert Counter(seen) == Counter(published)
+
+
+async def test_auto_strategy_resolves_conditional_write(pq: PawnQueue) -> None:
+    assert pq.strategy == "conditional_write"
+    assert await keys_under(pq, "_probe/") == []
+
+
+async def test_corrupt_message_is_quarantined(pq: PawnQueue) -> None:
+    await pq.create_topic("t")
+    producer = await pq.register_producer("p")
+    bad_id = "00000000-0000-4000-8000-000000000001"
+    await pq.store.put(f"t/messages/20000101T000000_000000-{bad_id}.json", b"{not json")
+    good = await producer.publish("t", {"ok": True})
+    consumer = await pq.register_consumer("c", topics=["t"])
+    messages = await consumer.poll()
+    assert [m.id for m in messages] == [good]
+    dead = json.loads((await pq.store.get(f"t/dead-letter/{bad_id}.json")).data)
+    assert dead["dead_letter"]["reason"] == "corrupt"
+    assert await keys_under(pq, "t/leases/") == [layout.lease_key("t", good)]

@@ -1,0 +1,80 @@
+"""The README's code runs as written, on every store."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pawn_queue import PawnQueue
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_quick_start_runs_as_written(
+    queue_config: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(queue_config))
+    quick_start = python_blocks()[0]
+    assert 'PawnQueue.from_config("config.yaml")' in quick_start
+    exec(compile(quick_start, "README quick start", "exec"), {})
+    assert capsys.readouterr().out.strip() == "{'order_id': 42, 'item': 'widget'}"
+
+    async def check_empty() -> list[Any]:
+        async with await PawnQueue.from_config(queue_config) as pq:
+            return await pq.store.list("orders/messages/")
+
+    assert asyncio.run(check_empty()) == []
+
+
+def test_push_mode_snippet_runs(
+    queue_config: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    snippet = python_blocks()[1]
+    assert "await consumer.listen(handler)" in snippet
+    body = textwrap.indent(snippet, "        ")
+    harness = f"""
+async def push_mode(pawnqueue, consumer):
+    try:
+{body}
+    except asyncio.CancelledError:
+        pass
+"""
+    scope: dict[str, Any] = {"asyncio": asyncio}
+    exec(compile(harness, "README push mode", "exec"), scope)
+
+    async def run() -> None:
+        async with await PawnQueue.from_config(queue_config) as pq:
+            await pq.create_topic("orders")
+            await (await pq.register_producer("p")).publish("orders", {"order_id": 7})
+            consumer = await pq.register_consumer("billing", topics=["orders"])
+            task = asyncio.create_task(scope["push_mode"](pq, consumer))
+            while await pq.store.list("orders/messages/"):
+                await asyncio.sleep(0.02)
+            task.cancel()
+            await task
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+    assert "{'order_id': 7}" in capsys.readouterr().out
+
+
+def test_local_directory_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    snippet = python_blocks()[2]
+    assert 'PawnQueue.from_url("file://./queue")' in snippet
+    exec(compile(snippet, "README local directory", "exec"), {})
+    assert (tmp_path / "queue" / "orders" / ".topic").is_file()
+    assert list((tmp_path / "queue" / "orders" / "messages").iterdir()) == []
