@@ -37,9 +37,15 @@ _PORT_NAMES = (
     "metricsPort",
 )
 
-# weed mini turns these into an admin identity (enabling auth) or pre-created buckets, so a
-# developer's shell must not leak them into the test server.
-_SCRUBBED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "S3_BUCKET", "S3_TABLE_BUCKET")
+# weed mini turns these into an admin identity (enabling auth), pre-created buckets or a
+# different signing host, so a developer's shell must not leak them into the test server.
+_SCRUBBED_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "S3_BUCKET",
+    "S3_TABLE_BUCKET",
+    "S3_EXTERNAL_URL",
+)
 
 _running: set[SeaweedFS] = set()
 

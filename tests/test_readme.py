@@ -78,3 +78,17 @@ def test_local_directory_snippet_runs(tmp_path: Path, monkeypatch: pytest.Monkey
     exec(compile(snippet, "README local directory", "exec"), {})
     assert (tmp_path / "queue" / "orders" / ".topic").is_file()
     assert list((tmp_path / "queue" / "orders" / "messages").iterdir()) == []
+
+
+def test_api_reference_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    snippet = python_blocks()[3]
+    assert "async def handler(msg: Message)" in snippet
+    exec(compile(snippet, "README API", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "conditional_write ['jobs', 'orders'] ['my-worker']"
+    assert lines[1].startswith("True orders ")
+    assert lines[1].endswith("{'key': 'value'} {'source': 'web'}")
+    assert list((tmp_path / "api-demo" / "orders" / "messages").iterdir()) == []

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import obstore.store
 import pytest
 from pydantic import SecretStr
 
@@ -305,7 +306,9 @@ def _expected(prefix: str, start_after: str | None, limit: int | None) -> list[s
      "t/messages/", "t/messages/0", "t/messages/1", "t/z", "t/messagesX", "t/messagesX/", "tt",
      "v", "t//", "t-", "t."],
 )  # fmt: skip
-async def test_string_prefix_listing(s3: S3Store, prefix: str) -> None:
+@pytest.mark.parametrize("server", ["seaweedfs", "byte-order"])
+async def test_string_prefix_listing(s3_config: S3Config, prefix: str, server: str) -> None:
+    s3 = S3Store(s3_config) if server == "seaweedfs" else _byte_order_store()
     for key in LISTING_KEYS:
         await s3.put(key, key.encode())
     starts: list[str | None] = [None, "", "a", "t", "t-eu/x", "t/", "t/ab", "t/ab-", "t/ab-/q",
@@ -316,6 +319,24 @@ async def test_string_prefix_listing(s3: S3Store, prefix: str) -> None:
         for limit in (None, 1, 2, 100):
             got = [m.key for m in await s3.list(prefix, start_after=start_after, limit=limit)]
             assert got == _expected(prefix, start_after, limit), (prefix, start_after, limit)
+    await s3.close()
+
+
+def _byte_order_store() -> S3Store:
+    """An S3Store on obstore's in-memory store, which lists in byte order like AWS S3 and
+    MinIO: exercises the path taken once a server is seen not to list in tree order."""
+    store = S3Store(S3Config(endpoint_url="http://127.0.0.1:9", bucket_name="byte-order"))
+    store._store = obstore.store.MemoryStore()  # type: ignore[assignment]
+    return store
+
+
+async def test_byte_order_server_is_detected() -> None:
+    store = _byte_order_store()
+    for key in ("a/1", "a-b", "a/2", "b"):
+        await store.put(key, b"x")
+    assert [m.key for m in await store.list("", limit=3)] == ["a-b", "a/1", "a/2"]
+    assert store._sorts_bytes
+    assert [m.key for m in await store.list("a")] == ["a-b", "a/1", "a/2"]
 
 
 def _requests(server: SeaweedFS, bucket: str, kind: str) -> int:

@@ -13,6 +13,7 @@ from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.leases import LeaseManager, ResolvedStrategy, probe_strategy
+from pawn_queue.notify import LocalSignals
 from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
 from pawn_queue.store import open_store
@@ -35,6 +36,7 @@ class PawnQueue:
         self._registry: Registry | None = None
         self._consumers: list[Consumer] = []
         self._heartbeat: asyncio.Task[None] | None = None
+        self._signals = LocalSignals()
 
     @classmethod
     async def from_config(
@@ -137,7 +139,7 @@ class PawnQueue:
     async def register_producer(self, name: str) -> Producer:
         """Register a producer; the same name always gets the same id."""
         entry = await self.registry.register("producers", name)
-        return Producer(entry, self._ready_store(), self._ready_topics())
+        return Producer(entry, self._ready_store(), self._ready_topics(), self._signals)
 
     async def register_consumer(self, name: str, topics: list[str]) -> Consumer:
         """Register a consumer of ``topics``; the same name always gets the same id."""
@@ -147,7 +149,9 @@ class PawnQueue:
             await self._ready_topics().settings(topic)
         entry = await self.registry.register("consumers", name)
         assert self._leases is not None
-        consumer = Consumer(entry, topics, self._ready_store(), self._leases, self.config.polling)
+        consumer = Consumer(
+            entry, topics, self._ready_store(), self._leases, self.config.polling, self._signals
+        )
         self._consumers.append(consumer)
         return consumer
 

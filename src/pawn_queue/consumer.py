@@ -7,6 +7,7 @@ import base64
 import contextlib
 import logging
 import random
+from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -14,10 +15,11 @@ from typing import Any
 from pawn_queue import layout
 from pawn_queue._aio import gather_limited
 from pawn_queue.config import PollingConfig
-from pawn_queue.envelope import CorruptObject, Envelope, encode_json, now_utc
+from pawn_queue.envelope import CorruptObject, Envelope, decode_batch, encode_json, now_utc
 from pawn_queue.exceptions import LeaseLostError, NotFound, PawnQueueError, StoreError
 from pawn_queue.leases import Lease, LeaseManager
-from pawn_queue.message import Message
+from pawn_queue.message import ClaimedObject, Message
+from pawn_queue.notify import LocalSignals
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.store.base import Store
 
@@ -44,13 +46,16 @@ class Consumer:
         store: Store,
         leases: LeaseManager,
         polling: PollingConfig,
+        signals: LocalSignals,
     ) -> None:
         self._entry = entry
+        self._signals = signals
         self._topics = list(topics)
         self._store = store
         self._leases = leases
         self._polling = polling
         self._held: dict[str, Lease] = {}
+        self._buffer: deque[Message] = deque()
         self._refresher: asyncio.Task[None] | None = None
         self._refresher_stop = asyncio.Event()
         self._next_topic = 0
@@ -76,9 +81,13 @@ class Consumer:
     # -- pull -------------------------------------------------------------------------------
 
     async def poll(self) -> list[Message]:
-        """Claim and return up to ``polling.max_messages_per_poll`` messages, FIFO per topic."""
+        """Claim and return up to ``polling.max_messages_per_poll`` messages, FIFO per topic.
+
+        Messages of a batch object beyond that number stay leased here and come first in the
+        next poll.
+        """
         wanted = self._polling.max_messages_per_poll
-        messages: list[Message] = []
+        messages = self._take_buffered(wanted)
         count = len(self._topics)
         start, self._next_topic = self._next_topic, (self._next_topic + 1) % max(count, 1)
         for i in range(count):
@@ -86,7 +95,16 @@ class Consumer:
                 break
             topic = self._topics[(start + i) % count]
             messages += await self._poll_topic(topic, wanted - len(messages))
-        return messages
+        self._buffer.extend(messages[wanted:])
+        return messages[:wanted]
+
+    def _take_buffered(self, wanted: int) -> list[Message]:
+        taken: list[Message] = []
+        while self._buffer and len(taken) < wanted:
+            message = self._buffer.popleft()
+            if message.lease_held:
+                taken.append(message)
+        return taken
 
     async def _poll_topic(self, topic: str, wanted: int) -> list[Message]:
         claimed: list[Message] = []
@@ -98,14 +116,14 @@ class Consumer:
             )
             candidates = []
             for meta in page:
-                message_id = layout.message_id_from_key(meta.key)
-                if message_id is None:
+                parsed = layout.parse_message_key(meta.key)
+                if parsed is None:
                     continue
-                lease_key = layout.lease_key(topic, message_id)
+                lease_key = layout.lease_key(topic, parsed[0])
                 if lease_key in self._held or lease_key in recently_leased:
                     continue
-                if self._leases.worth_claiming(topic, message_id, meta.key):
-                    candidates.append((message_id, meta.key))
+                if self._leases.worth_claiming(topic, parsed[0], meta.key):
+                    candidates.append((parsed[0], meta.key, parsed[1]))
             if self._contended.get(topic) and len(candidates) > wanted:
                 # Others are claiming the same head of the listing: start somewhere else in
                 # its first few pages so competing consumers stop colliding.
@@ -113,16 +131,15 @@ class Consumer:
                 candidates = candidates[offset:] + candidates[:offset]
             conflicts = 0
             while candidates and len(claimed) < wanted:
-                batch, candidates = (
-                    candidates[: wanted - len(claimed)],
-                    candidates[wanted - len(claimed) :],
-                )
+                # Batch objects hold many messages: one claim may be enough.
+                take = wanted - len(claimed)
+                chunk, candidates = candidates[:take], candidates[take:]
                 results = await gather_limited(
-                    _IO_CONCURRENCY, (self._claim(topic, mid, key) for mid, key in batch)
+                    _IO_CONCURRENCY, (self._claim(topic, *candidate) for candidate in chunk)
                 )
                 for result in results:
-                    if isinstance(result, Message):
-                        claimed.append(result)
+                    if isinstance(result, list):
+                        claimed += result
                     elif result is None:
                         conflicts += 1
                     elif isinstance(result, asyncio.CancelledError):
@@ -147,11 +164,14 @@ class Consumer:
         leases = await self._store.list(layout.leases_prefix(topic))
         return {m.key for m in leases if m.last_modified > fresh_after}
 
-    async def _claim(self, topic: str, message_id: str, key: str) -> Message | None:
-        if not self._leases.worth_claiming(topic, message_id, key):
+    async def _claim(
+        self, topic: str, object_id: str, key: str, is_batch: bool
+    ) -> list[Message] | None:
+        """Claim a message or batch object and read it; None if someone else has it."""
+        if not self._leases.worth_claiming(topic, object_id, key):
             return None  # settled or claimed in this process since the listing
         lease = await self._leases.claim(
-            topic, message_id, key, self.id, self._polling.visibility_timeout_seconds
+            topic, object_id, key, self.id, self._polling.visibility_timeout_seconds
         )
         if lease is None:
             return None
@@ -160,25 +180,30 @@ class Consumer:
         except NotFound:
             # Acked while we claimed (rule 4): give the lease back and skip it.
             await self._leases.release(lease, message_gone=True)
-            return None
+            return []
         except BaseException:
             await self._leases.release(lease)
             raise
         try:
-            envelope = Envelope.decode(obj.data)
+            envelopes = decode_batch(obj.data) if is_batch else [Envelope.decode(obj.data)]
         except CorruptObject as exc:
-            await self._quarantine(topic, message_id, key, obj.data, str(exc), lease)
-            return None
+            await self._quarantine(topic, object_id, key, obj.data, str(exc), lease)
+            return []
+        claimed = ClaimedObject(key, lease, len(envelopes), self._store, self._leases, self._forget)
         self._held[lease.key] = lease
         self._ensure_refresher()
-        return Message(envelope, key, lease, self._store, self._leases, self._forget)
+        return [
+            Message(envelope, claimed, index)
+            for index, envelope in enumerate(envelopes)
+            if index not in lease.settled
+        ]
 
     async def _quarantine(
-        self, topic: str, message_id: str, key: str, data: bytes, error: str, lease: Lease
+        self, topic: str, object_id: str, key: str, data: bytes, error: str, lease: Lease
     ) -> None:
-        """Move an unreadable message object to dead letter instead of blocking the topic."""
+        """Move an unreadable object to dead letter instead of blocking the topic."""
         body = {
-            "id": message_id,
+            "id": object_id,
             "topic": topic,
             "producer_id": "",
             "created_at": "",
@@ -191,10 +216,10 @@ class Consumer:
                 "raw_base64": base64.b64encode(data).decode("ascii"),
             },
         }
-        await self._store.put(layout.dead_letter_key(topic, message_id), encode_json(body))
+        await self._store.put(layout.dead_letter_key(topic, object_id), encode_json(body))
         await self._store.delete(key)
         await self._leases.release(lease, message_gone=True)
-        logger.warning("quarantined corrupt message key=%s error=%s", key, error)
+        logger.warning("quarantined corrupt object key=%s error=%s", key, error)
 
     # -- push -------------------------------------------------------------------------------
 
@@ -214,7 +239,7 @@ class Consumer:
                     logger.warning("poll failed consumer=%s error=%s", self.name, exc)
                     messages = []
                 if not messages:
-                    await asyncio.sleep(self._polling.interval_seconds)
+                    await self._signals.wait(self._topics, self._polling.interval_seconds)
                     continue
                 await asyncio.gather(*(self._dispatch(handler, m) for m in messages))
         finally:
@@ -239,7 +264,7 @@ class Consumer:
                 "visibility timeout",
                 message.id,
             )
-            self._held.pop(layout.lease_key(message.topic, message.id), None)
+            message.abandon()
 
     # -- leases -----------------------------------------------------------------------------
 
@@ -278,6 +303,7 @@ class Consumer:
             self._refresher_stop.set()
             await self._refresher
             self._refresher = None
+        self._buffer.clear()
         held, self._held = list(self._held.values()), {}
         results = await gather_limited(
             _IO_CONCURRENCY, (self._leases.release(lease) for lease in held)

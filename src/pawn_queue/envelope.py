@@ -112,6 +112,41 @@ class Envelope:
         return cls.from_dict(_load_object(data, what), what)
 
 
+def encode_batch(batch_id: str, members: list[Envelope]) -> bytes:
+    """A batch object: the shared fields once, then each member's id, payload, attributes."""
+    first = members[0]
+    body: dict[str, Any] = {
+        "id": batch_id,
+        "topic": first.topic,
+        "producer_id": first.producer_id,
+        "created_at": first.created_at,
+        "batch": [
+            {
+                "id": m.id,
+                "payload": m.payload,
+                **({"attributes": m.attributes} if m.attributes else {}),
+            }
+            for m in members
+        ],
+    }
+    return encode_json(body)
+
+
+def decode_batch(data: bytes) -> list[Envelope]:
+    """The members of a batch object, in order."""
+    obj = _load_object(data, "batch")
+    members = obj.get("batch")
+    if not isinstance(members, list) or not members:
+        raise CorruptObject("batch has no list 'batch' of messages")
+    shared = {k: _require_str(obj, k, "batch") for k in ("topic", "producer_id", "created_at")}
+    out = []
+    for member in members:
+        if not isinstance(member, dict):
+            raise CorruptObject("batch member is not a JSON object")
+        out.append(Envelope.from_dict({**shared, **member}, "batch member"))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetterInfo:
     """Why and when a message was dead-lettered."""
@@ -159,9 +194,10 @@ class LeaseBody:
     expires_at: str
     nonce: str
     message_key: str = ""
+    settled: tuple[int, ...] = ()  # batch members already acked or dead-lettered
 
     def encode(self) -> bytes:
-        body = {
+        body: dict[str, Any] = {
             "consumer_id": self.consumer_id,
             "message_id": self.message_id,
             "claimed_at": self.claimed_at,
@@ -170,6 +206,8 @@ class LeaseBody:
         }
         if self.message_key:
             body["message_key"] = self.message_key
+        if self.settled:
+            body["settled"] = list(self.settled)
         return encode_json(body)
 
     @property
@@ -191,4 +229,5 @@ class LeaseBody:
             expires_at=expires_at,
             nonce=str(obj.get("nonce", "")),
             message_key=str(obj.get("message_key", "")),
+            settled=tuple(i for i in obj.get("settled") or () if isinstance(i, int)),
         )

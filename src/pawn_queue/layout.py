@@ -4,6 +4,7 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
 
     {topic}/.topic                              topic marker (JSON: settings)
     {topic}/messages/{ts}-{uuid}.json           pending message, FIFO by key
+    {topic}/messages/{ts}-{uuid}.batch          batch object: many messages, one lease
     {topic}/leases/{uuid}.lease                 claim of the message {uuid}
     {topic}/dead-letter/{uuid}.json             dead letter
     _registry/{producers|consumers}/{uuid}.json registry entry
@@ -36,6 +37,8 @@ DEAD_LETTER = "dead-letter/"
 REGISTRY = "_registry/"
 PROBE = "_probe/"
 RESERVED_PREFIXES = ("_", ".")
+MESSAGE_SUFFIX = ".json"
+BATCH_SUFFIX = ".batch"
 
 
 def validate_name(name: object, what: str = "name") -> str:
@@ -79,19 +82,21 @@ def messages_prefix(topic: str) -> str:
     return f"{topic}/{MESSAGES}"
 
 
-def message_key(topic: str, message_id: str, at: datetime) -> str:
-    """The key of a message; the UTC timestamp first makes listing order FIFO."""
+def message_key(topic: str, message_id: str, at: datetime, *, batch: bool = False) -> str:
+    """The key of a message (or of a batch object); the UTC timestamp first makes listing
+    order FIFO. Batch objects end in ``.batch``, which pawn-queue 0.1.x skips."""
     ts = at.astimezone(UTC).strftime("%Y%m%dT%H%M%S_%f")
-    return f"{topic}/{MESSAGES}{ts}-{message_id}.json"
+    return f"{topic}/{MESSAGES}{ts}-{message_id}{BATCH_SUFFIX if batch else MESSAGE_SUFFIX}"
 
 
-def message_id_from_key(key: str) -> str | None:
-    """The message id in a message key, or None if the key is not a message."""
+def parse_message_key(key: str) -> tuple[str, bool] | None:
+    """``(object id, is_batch)`` for a message or batch key, None for anything else."""
     name = key.rsplit("/", 1)[-1]
-    if not name.endswith(".json") or len(name) < 41:
-        return None
-    candidate = name[-41:-5]
-    return candidate if is_uuid(candidate) else None
+    for suffix, batch in ((MESSAGE_SUFFIX, False), (BATCH_SUFFIX, True)):
+        if name.endswith(suffix):
+            candidate = name[: -len(suffix)][-36:]
+            return (candidate, batch) if is_uuid(candidate) else None
+    return None
 
 
 def leases_prefix(topic: str) -> str:

@@ -16,12 +16,13 @@ differ by less than the margin never see a live lease as expired.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -59,6 +60,11 @@ class Lease:
     lost: bool = False
     released: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    # Batch members settled so far; written with every refresh so a takeover skips them.
+    settled: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.settled.update(self.body.settled)
 
     @property
     def expires(self) -> datetime:
@@ -105,43 +111,53 @@ class LeaseManager:
     async def claim(
         self, topic: str, message_id: str, message_key: str, consumer_id: str, visibility: float
     ) -> Lease | None:
-        """Claim the message; None if another consumer holds a live lease on it."""
+        """Claim the message; None if another consumer holds a live lease on it.
+
+        Taking over an expired lease keeps its ``settled`` list (batch members already done).
+        """
         key = layout.lease_key(topic, message_id)
         body = self._new_body(consumer_id, message_id, message_key, visibility)
         if self.strategy == "conditional_write":
-            etag = await self._claim_conditional(key, body)
+            won = await self._claim_conditional(key, body)
         else:
-            etag = await self._claim_csprng(key, body)
-        if etag is None:
+            won = await self._claim_csprng(key, body)
+        if won is None:
             return None
+        etag, body = won
         self._busy_until.pop(key, None)
         self._held_here.add(key)
         return Lease(topic, message_id, message_key, key, etag, body, visibility)
 
-    async def _claim_conditional(self, key: str, body: LeaseBody) -> str | None:
+    async def _claim_conditional(self, key: str, body: LeaseBody) -> tuple[str, LeaseBody] | None:
         etag = await self._conditional_put(key, body, "create")
         if etag is not None:
-            return etag
+            return etag, body
         try:
             current = await self._store.get(key)
         except NotFound:
             # Released between our put and get: one more create decides.
-            return await self._conditional_put(key, body, "create")
-        if not self._expired(current.data, current.meta.last_modified):
+            etag = await self._conditional_put(key, body, "create")
+            return None if etag is None else (etag, body)
+        previous = self._expired_lease(key, current.data, current.meta.last_modified)
+        if previous is None:
             return None
+        body = replace(body, settled=previous.settled)
         etag = await self._conditional_put(key, body, IfMatch(current.meta.etag))
-        if etag is not None:
-            logger.info("lease takeover key=%s", key)
-        return etag
+        if etag is None:
+            return None
+        logger.info("lease takeover key=%s", key)
+        return etag, body
 
-    async def _claim_csprng(self, key: str, body: LeaseBody) -> str | None:
+    async def _claim_csprng(self, key: str, body: LeaseBody) -> tuple[str, LeaseBody] | None:
         try:
             current = await self._store.get(key)
         except NotFound:
             pass
         else:
-            if not self._expired(current.data, current.meta.last_modified):
+            previous = self._expired_lease(key, current.data, current.meta.last_modified)
+            if previous is None:
                 return None
+            body = replace(body, settled=previous.settled)
         cfg = self._csprng
         etag = await self._store.put(key, body.encode(), "overwrite")
         jitter_ms = cfg.jitter_min_ms + secrets.randbelow(cfg.jitter_max_ms - cfg.jitter_min_ms + 1)
@@ -152,7 +168,7 @@ class LeaseManager:
             if not await self._etag_is(key, etag):
                 return None
         await asyncio.sleep(cfg.jitter_min_ms / 1000)
-        return etag if await self._etag_is(key, etag) else None
+        return (etag, body) if await self._etag_is(key, etag) else None
 
     # -- keeping ----------------------------------------------------------------------------
 
@@ -181,6 +197,13 @@ class LeaseManager:
             self._held_here.discard(lease.key)
             if lease.lost or lease.released:
                 return
+            if lease.settled and not message_gone:
+                # A batch with members done: leave an expired lease that remembers them, so
+                # the next claimer takes it over and skips those members.
+                with contextlib.suppress(LeaseLostError):
+                    await self._renew(lease, 0.0)
+                lease.released = True
+                return
             if not self._safe_for(lease, windows=1):
                 # Too close to expiry to be sure a delete would hit our own lease: renew first.
                 try:
@@ -201,7 +224,13 @@ class LeaseManager:
     async def _renew(self, lease: Lease, seconds: float) -> None:
         if lease.lost:
             raise LeaseLostError(f"lease on message {lease.message_id} was lost")
-        body = self._new_body(lease.body.consumer_id, lease.message_id, lease.message_key, seconds)
+        body = self._new_body(
+            lease.body.consumer_id,
+            lease.message_id,
+            lease.message_key,
+            seconds,
+            tuple(sorted(lease.settled)),
+        )
         etag = await self._replace(lease, body)
         if etag is None:
             lease.lost = True
@@ -213,7 +242,12 @@ class LeaseManager:
     # -- helpers ----------------------------------------------------------------------------
 
     def _new_body(
-        self, consumer_id: str, message_id: str, message_key: str, visibility: float
+        self,
+        consumer_id: str,
+        message_id: str,
+        message_key: str,
+        visibility: float,
+        settled: tuple[int, ...] = (),
     ) -> LeaseBody:
         now = now_utc()
         return LeaseBody(
@@ -223,15 +257,22 @@ class LeaseManager:
             expires_at=(now + timedelta(seconds=visibility)).isoformat(),
             nonce=_nonce(),
             message_key=message_key,
+            settled=settled,
         )
 
-    def _expired(self, data: bytes, last_modified: datetime) -> bool:
-        """Whether a stored lease may be taken over; a corrupt one ages from its write time."""
+    def _expired_lease(self, key: str, data: bytes, last_modified: datetime) -> LeaseBody | None:
+        """The stored lease if it may be taken over, else None (and remember until when it is
+        live). A corrupt lease counts as expiring at its write time."""
         try:
-            expires = LeaseBody.decode(data).expires
+            previous = LeaseBody.decode(data)
+            expires = previous.expires
         except CorruptObject:
+            previous = LeaseBody("", "", "", last_modified.isoformat(), "")
             expires = last_modified
-        return now_utc() > expires + self._margin
+        if now_utc() > expires + self._margin:
+            return previous
+        self._busy_until[key] = expires + self._margin
+        return None
 
     async def _replace(self, lease: Lease, body: LeaseBody) -> str | None:
         """Write ``body`` over our lease; None if the lease is no longer ours."""

@@ -18,7 +18,7 @@ from pawn_queue.store.base import ObjectMeta
 
 MAX_CHAR = "\U0010ffff"  # sorts after every other code point, valid in XML and UTF-8
 
-Source = Callable[[str, "str | None"], AsyncGenerator[ObjectMeta, None]]
+Source = Callable[[str, str | None], AsyncGenerator[ObjectMeta, None]]
 """``source(directory, offset)``: the keys under ``directory/`` (every key when it is
 ``""``) after ``offset``, in the server's order."""
 

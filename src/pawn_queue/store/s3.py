@@ -5,8 +5,9 @@ Things obstore and S3 servers do that this module works around:
 * obstore list prefixes are path segments (``a/b`` lists ``a/b/...`` only) and list offsets
   are parsed as paths (a trailing ``/`` is dropped). :meth:`S3Store.list` therefore lists the
   parent "directory" of the prefix from a computed offset and filters by string prefix.
-* SeaweedFS walks its directory tree for a listing: ``start-after=a/b`` skips every key under
-  ``a/b/`` when ``a/b/`` is a directory. Offsets sent here are never a key's parent directory.
+* SeaweedFS lists in directory-tree order, not byte order, and ``start-after=a/b`` skips
+  every key under ``a/b/``; ``_s3_listing.tree_walk`` restores byte order. Offsets sent are
+  never a directory name, except on purpose to jump over one.
 * obstore error text carries URLs and response bodies; an AWS error body can echo the access
   key. Errors are rebuilt from the HTTP status, the S3 error code and message only.
 * obstore reads ``AWS_*`` environment variables for any setting not passed explicitly, and
@@ -21,6 +22,7 @@ characters. A backslash is also rejected: SeaweedFS turns it into ``/``. Keys ar
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from datetime import timedelta
@@ -28,6 +30,12 @@ from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import obstore
+from obstore.exceptions import (
+    AlreadyExistsError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+)
 from obstore.store import S3Store as _ObstoreS3Store
 
 from pawn_queue.config import S3Config
@@ -289,12 +297,17 @@ class S3Store:
         inclusive = start_after is None
         if start_after is not None:
             bound = start_after
+        # obstore always asks the server for pages of 1,000; a small chunk only spares
+        # converting keys that the limit would drop.
+        source = functools.partial(self._pages, chunk=min(limit or _LIST_PAGE, _LIST_PAGE))
         results: list[ObjectMeta] = []
         if not self._sorts_bytes:
             try:
-                walk = tree_walk(self._pages, parent, bound, inclusive)
+                walk = tree_walk(source, parent, bound, inclusive)
                 async with contextlib.aclosing(walk):
                     async for meta in walk:
+                        if results and meta.key <= results[-1].key:
+                            continue  # a byte-order server repeats keys until detected
                         if _collect(meta, prefix, results, limit):
                             return results
                 return results
@@ -303,7 +316,7 @@ class S3Store:
                 self._sorts_bytes = True
                 if results:
                     bound, inclusive = results[-1].key, False
-        pages = self._pages(parent, offset_below(bound) if bound else None)
+        pages = source(parent, offset_below(bound) if bound else None)
         async with contextlib.aclosing(pages):
             async for meta in pages:
                 if (
@@ -349,7 +362,9 @@ class S3Store:
 
     # -- internals ------------------------------------------------------------------------
 
-    async def _pages(self, directory: str, offset: str | None) -> AsyncGenerator[ObjectMeta, None]:
+    async def _pages(
+        self, directory: str, offset: str | None, *, chunk: int = _LIST_PAGE
+    ) -> AsyncGenerator[ObjectMeta, None]:
         """Every key under ``directory/`` after ``offset``, in the server's order."""
         store = self._live()
         label = f"{directory}/" if directory else ""
@@ -358,14 +373,14 @@ class S3Store:
             label,
             what="prefix",
             make=lambda: _ready(
-                obstore.list(store, directory or None, offset=offset, chunk_size=_LIST_PAGE)
+                obstore.list(store, directory or None, offset=offset, chunk_size=chunk)
             ),
         )
         while True:
-            chunk = await self._call("list", label, lambda: _next_chunk(stream), "prefix")
-            if chunk is None:
+            batch = await self._call("list", label, lambda: _next_chunk(stream), "prefix")
+            if batch is None:
                 return
-            for raw in chunk:
+            for raw in batch:
                 yield _meta(raw)
 
     def _live(self) -> _ObstoreS3Store:
@@ -403,14 +418,14 @@ class S3Store:
         cls: type[StoreError]
         if code == "NoSuchBucket":
             cls = BucketNotFound
-        elif name == "AlreadyExistsError":
+        elif isinstance(exc, AlreadyExistsError):
             cls = AlreadyExists
-        elif name == "PreconditionError":
+        elif isinstance(exc, PreconditionError):
             cls = PreconditionFailed
-        elif isinstance(exc, FileNotFoundError) or name == "NotFoundError" or status == 404:
+        elif isinstance(exc, FileNotFoundError) or status == 404:  # obstore's NotFound
             cls = NotFound
         elif (
-            name in ("PermissionDeniedError", "UnauthenticatedError")
+            isinstance(exc, PermissionDeniedError | UnauthenticatedError)
             or status in (401, 403)
             or code in _ACCESS_CODES
         ):

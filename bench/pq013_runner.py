@@ -1,0 +1,172 @@
+"""Drives pawn-queue 0.1.3 (PyPI) for bench/queue.py, through its public API only.
+
+Runs under the 0.1.3 virtualenv, never imports this checkout's package::
+
+    .venv-pq013/bin/python -P bench/pq013_runner.py '{"action": "publish", ...}'
+
+The argument is a JSON spec (see ``ACTIONS``); the last line printed is the JSON result.
+Requests are counted by the caller's SeaweedFS metrics, per bucket (``common.scrape``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This directory holds bench/queue.py, which must not shadow the standard library's
+# ``queue`` (urllib3 imports it): drop the script's directory from the front of sys.path
+# and keep it only at the end, for ``common``.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != _HERE]
+sys.path.append(str(_HERE))
+
+import asyncio  # noqa: E402
+import contextlib  # noqa: E402
+import importlib.metadata  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+from collections.abc import AsyncIterator, Awaitable, Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import common  # noqa: E402
+from pawn_queue import PawnQueue  # noqa: E402  (0.1.3, from this interpreter's venv)
+
+TOPIC = "bench"
+
+
+def _check_version() -> None:
+    version = importlib.metadata.version("pawn-queue")
+    if version != "0.1.3":
+        raise SystemExit(f"pq013_runner needs pawn-queue 0.1.3, found {version}")
+
+
+def _config(spec: dict[str, Any], bucket: str, interval: float = 1.0) -> dict[str, Any]:
+    return {
+        "s3": {**spec["s3"], "bucket_name": bucket},
+        "polling": {"interval_seconds": interval},
+        "concurrency": {"strategy": "conditional_write"},
+    }
+
+
+@contextlib.asynccontextmanager
+async def _queues(configs: list[dict[str, Any]]) -> AsyncIterator[list[Any]]:
+    async with contextlib.AsyncExitStack() as stack:
+        queues = []
+        for config in configs:
+            queues.append(await stack.enter_async_context(await PawnQueue.from_config(config)))
+        yield queues
+
+
+def _counter(spec: dict[str, Any], bucket: str) -> Callable[[], dict[str, int]]:
+    return lambda: common.scrape(spec["metrics_url"], bucket)
+
+
+async def publish(spec: dict[str, Any]) -> dict[str, Any]:
+    """Serial and concurrent publish rates, one fresh topic per run."""
+    out: dict[str, list[float]] = {"serial": [], "concurrent": []}
+    async with _queues([_config(spec, spec["bucket"])]) as (pq,):
+        producer = await pq.register_producer("bench-producer")
+        for run in range(spec["runs"]):
+            for mode, count, in_flight in (
+                ("serial", spec["serial"], 1),
+                ("concurrent", spec["concurrent"], spec["in_flight"]),
+            ):
+                topic = f"{mode}-{run}"
+                await pq.create_topic(topic)
+
+                def one(i: int, topic: str = topic) -> Awaitable[object]:
+                    return producer.publish(topic, {"n": i})
+
+                seconds = await common.publish_many(one, count, in_flight)
+                out[mode].append(count / seconds)
+    return out
+
+
+async def drain(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per bucket: publish N, drain with C consumers (one PawnQueue each); count requests."""
+    results = []
+    for bucket in spec["buckets"]:
+        config = _config(spec, bucket)
+        async with _queues([config] * (1 + spec["consumers"])) as queues:
+            await queues[0].create_topic(TOPIC)
+            producer = await queues[0].register_producer("bench-producer")
+            consumers = [
+                await pq.register_consumer(f"bench-consumer-{i}", topics=[TOPIC])
+                for i, pq in enumerate(queues[1:])
+            ]
+            count = _counter(spec, bucket)
+            before = count()
+
+            def one(i: int) -> Awaitable[object]:
+                return producer.publish(TOPIC, {"n": i})
+
+            publish_seconds = await common.publish_many(one, spec["messages"], spec["in_flight"])
+            result = await common.drain(consumers, spec["messages"], spec["timeout"])
+            requests = common.delta(before, count())
+        results.append(
+            {"publish_seconds": publish_seconds, "requests": requests, **result.summary()}
+        )
+    return results
+
+
+async def idle(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Idle listen() consumers (one per job, each in its own bucket), measured concurrently."""
+
+    async def one(job: dict[str, Any]) -> dict[str, Any]:
+        config = _config(spec, job["bucket"], spec["interval"])
+        async with _queues([config]) as (pq,):
+            topics = [f"topic-{i}" for i in range(job["topics"])]
+            for topic in topics:
+                await pq.create_topic(topic)
+            consumer = await pq.register_consumer("idle-consumer", topics=topics)
+            requests = await common.measure_idle(
+                consumer, spec["seconds"], _counter(spec, job["bucket"]), spec["warmup"]
+            )
+        return {**job, "seconds": spec["seconds"], "requests": requests}
+
+    return list(await asyncio.gather(*(one(job) for job in spec["jobs"])))
+
+
+async def latency(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Publish-to-handler latency, producer and listening consumer on separate PawnQueues."""
+    results = []
+    for bucket in spec["buckets"]:
+        config = _config(spec, bucket, spec["interval"])
+        async with _queues([config, config]) as (pq_producer, pq_consumer):
+            await pq_producer.create_topic(TOPIC)
+            producer = await pq_producer.register_producer("bench-producer")
+            consumer = await pq_consumer.register_consumer("bench-consumer", topics=[TOPIC])
+
+            def send(payload: dict[str, Any]) -> Awaitable[object]:
+                return producer.publish(TOPIC, payload)
+
+            result = await common.measure_latency(
+                send,
+                consumer,
+                period=spec["period"],
+                duration=spec["duration"],
+                drain_timeout=spec["drain_timeout"],
+            )
+        results.append(result.summary())
+    return results
+
+
+ACTIONS: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
+    "publish": publish,
+    "drain": drain,
+    "idle": idle,
+    "latency": latency,
+}
+
+
+def main() -> None:
+    _check_version()
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    spec = json.loads(sys.argv[1])
+    action = ACTIONS[spec["action"]]
+    result = asyncio.run(asyncio.wait_for(action(spec), spec.get("deadline", 600)))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
