@@ -87,7 +87,9 @@ def scrape(metrics_url: str, bucket: str) -> dict[str, int]:
 
 def delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
     keys = sorted(set(before) | set(after))
-    return {k: after.get(k, 0) - before.get(k, 0) for k in keys if after.get(k, 0) != before.get(k, 0)}
+    return {
+        k: after.get(k, 0) - before.get(k, 0) for k in keys if after.get(k, 0) != before.get(k, 0)
+    }
 
 
 @dataclass
@@ -171,6 +173,15 @@ async def publish_many(
     return time.perf_counter() - started
 
 
+def numbered(producer: Any, topic: str) -> Callable[[int], Awaitable[object]]:
+    """``publish(i)`` for publish_many: message ``{"n": i}`` to ``topic``."""
+    return lambda i: producer.publish(topic, {"n": i})
+
+
+def sender(producer: Any, topic: str) -> Callable[[dict[str, Any]], Awaitable[object]]:
+    return lambda payload: producer.publish(topic, payload)
+
+
 @dataclass
 class DrainResult:
     seconds: float
@@ -195,7 +206,7 @@ class DrainResult:
 
 
 async def drain(
-    consumers: Sequence[ConsumerLike], expected: int, timeout: float, idle_sleep: float = 0.01
+    consumers: Sequence[ConsumerLike], expected: int, time_limit: float, idle_sleep: float = 0.01
 ) -> DrainResult:
     """Every consumer loops ``poll()`` then acks what it got (concurrently) until
     ``expected`` distinct messages are acked or ``timeout`` passes."""
@@ -224,7 +235,7 @@ async def drain(
     try:
         waiter = asyncio.create_task(done.wait())
         finished, _ = await asyncio.wait(
-            [waiter, *tasks], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            [waiter, *tasks], timeout=time_limit, return_when=asyncio.FIRST_COMPLETED
         )
         for task in finished:
             error = None if task is waiter else task.exception()

@@ -73,11 +73,9 @@ async def publish(spec: dict[str, Any]) -> dict[str, Any]:
             ):
                 topic = f"{mode}-{run}"
                 await pq.create_topic(topic)
-
-                def one(i: int, topic: str = topic) -> Awaitable[object]:
-                    return producer.publish(topic, {"n": i})
-
-                seconds = await common.publish_many(one, count, in_flight)
+                seconds = await common.publish_many(
+                    common.numbered(producer, topic), count, in_flight
+                )
                 out[mode].append(count / seconds)
     return out
 
@@ -96,11 +94,9 @@ async def drain(spec: dict[str, Any]) -> list[dict[str, Any]]:
             ]
             count = _counter(spec, bucket)
             before = count()
-
-            def one(i: int) -> Awaitable[object]:
-                return producer.publish(TOPIC, {"n": i})
-
-            publish_seconds = await common.publish_many(one, spec["messages"], spec["in_flight"])
+            publish_seconds = await common.publish_many(
+                common.numbered(producer, TOPIC), spec["messages"], spec["in_flight"]
+            )
             result = await common.drain(consumers, spec["messages"], spec["timeout"])
             requests = common.delta(before, count())
         results.append(
@@ -136,12 +132,8 @@ async def latency(spec: dict[str, Any]) -> list[dict[str, Any]]:
             await pq_producer.create_topic(TOPIC)
             producer = await pq_producer.register_producer("bench-producer")
             consumer = await pq_consumer.register_consumer("bench-consumer", topics=[TOPIC])
-
-            def send(payload: dict[str, Any]) -> Awaitable[object]:
-                return producer.publish(TOPIC, payload)
-
             result = await common.measure_latency(
-                send,
+                common.sender(producer, TOPIC),
                 consumer,
                 period=spec["period"],
                 duration=spec["duration"],

@@ -12,14 +12,20 @@ Hook = Callable[[str, str], Awaitable[None]]
 
 @dataclass
 class FaultyStore:
-    """Delegates to ``inner``; ``hook(operation, key)`` runs before each call and may raise."""
+    """Delegates to ``inner``. ``hooks`` run before each call and may raise or pause it;
+    ``observers`` run after a call that succeeded."""
 
     inner: Store
     hooks: list[Hook] = field(default_factory=list)
+    observers: list[Hook] = field(default_factory=list)
 
     async def _before(self, operation: str, key: str) -> None:
         for hook in list(self.hooks):
             await hook(operation, key)
+
+    async def _after(self, operation: str, key: str) -> None:
+        for observer in list(self.observers):
+            await observer(operation, key)
 
     async def get(self, key: str) -> StoredObject:
         await self._before("get", key)
@@ -31,7 +37,9 @@ class FaultyStore:
 
     async def put(self, key: str, data: bytes, mode: PutMode = "overwrite") -> str:
         await self._before("put", key)
-        return await self.inner.put(key, data, mode)
+        etag = await self.inner.put(key, data, mode)
+        await self._after("put", key)
+        return etag
 
     async def list(
         self, prefix: str = "", start_after: str | None = None, limit: int | None = None
@@ -42,6 +50,7 @@ class FaultyStore:
     async def delete(self, key: str) -> None:
         await self._before("delete", key)
         await self.inner.delete(key)
+        await self._after("delete", key)
 
     async def delete_many(self, keys: Sequence[str]) -> None:
         for key in keys:

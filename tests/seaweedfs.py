@@ -47,6 +47,8 @@ _SCRUBBED_ENV = (
     "S3_EXTERNAL_URL",
 )
 
+_MAX_VOLUMES = 2000
+
 _running: set[SeaweedFS] = set()
 
 
@@ -174,6 +176,9 @@ class SeaweedFS:
             "-master.telemetry=false",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
+            # Every bucket is a collection with volumes of its own; the default cap (free disk
+            # / 1 GiB) allows only a few dozen buckets, and tests make one each.
+            f"-volume.max={_MAX_VOLUMES}",
             *(f"-{name}={port}" for name, port in ports.items()),
         ]
         if s3_config is not None:

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import PawnQueue, PayloadError, TopicNotFoundError
-from pawn_queue import layout
+from pawn_queue import PawnQueue, PayloadError, TopicNotFoundError, layout
 
 
 async def test_batch_is_one_object_delivered_in_order(pq: PawnQueue) -> None:

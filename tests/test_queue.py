@@ -352,7 +352,7 @@ async def test_listen_dead_letters_raising_handler_and_releases_on_cancel(
             if operation == "delete" and key == layout.lease_key("t", ids[1]):
                 dead_lettered.set()
 
-        faulty.hooks.append(on_release)
+        faulty.observers.append(on_release)
 
         async def handler(message: Message) -> None:
             n = message.payload["n"]

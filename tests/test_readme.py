@@ -12,6 +12,9 @@ import pytest
 import yaml
 
 from pawn_queue import PawnQueue
+from pawn_queue.config import load_config
+from pawn_queue.store import open_store
+from tests.faults import FaultyStore
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -57,15 +60,24 @@ async def push_mode(pawnqueue, consumer):
     exec(compile(harness, "README push mode", "exec"), scope)
 
     async def run() -> None:
-        async with await PawnQueue.from_config(queue_config) as pq:
+        config = load_config(queue_config)
+        acked = asyncio.Event()
+        store = FaultyStore(open_store(config))
+
+        async def on_delete(operation: str, key: str) -> None:
+            if operation == "delete" and key.startswith("orders/messages/"):
+                acked.set()
+
+        store.observers.append(on_delete)
+        async with PawnQueue(config, store=store) as pq:
             await pq.create_topic("orders")
             await (await pq.register_producer("p")).publish("orders", {"order_id": 7})
             consumer = await pq.register_consumer("billing", topics=["orders"])
             task = asyncio.create_task(scope["push_mode"](pq, consumer))
-            while await pq.store.list("orders/messages/"):
-                await asyncio.sleep(0.02)
+            await acked.wait()
             task.cancel()
             await task
+            assert await pq.store.list("orders/messages/") == []
 
     asyncio.run(asyncio.wait_for(run(), 30))
     assert "{'order_id': 7}" in capsys.readouterr().out

@@ -37,7 +37,7 @@ from pawn_queue.exceptions import (
     StoreError,
     StoreUnavailable,
 )
-from pawn_queue.store.base import IfMatch, PutMode, Store
+from pawn_queue.store.base import IfMatch, PutMode, Store, StoredObject
 
 logger = logging.getLogger(__name__)
 
@@ -129,20 +129,18 @@ class LeaseManager:
         return Lease(topic, message_id, message_key, key, etag, body, visibility)
 
     async def _claim_conditional(self, key: str, body: LeaseBody) -> tuple[str, LeaseBody] | None:
-        etag = await self._conditional_put(key, body, "create")
+        etag, current = await self._conditional_put(key, body, "create")
         if etag is not None:
             return etag, body
-        try:
-            current = await self._store.get(key)
-        except NotFound:
-            # Released between our put and get: one more create decides.
-            etag = await self._conditional_put(key, body, "create")
+        if current is None:
+            # Released between our put and our read: one more create decides.
+            etag, _ = await self._conditional_put(key, body, "create")
             return None if etag is None else (etag, body)
         previous = self._expired_lease(key, current.data, current.meta.last_modified)
         if previous is None:
             return None
         body = replace(body, settled=previous.settled)
-        etag = await self._conditional_put(key, body, IfMatch(current.meta.etag))
+        etag, _ = await self._conditional_put(key, body, IfMatch(current.meta.etag))
         if etag is None:
             return None
         logger.info("lease takeover key=%s", key)
@@ -277,28 +275,32 @@ class LeaseManager:
     async def _replace(self, lease: Lease, body: LeaseBody) -> str | None:
         """Write ``body`` over our lease; None if the lease is no longer ours."""
         if self.strategy == "conditional_write":
-            return await self._conditional_put(lease.key, body, IfMatch(lease.etag))
+            etag, _ = await self._conditional_put(lease.key, body, IfMatch(lease.etag))
+            return etag
         if not await self._etag_is(lease.key, lease.etag):
             return None
         return await self._store.put(lease.key, body.encode(), "overwrite")
 
-    async def _conditional_put(self, key: str, body: LeaseBody, mode: PutMode) -> str | None:
-        """A conditional put that recognises its own earlier success (rule 6); None if lost."""
+    async def _conditional_put(
+        self, key: str, body: LeaseBody, mode: PutMode
+    ) -> tuple[str | None, StoredObject | None]:
+        """``(etag, None)`` once ``body`` is stored; else ``(None, what is stored)``, where
+        None means nothing. A retried request can fail on its own earlier success, so a
+        refusal is checked against the stored nonce before it counts as lost (rule 6)."""
         try:
-            return await self._store.put(key, body.encode(), mode)
+            return await self._store.put(key, body.encode(), mode), None
         except (AlreadyExists, PreconditionFailed):
             pass
-        # A retried request can fail on its own earlier success: the nonce tells.
         try:
             current = await self._store.get(key)
         except NotFound:
-            return None
+            return None, None
         try:
             if LeaseBody.decode(current.data).nonce == body.nonce:
-                return current.meta.etag
+                return current.meta.etag, None
         except CorruptObject:
             pass
-        return None
+        return None, current
 
     async def _etag_is(self, key: str, etag: str) -> bool:
         try:

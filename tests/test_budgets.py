@@ -1,0 +1,111 @@
+"""Request budgets: what each operation costs, counted at the store boundary (docs/protocol.md)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from pawn_queue import PawnQueue
+from pawn_queue.config import load_config
+from pawn_queue.store import open_store
+from pawn_queue.store.counting import CountingStore
+
+
+@pytest.fixture
+async def counted(queue_config: dict[str, Any]) -> AsyncIterator[tuple[PawnQueue, CountingStore]]:
+    # Long leases: no background refresh may add requests while a budget is measured.
+    queue_config["polling"]["visibility_timeout_seconds"] = 60
+    queue_config["polling"]["lease_refresh_interval_seconds"] = 20
+    config = load_config(queue_config)
+    store = CountingStore(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("t")
+        yield pq, store
+
+
+async def test_publish_costs_one_put(counted: tuple[PawnQueue, CountingStore]) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    store.reset()
+    for n in range(5):
+        await producer.publish("t", {"n": n})
+    assert store.reset() == Counter({"PUT": 5})
+
+
+async def test_poll_of_ten_is_one_list_plus_claims_and_reads(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    for n in range(30):
+        await producer.publish("t", {"n": n})
+    consumer = await pq.register_consumer("c", topics=["t"])
+    store.reset()
+    messages = await consumer.poll()
+    assert len(messages) == 10
+    # Never a GET to learn whether a message is leased: claims are create-only PUTs.
+    assert store.reset() == Counter({"LIST": 1, "PUT create": 10, "GET": 10})
+    for message in messages:
+        await message.ack()
+    assert store.reset() == Counter({"DELETE": 20})
+    await messages[0].ack()  # idempotent and free
+    assert store.reset() == Counter()
+
+
+async def test_nack_costs_a_put_and_two_deletes(counted: tuple[PawnQueue, CountingStore]) -> None:
+    pq, store = counted
+    await (await pq.register_producer("p")).publish("t", {"n": 1})
+    [message] = await (await pq.register_consumer("c", topics=["t"])).poll()
+    store.reset()
+    await message.nack()
+    assert store.reset() == Counter({"PUT": 1, "DELETE": 2})
+
+
+async def test_idle_poll_costs_one_list(counted: tuple[PawnQueue, CountingStore]) -> None:
+    pq, store = counted
+    consumer = await pq.register_consumer("c", topics=["t"])
+    store.reset()
+    assert await consumer.poll() == []
+    assert store.reset() == Counter({"LIST": 1})
+
+
+async def test_batch_of_100_costs_five_requests(counted: tuple[PawnQueue, CountingStore]) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    store.reset()
+    await producer.publish_batch("t", [{"n": n} for n in range(100)])
+    received = 0
+    while received < 100:
+        for message in await consumer.poll():
+            await message.ack()
+            received += 1
+    # publish, LIST, claim, read, delete object and lease; later polls are served locally.
+    assert store.reset() == Counter({"PUT": 1, "LIST": 1, "PUT create": 1, "GET": 1, "DELETE": 2})
+
+
+async def test_competing_consumer_stops_paying_for_held_messages(
+    counted: tuple[PawnQueue, CountingStore], queue_config: dict[str, Any]
+) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    for n in range(10):
+        await producer.publish("t", {"n": n})
+    holder = await pq.register_consumer("holder", topics=["t"])
+    assert len(await holder.poll()) == 10
+    # Another process: it cannot know what this one holds.
+    config = load_config(queue_config)
+    other_store = CountingStore(open_store(config))
+    async with PawnQueue(config, store=other_store) as other:
+        rival = await other.register_consumer("rival", topics=["t"])
+        other_store.reset()
+        assert await rival.poll() == []
+        first = other_store.reset()
+        assert first["PUT create"] == 10 and first["GET"] == 10  # learns each lease's expiry
+        assert await rival.poll() == []
+        second = other_store.reset()
+        assert second["PUT create"] == 0 and second["GET"] == 0
+        assert second["LIST"] <= 2
