@@ -56,6 +56,8 @@ class FaultyStore:
         for key in keys:
             await self._before("delete", key)
         await self.inner.delete_many(keys)
+        for key in keys:
+            await self._after("delete", key)
 
     async def close(self) -> None:
         await self.inner.close()

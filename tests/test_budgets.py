@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -90,7 +91,7 @@ async def test_batch_of_100_costs_five_requests(counted: tuple[PawnQueue, Counti
 async def test_competing_consumer_stops_paying_for_held_messages(
     counted: tuple[PawnQueue, CountingStore], queue_config: dict[str, Any]
 ) -> None:
-    pq, store = counted
+    pq = counted[0]
     producer = await pq.register_producer("p")
     for n in range(10):
         await producer.publish("t", {"n": n})
@@ -109,3 +110,16 @@ async def test_competing_consumer_stops_paying_for_held_messages(
         second = other_store.reset()
         assert second["PUT create"] == 0 and second["GET"] == 0
         assert second["LIST"] <= 2
+
+
+async def test_concurrent_acks_share_two_deletes(counted: tuple[PawnQueue, CountingStore]) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    for n in range(10):
+        await producer.publish("t", {"n": n})
+    messages = await (await pq.register_consumer("c", topics=["t"])).poll()
+    store.reset()
+    await asyncio.gather(*(m.ack() for m in messages))
+    # All messages in one delete_many, then all leases in another (messages before leases).
+    assert store.reset() == Counter({"DELETE": 2})
+    assert await pq.store.list("t/") == [await pq.store.head("t/.topic")]

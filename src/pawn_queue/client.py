@@ -150,7 +150,12 @@ class PawnQueue:
         entry = await self.registry.register("consumers", name)
         assert self._leases is not None
         consumer = Consumer(
-            entry, topics, self._ready_store(), self._leases, self.config.polling, self._signals
+            entry,
+            topics,
+            self._ready_store(),
+            self._leases,
+            self.config.polling,
+            self._signals,
         )
         self._consumers.append(consumer)
         return consumer

@@ -38,6 +38,7 @@ from pawn_queue.exceptions import (
     StoreUnavailable,
 )
 from pawn_queue.store.base import IfMatch, PutMode, Store, StoredObject
+from pawn_queue.store.coalesce import DeleteCoalescer
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +76,13 @@ class LeaseManager:
     """Claims and keeps leases for one store with one resolved strategy."""
 
     def __init__(
-        self, store: Store, strategy: ResolvedStrategy, concurrency: ConcurrencyConfig
+        self,
+        store: Store,
+        strategy: ResolvedStrategy,
+        concurrency: ConcurrencyConfig,
     ) -> None:
         self._store = store
+        self.deleter = DeleteCoalescer(store)  # shared by everything that deletes here
         self.strategy = strategy
         self._csprng = concurrency.csprng_verify
         self._margin = timedelta(seconds=concurrency.clock_skew_margin_seconds)
@@ -209,7 +214,7 @@ class LeaseManager:
                 except LeaseLostError:
                     return
             lease.released = True
-            await self._store.delete(lease.key)
+            await self.deleter.delete(lease.key)
 
     def _safe_for(self, lease: Lease, windows: int) -> bool:
         """Whether the lease stays ours for ``windows`` safety windows on every clock.

@@ -70,7 +70,7 @@ class ClaimedObject:
             if len(self.lease.settled) < self.size:
                 return
         with contextlib.suppress(NotFound):
-            await self._store.delete(self.key)
+            await self._leases.deleter.delete(self.key)
         self._on_done(self.lease)
         try:
             await self._leases.release(self.lease, message_gone=True)
