@@ -36,6 +36,7 @@ import math
 import os
 import platform
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -886,6 +887,24 @@ async def run_cases(b: Bench, cases: list[str], timings: dict[str, float]) -> di
     return results
 
 
+def _git_state() -> dict[str, Any]:
+    """The checkout measured: the library may be mid-change, so say which files differ."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return done.stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "changed": [line[3:] for line in git("status", "--porcelain").splitlines()],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (~3 min)")
@@ -936,6 +955,7 @@ def main(argv: list[str] | None = None) -> None:
         "sizes": {k: v for k, v in vars(sizes).items()},
         "quick": args.quick,
         "cases": cases,
+        "git": _git_state(),
         "case_seconds": timings,
         "wall_seconds": round(time.perf_counter() - started, 1),
         "prices_usd_per_million": {

@@ -20,6 +20,8 @@ async def counted(queue_config: dict[str, Any]) -> AsyncIterator[tuple[PawnQueue
     # Long leases: no background refresh may add requests while a budget is measured.
     queue_config["polling"]["visibility_timeout_seconds"] = 60
     queue_config["polling"]["lease_refresh_interval_seconds"] = 20
+    # Change signals are measured on their own (tests/test_notify.py).
+    queue_config["notify"] = {"enabled": False}
     config = load_config(queue_config)
     store = CountingStore(open_store(config))
     async with PawnQueue(config, store=store) as pq:

@@ -112,6 +112,10 @@ class PawnQueueBuilder:
         """Set ``RegistryConfig`` fields (``heartbeat_interval_seconds``)."""
         return self._set("registry", fields)
 
+    def notify(self, **fields: Any) -> Self:
+        """Set ``NotifyConfig`` fields (``enabled``, ``check_interval_seconds``)."""
+        return self._set("notify", fields)
+
     def from_env(self, environ: Mapping[str, str] | None = None) -> Self:
         """Fill what the builder leaves unset from ``PAWNQUEUE_*`` variables.
 

@@ -13,7 +13,7 @@ from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.leases import LeaseManager, ResolvedStrategy, probe_strategy
-from pawn_queue.notify import LocalSignals
+from pawn_queue.notify import ChangeSignals
 from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
 from pawn_queue.store import open_store
@@ -36,7 +36,7 @@ class PawnQueue:
         self._registry: Registry | None = None
         self._consumers: list[Consumer] = []
         self._heartbeat: asyncio.Task[None] | None = None
-        self._signals = LocalSignals()
+        self._signals: ChangeSignals | None = None
 
     @classmethod
     async def from_config(
@@ -76,6 +76,7 @@ class PawnQueue:
         self._leases = LeaseManager(store, strategy, self.config.concurrency)
         self._topics = Topics(store)
         self._registry = Registry(store)
+        self._signals = ChangeSignals(store, self.config.notify)
         self._heartbeat = asyncio.create_task(
             self._registry.run_heartbeat(self.config.registry.heartbeat_interval_seconds)
         )
@@ -89,6 +90,8 @@ class PawnQueue:
         try:
             for consumer in self._consumers:
                 await consumer.release_all()
+            if self._signals is not None:
+                await self._signals.close()
             if self._heartbeat is not None:
                 self._heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -139,7 +142,7 @@ class PawnQueue:
     async def register_producer(self, name: str) -> Producer:
         """Register a producer; the same name always gets the same id."""
         entry = await self.registry.register("producers", name)
-        return Producer(entry, self._ready_store(), self._ready_topics(), self._signals)
+        return Producer(entry, self._ready_store(), self._ready_topics(), self._ready_signals())
 
     async def register_consumer(self, name: str, topics: list[str]) -> Consumer:
         """Register a consumer of ``topics``; the same name always gets the same id."""
@@ -155,7 +158,7 @@ class PawnQueue:
             self._ready_store(),
             self._leases,
             self.config.polling,
-            self._signals,
+            self._ready_signals(),
         )
         self._consumers.append(consumer)
         return consumer
@@ -183,6 +186,11 @@ class PawnQueue:
         if self._store is None:
             raise _not_set_up()
         return self._store
+
+    def _ready_signals(self) -> ChangeSignals:
+        if self._signals is None:
+            raise _not_set_up()
+        return self._signals
 
     def _ready_topics(self) -> Topics:
         if self._topics is None:

@@ -249,6 +249,20 @@ class RegistryConfig(_Section):
     heartbeat_interval_seconds: float = Field(default=60.0, gt=0)
 
 
+class NotifyConfig(_Section):
+    """Change signals: how idle consumers learn of new messages without listing (vnotify).
+
+    Producers mark ``_notify/{slot}`` and ``_notify/_`` after publishing; an idle consumer
+    checks ``_notify/_`` with one HEAD every ``check_interval_seconds``. A full poll every
+    ``polling.interval_seconds`` still runs, so nothing depends on a signal arriving.
+    """
+
+    section_path: ClassVar[str] = "notify"
+
+    enabled: bool = True
+    check_interval_seconds: float = Field(default=0.1, gt=0)
+
+
 class PawnQueueConfig(_Section):
     """The whole configuration. ``backend`` picks which store section is used.
 
@@ -263,6 +277,7 @@ class PawnQueueConfig(_Section):
     polling: PollingConfig = Field(default_factory=PollingConfig)
     concurrency: ConcurrencyConfig = Field(default_factory=ConcurrencyConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    notify: NotifyConfig = Field(default_factory=NotifyConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -378,6 +393,8 @@ ENV_VARS: Final[Mapping[str, str]] = {
     "PAWNQUEUE_S3_SESSION_TOKEN": "s3.aws_session_token",
     "PAWNQUEUE_S3_ADDRESSING_STYLE": "s3.addressing_style",
     "PAWNQUEUE_CLOCK_SKEW_MARGIN_SECONDS": "concurrency.clock_skew_margin_seconds",
+    "PAWNQUEUE_NOTIFY_ENABLED": "notify.enabled",
+    "PAWNQUEUE_NOTIFY_CHECK_INTERVAL_SECONDS": "notify.check_interval_seconds",
 }
 """Every ``PAWNQUEUE_*`` variable and the config path it sets (docs are checked against it)."""
 

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -19,7 +20,7 @@ from pawn_queue.envelope import CorruptObject, Envelope, decode_batch, encode_js
 from pawn_queue.exceptions import LeaseLostError, NotFound, PawnQueueError, StoreError
 from pawn_queue.leases import Lease, LeaseManager
 from pawn_queue.message import ClaimedObject, Message
-from pawn_queue.notify import LocalSignals
+from pawn_queue.notify import ChangeSignals
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.store.base import Store
 
@@ -46,7 +47,7 @@ class Consumer:
         store: Store,
         leases: LeaseManager,
         polling: PollingConfig,
-        signals: LocalSignals,
+        signals: ChangeSignals,
     ) -> None:
         self._entry = entry
         self._signals = signals
@@ -80,12 +81,26 @@ class Consumer:
 
     # -- pull -------------------------------------------------------------------------------
 
-    async def poll(self) -> list[Message]:
+    async def poll(self, wait: float | None = None) -> list[Message]:
         """Claim and return up to ``polling.max_messages_per_poll`` messages, FIFO per topic.
 
-        Messages of a batch object beyond that number stay leased here and come first in the
-        next poll.
+        With ``wait`` (seconds), an empty poll waits for messages: it returns as soon as a
+        change signal says one arrived (or a full poll every ``polling.interval_seconds``
+        finds one), or ``[]`` when ``wait`` has passed. Messages of a batch object beyond the
+        maximum stay leased here and come first in the next poll.
         """
+        deadline = time.monotonic() + (wait or 0.0)
+        while True:
+            seen = self._signals.snapshot(self._topics)
+            messages = await self._poll_once()
+            remaining = deadline - time.monotonic()
+            if messages or remaining <= 0:
+                return messages
+            await self._signals.wait(
+                self._topics, min(remaining, self._polling.interval_seconds), seen
+            )
+
+    async def _poll_once(self) -> list[Message]:
         wanted = self._polling.max_messages_per_poll
         messages = self._take_buffered(wanted)
         count = len(self._topics)
@@ -233,13 +248,15 @@ class Consumer:
         """
         try:
             while True:
+                seen = self._signals.snapshot(self._topics)
                 try:
-                    messages = await self.poll()
+                    messages = await self._poll_once()
                 except StoreError as exc:
                     logger.warning("poll failed consumer=%s error=%s", self.name, exc)
                     messages = []
                 if not messages:
-                    await self._signals.wait(self._topics, self._polling.interval_seconds)
+                    # Idle: wake on a change signal, or poll anyway after the interval.
+                    await self._signals.wait(self._topics, self._polling.interval_seconds, seen)
                     continue
                 await asyncio.gather(*(self._dispatch(handler, m) for m in messages))
         finally:

@@ -10,12 +10,14 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     _registry/{producers|consumers}/{uuid}.json registry entry
     _registry/names/{producers|consumers}/{name}.json  name -> uuid index (create-only)
     _probe/{uuid}.probe                         strategy probe, deleted at once
+    _notify/000 .. _notify/999, _notify/_       change signals (vnotify)
 
 Names starting with ``_`` or ``.`` are reserved for the library.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
 from datetime import UTC, datetime
@@ -125,6 +127,17 @@ def registry_key(role: Role, entity_id: str) -> str:
 
 def registry_name_key(role: Role, name: str) -> str:
     return f"{REGISTRY}names/{role}/{name}.json"
+
+
+NOTIFY = "_notify/"
+NOTIFY_ROOT = "_notify/_"
+NOTIFY_SLOTS = 1000  # one LIST page holds every slot
+
+
+def notify_slot_key(topic: str) -> str:
+    """The change-signal slot of a topic: a fixed keyspace, so one LIST sees every topic."""
+    digest = hashlib.blake2b(topic.encode(), digest_size=8).digest()
+    return f"{NOTIFY}{int.from_bytes(digest, 'little') % NOTIFY_SLOTS:03d}"
 
 
 def probe_key(probe_id: str) -> str:

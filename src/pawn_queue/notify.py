@@ -1,31 +1,68 @@
 """Change signals: how an idle consumer learns that a topic has new messages.
 
-Within one process, a publish wakes the idle consumers of its topic at once (no request).
-A periodic poll (``polling.interval_seconds``) covers everything else, so correctness never
-depends on a signal.
+The vnotify scheme: a topic maps to one of 1,000 slot objects ``_notify/000..999``.
+After publishing, a producer overwrites its topic's slot and then ``_notify/_`` (coalesced
+per topic, off the publish's critical path). An idle consumer HEADs ``_notify/_`` every
+``notify.check_interval_seconds``; only when its etag changed does it LIST ``_notify/``
+(one page) to see which slots changed, and wake the consumers of those topics.
+
+Within one process, a publish wakes the idle consumers of its topic at once, with no
+request. Consumers still run a full poll every ``polling.interval_seconds``, so correctness
+never depends on a signal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import secrets
+import time
 from collections.abc import Iterable
+
+from pawn_queue import layout
+from pawn_queue.config import NotifyConfig
+from pawn_queue.exceptions import NotFound, StoreError
+from pawn_queue.store.base import Store
+
+logger = logging.getLogger(__name__)
+
+_WATCH_GRACE_CHECKS = 50
+_CLOSE_SECONDS = 2.0
 
 
 class LocalSignals:
-    """Wakes consumers of this process that wait on a topic when a producer here publishes."""
+    """Wakes consumers of this process that wait on a topic.
+
+    Each topic has a generation that every change bumps, so a consumer that snapshots it
+    before polling does not miss a change that lands between its poll and its wait.
+    """
 
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._generation: dict[str, int] = {}
 
     def changed(self, topic: str) -> None:
+        self._generation[topic] = self._generation.get(topic, 0) + 1
         for event in self._waiters.get(topic, ()):
             event.set()
 
-    async def wait(self, topics: Iterable[str], within: float) -> bool:
-        """Wait until one of ``topics`` changes or ``within`` seconds pass; True if it changed."""
-        event = asyncio.Event()
+    def snapshot(self, topics: Iterable[str]) -> dict[str, int]:
+        return {topic: self._generation.get(topic, 0) for topic in topics}
+
+    def waited_on(self) -> set[str]:
+        """The topics somebody waits on now."""
+        return set(self._waiters)
+
+    async def wait(
+        self, topics: Iterable[str], within: float, since: dict[str, int] | None = None
+    ) -> bool:
+        """Wait until one of ``topics`` changes (after ``since``, if given) or ``within``
+        seconds pass; True if it changed."""
         names = list(topics)
+        if since is not None and self.snapshot(names) != since:
+            return True
+        event = asyncio.Event()
         for name in names:
             self._waiters.setdefault(name, set()).add(event)
         try:
@@ -39,3 +76,127 @@ class LocalSignals:
                     waiters.discard(event)
                     if not waiters:
                         del self._waiters[name]
+
+
+class ChangeSignals:
+    """Marks topics for other processes and watches their marks, over one store."""
+
+    def __init__(self, store: Store, config: NotifyConfig) -> None:
+        self._store = store
+        self._config = config
+        self.local = LocalSignals()
+        self._to_mark: set[str] = set()
+        self._last_marked: dict[str, float] = {}
+        self._marker: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._baseline_taken = False
+        self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
+        self._slots: dict[str, str] = {}
+        self._recent: set[str] = set()
+        self._last_wait = 0.0
+        self._closing = False
+        self._close_requested = asyncio.Event()
+
+    # -- producer side ----------------------------------------------------------------------
+
+    def published(self, topic: str) -> None:
+        """A message was written to ``topic``: wake local consumers, signal other processes."""
+        self.local.changed(topic)
+        if not self._config.enabled:
+            return
+        self._to_mark.add(topic)
+        if self._marker is None or self._marker.done():
+            self._marker = asyncio.create_task(self._mark_loop())
+
+    async def _mark_loop(self) -> None:
+        # One mark per topic per check interval is all a watcher can tell apart.
+        while self._to_mark:
+            now = time.monotonic()
+            due = {
+                t
+                for t in self._to_mark
+                if self._closing or now - self._last_marked.get(t, 0.0) >= self._gap
+            }
+            if not due:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._close_requested.wait(), self._gap / 2)
+                continue
+            self._to_mark -= due
+            slots = {layout.notify_slot_key(topic) for topic in due}
+            try:
+                await asyncio.gather(*(self._touch(slot) for slot in slots))
+                await self._touch(layout.NOTIFY_ROOT)
+            except StoreError as exc:
+                # A lost signal only delays delivery until the next full poll.
+                logger.warning("change signal failed topics=%s error=%s", sorted(due), exc)
+            for topic in due:
+                self._last_marked[topic] = now
+
+    @property
+    def _gap(self) -> float:
+        return self._config.check_interval_seconds
+
+    async def _touch(self, key: str) -> None:
+        await self._store.put(key, secrets.token_hex(8).encode(), "overwrite")
+
+    # -- consumer side ----------------------------------------------------------------------
+
+    def snapshot(self, topics: Iterable[str]) -> dict[str, int]:
+        return self.local.snapshot(topics)
+
+    async def wait(
+        self, topics: Iterable[str], within: float, since: dict[str, int] | None = None
+    ) -> bool:
+        """Wait until one of ``topics`` may have new messages, at most ``within`` seconds."""
+        self._last_wait = time.monotonic()
+        if self._config.enabled and (self._watcher is None or self._watcher.done()):
+            self._watcher = asyncio.create_task(self._watch())
+        return await self.local.wait(topics, within, since)
+
+    async def _watch(self) -> None:
+        try:
+            if not self._baseline_taken:
+                self._root = await self._root_etag()
+                self._slots = await self._slot_etags()
+                self._baseline_taken = True
+            # Keep watching a while after the last wait: consumers alternate polls and waits.
+            while time.monotonic() - self._last_wait < _WATCH_GRACE_CHECKS * self._gap:
+                await asyncio.sleep(self._gap)
+                etag = await self._root_etag()
+                if etag == self._root:
+                    continue
+                self._root = etag
+                current = await self._slot_etags()
+                changed = {k for k, v in current.items() if self._slots.get(k) != v}
+                self._slots = current
+                for topic in self.local.waited_on() | self._watched_recently():
+                    if layout.notify_slot_key(topic) in changed:
+                        self.local.changed(topic)
+        except StoreError as exc:
+            logger.warning("change-signal watch stopped error=%s; full polls continue", exc)
+
+    def _watched_recently(self) -> set[str]:
+        self._recent |= self.local.waited_on()
+        return set(self._recent)
+
+    async def _root_etag(self) -> str | None:
+        try:
+            return (await self._store.head(layout.NOTIFY_ROOT)).etag
+        except NotFound:
+            return None
+
+    async def _slot_etags(self) -> dict[str, str]:
+        metas = await self._store.list(layout.NOTIFY, limit=layout.NOTIFY_SLOTS + 1)
+        return {m.key: m.etag for m in metas}
+
+    async def close(self) -> None:
+        """Stop watching; give pending marks a last chance to go out."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        if self._marker is not None and not self._marker.done():
+            self._closing = True
+            self._close_requested.set()
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._marker, _CLOSE_SECONDS)

@@ -10,7 +10,7 @@ from typing import Any
 from pawn_queue import layout
 from pawn_queue.envelope import Envelope, encode_batch, now_utc
 from pawn_queue.exceptions import PayloadError, PublishError, StoreError
-from pawn_queue.notify import LocalSignals
+from pawn_queue.notify import ChangeSignals
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.store.base import Store
 from pawn_queue.topics import Topics
@@ -22,7 +22,7 @@ class Producer:
     """Publishes messages. Obtain one with ``PawnQueue.register_producer()``."""
 
     def __init__(
-        self, entry: RegistryEntry, store: Store, topics: Topics, signals: LocalSignals
+        self, entry: RegistryEntry, store: Store, topics: Topics, signals: ChangeSignals
     ) -> None:
         self._entry = entry
         self._signals = signals
@@ -67,7 +67,7 @@ class Producer:
             await self._store.put(key, body, "overwrite")
         except StoreError as exc:
             raise PublishError(f"could not publish to topic {topic!r}: {exc}") from exc
-        self._signals.changed(topic)
+        self._signals.published(topic)
         logger.debug("published message=%s topic=%s", message_id, topic)
         return message_id
 
@@ -100,7 +100,7 @@ class Producer:
             await self._store.put(key, body, "overwrite")
         except StoreError as exc:
             raise PublishError(f"could not publish a batch to topic {topic!r}: {exc}") from exc
-        self._signals.changed(topic)
+        self._signals.published(topic)
         logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))
         return [m.id for m in members]
 

@@ -1,0 +1,131 @@
+"""Change signals (vnotify): idle consumers wake on a publish from another process."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pawn_queue import Message, PawnQueue, layout
+from pawn_queue.config import load_config
+from pawn_queue.store import open_store
+from pawn_queue.store.counting import CountingStore
+from tests.faults import FaultyStore
+
+
+def slow_backfill(queue_config: dict[str, Any]) -> dict[str, Any]:
+    """A full poll only every 60 s: anything faster must come from a change signal."""
+    queue_config["polling"]["interval_seconds"] = 60
+    queue_config["notify"] = {"check_interval_seconds": 0.05}
+    return queue_config
+
+
+async def test_listener_wakes_on_publish_from_another_instance(
+    queue_config: dict[str, Any],
+) -> None:
+    config = slow_backfill(queue_config)
+    async with (
+        await PawnQueue.from_config(config) as producer_side,
+        await PawnQueue.from_config(config) as consumer_side,
+    ):
+        await producer_side.create_topic("t")
+        producer = await producer_side.register_producer("p")
+        consumer = await consumer_side.register_consumer("c", topics=["t"])
+        received: asyncio.Queue[str] = asyncio.Queue()
+
+        async def handler(message: Message) -> None:
+            await message.ack()
+            await received.put(message.id)
+
+        task = asyncio.create_task(consumer.listen(handler))
+        try:
+            for _ in range(3):
+                mid = await producer.publish("t", {"x": 1})
+                assert await asyncio.wait_for(received.get(), 10) == mid
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_poll_wait_returns_when_a_message_arrives(queue_config: dict[str, Any]) -> None:
+    config = slow_backfill(queue_config)
+    async with (
+        await PawnQueue.from_config(config) as producer_side,
+        await PawnQueue.from_config(config) as consumer_side,
+    ):
+        await producer_side.create_topic("t")
+        producer = await producer_side.register_producer("p")
+        consumer = await consumer_side.register_consumer("c", topics=["t"])
+        assert await consumer.poll(wait=0.2) == []
+        waiting = asyncio.create_task(consumer.poll(wait=30))
+        mid = await producer.publish("t", {"x": 1})
+        messages = await asyncio.wait_for(waiting, 10)
+        assert [m.id for m in messages] == [mid]
+
+
+async def test_idle_listener_costs_one_head_per_check(queue_config: dict[str, Any]) -> None:
+    config = load_config(slow_backfill(queue_config))
+    counting = CountingStore(open_store(config))
+    heads = asyncio.Event()
+    seen_heads = 0
+
+    async def count_heads(operation: str, key: str) -> None:
+        nonlocal seen_heads
+        if operation == "head" and key == layout.NOTIFY_ROOT:
+            seen_heads += 1
+            if seen_heads >= 20:
+                heads.set()
+
+    observed = FaultyStore(counting, hooks=[count_heads])
+    async with PawnQueue(config, store=observed) as pq:
+        for n in range(10):
+            await pq.create_topic(f"topic-{n}")
+        consumer = await pq.register_consumer("idle", topics=[f"topic-{n}" for n in range(10)])
+        counting.reset()
+        task = asyncio.create_task(consumer.listen(lambda m: m.ack()))
+        await asyncio.wait_for(heads.wait(), 20)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        counts = counting.reset()
+    # One full poll of the 10 topics and one LIST of _notify/ to start; then HEADs only.
+    assert counts["LIST"] == 11, counts
+    assert counts["HEAD"] >= 20
+    assert set(counts) == {"LIST", "HEAD"}, counts
+
+
+async def test_signals_can_be_turned_off(queue_config: dict[str, Any]) -> None:
+    queue_config["notify"] = {"enabled": False}
+    config = load_config(queue_config)
+    counting = CountingStore(open_store(config))
+    async with PawnQueue(config, store=counting) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        consumer = await pq.register_consumer("c", topics=["t"])
+        counting.reset()
+        await producer.publish("t", 1)
+        [message] = await consumer.poll(wait=1)
+        await message.ack()
+        counts = counting.reset()
+        assert await pq.store.list(layout.NOTIFY) == []
+    assert counts["HEAD"] == 0 and counts["PUT"] == 1
+
+
+async def test_signals_of_a_burst_are_coalesced(queue_config: dict[str, Any]) -> None:
+    # A long interval: the burst's first mark goes out at once, a second only much later.
+    queue_config["notify"] = {"check_interval_seconds": 30}
+    config = load_config(queue_config)
+    counting = CountingStore(open_store(config))
+    root_written = asyncio.Event()
+
+    async def on_put(operation: str, key: str) -> None:
+        if operation == "put" and key == layout.NOTIFY_ROOT:
+            root_written.set()
+
+    async with PawnQueue(config, store=FaultyStore(counting, observers=[on_put])) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        counting.reset()
+        await asyncio.gather(*(producer.publish("t", n) for n in range(100)))
+        await asyncio.wait_for(root_written.wait(), 10)
+        counts = counting.reset()
+        assert counts["PUT"] == 100 + 2  # the messages, then one slot and the root
+        assert await pq.store.head(layout.notify_slot_key("t"))
