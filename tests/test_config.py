@@ -105,6 +105,8 @@ ENV_SAMPLES: dict[str, tuple[str, Any]] = {
     "PAWNQUEUE_S3_SESSION_TOKEN": ("session-token-value", "session-token-value"),
     "PAWNQUEUE_S3_ADDRESSING_STYLE": ("virtual", "virtual"),
     "PAWNQUEUE_CLOCK_SKEW_MARGIN_SECONDS": ("5", 5.0),
+    "PAWNQUEUE_NOTIFY_ENABLED": ("false", False),
+    "PAWNQUEUE_NOTIFY_CHECK_INTERVAL_SECONDS": ("0.5", 0.5),
 }
 
 S3_BASE = {"s3": {"bucket_name": "base-bucket"}}
