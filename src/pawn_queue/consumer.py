@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import random
@@ -16,7 +15,14 @@ from typing import Any
 from pawn_queue import layout
 from pawn_queue._aio import gather_limited
 from pawn_queue.config import PollingConfig
-from pawn_queue.envelope import CorruptObject, Envelope, decode_batch, encode_json, now_utc
+from pawn_queue.envelope import (
+    CorruptObject,
+    DeadLetterInfo,
+    Envelope,
+    decode_batch,
+    encode_unreadable,
+    now_utc,
+)
 from pawn_queue.exceptions import LeaseLostError, NotFound, PawnQueueError, StoreError
 from pawn_queue.leases import Lease, LeaseManager
 from pawn_queue.message import ClaimedObject, Message
@@ -217,21 +223,12 @@ class Consumer:
         self, topic: str, object_id: str, key: str, data: bytes, error: str, lease: Lease
     ) -> None:
         """Move an unreadable object to dead letter instead of blocking the topic."""
-        body = {
-            "id": object_id,
-            "topic": topic,
-            "producer_id": "",
-            "created_at": "",
-            "payload": None,
-            "dead_letter": {
-                "reason": "corrupt",
-                "error": error,
-                "dead_lettered_at": now_utc().isoformat(),
-                "source_key": key,
-                "raw_base64": base64.b64encode(data).decode("ascii"),
-            },
-        }
-        await self._store.put(layout.dead_letter_key(topic, object_id), encode_json(body))
+        await self._store.put(
+            layout.dead_letter_key(topic, object_id),
+            encode_unreadable(
+                object_id, topic, data, DeadLetterInfo("corrupt", error, now_utc().isoformat(), key)
+            ),
+        )
         await self._store.delete(key)
         await self._leases.release(lease, message_gone=True)
         logger.warning("quarantined corrupt object key=%s error=%s", key, error)

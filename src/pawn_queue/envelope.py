@@ -11,6 +11,7 @@ our messages and we read theirs.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -157,7 +158,7 @@ class DeadLetterInfo:
     source_key: str
 
 
-def encode_dead_letter(envelope: Envelope, info: DeadLetterInfo) -> bytes:
+def _dead_letter_body(envelope: Envelope, info: DeadLetterInfo) -> dict[str, Any]:
     body = envelope.to_dict()
     body["dead_letter"] = {
         "reason": info.reason,
@@ -165,6 +166,18 @@ def encode_dead_letter(envelope: Envelope, info: DeadLetterInfo) -> bytes:
         "dead_lettered_at": info.dead_lettered_at,
         "source_key": info.source_key,
     }
+    return body
+
+
+def encode_dead_letter(envelope: Envelope, info: DeadLetterInfo) -> bytes:
+    return encode_json(_dead_letter_body(envelope, info))
+
+
+def encode_unreadable(object_id: str, topic: str, data: bytes, info: DeadLetterInfo) -> bytes:
+    """A dead letter for an object that is not a valid message: its raw bytes, base64."""
+    envelope = Envelope(id=object_id, topic=topic, producer_id="", created_at="", payload=None)
+    body = _dead_letter_body(envelope, info)
+    body["dead_letter"]["raw_base64"] = base64.b64encode(data).decode("ascii")
     return encode_json(body)
 
 
