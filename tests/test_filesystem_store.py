@@ -385,3 +385,26 @@ async def test_closed_store_refuses_work(fs: FilesystemStore) -> None:
     with pytest.raises(StoreError, match="closed"):
         await fs.get("k")
     await fs.close()  # idempotent
+
+
+async def test_large_directory_listing_sees_every_change(tmp_path: Path) -> None:
+    """Directories big enough to be indexed still list exactly what is on disk."""
+    first, second = FilesystemStore(tmp_path / "r"), FilesystemStore(tmp_path / "r")
+    try:
+        keys = [f"t/messages/{n:05d}.json" for n in range(700)]
+        for key in keys:
+            await first.put(key, b"x")
+        assert [m.key for m in await first.list("t/messages/")] == keys
+        # Another store on the same root, and a file written behind the store's back
+        # (as another process would), both show up.
+        await second.put("t/messages/00700.json", b"y")
+        (tmp_path / "r" / "t" / "messages" / "00701.json").write_bytes(b"z")
+        await first.delete("t/messages/00000.json")
+        expected = [*keys[1:], "t/messages/00700.json", "t/messages/00701.json"]
+        assert [m.key for m in await first.list("t/messages/")] == expected
+        assert [m.key for m in await second.list("t/messages/", limit=3)] == expected[:3]
+        page = await first.list("t/messages/", start_after="t/messages/00650.json", limit=5)
+        assert [m.key for m in page] == expected[650:655]
+    finally:
+        await first.close()
+        await second.close()

@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 MessageHandler = Callable[[Message], Awaitable[Any]]
 
-_LIST_PAGE = 1000
+_LIST_PAGE = 1000  # one S3 LIST request
+_MIN_PAGE = 100
 _IO_CONCURRENCY = 32
 _SPREAD = 8  # how many polls' worth of candidates a contended consumer spreads over
 
@@ -131,9 +132,11 @@ class Consumer:
         claimed: list[Message] = []
         start_after: str | None = None
         recently_leased = await self._recently_leased(topic)
+        # Enough candidates to spread over under contention; more only costs reading them.
+        page_size = min(_LIST_PAGE, max(_MIN_PAGE, wanted * _SPREAD * 2))
         while len(claimed) < wanted:
             page = await self._store.list(
-                layout.messages_prefix(topic), start_after=start_after, limit=_LIST_PAGE
+                layout.messages_prefix(topic), start_after=start_after, limit=page_size
             )
             candidates = []
             for meta in page:
@@ -168,7 +171,7 @@ class Consumer:
                     elif isinstance(result, BaseException):
                         logger.warning("claim failed topic=%s error=%s", topic, result)
             self._contended[topic] = conflicts > 0
-            if len(page) < _LIST_PAGE:
+            if len(page) < page_size:
                 break
             start_after = page[-1].key
         return claimed

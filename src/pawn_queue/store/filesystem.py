@@ -51,6 +51,7 @@ from pawn_queue.exceptions import (
     StoreError,
     StoreUnavailable,
 )
+from pawn_queue.store import _fs_listing
 from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, StoredObject
 
 T = TypeVar("T")
@@ -338,7 +339,11 @@ class FilesystemStore:
             created = self._make_parents(key)
             lock = self._lock(key)
             try:
+                before = _fs_listing.directory_mtime(os.path.dirname(path))
                 self._commit(key, tmp, path, mode)
+                _fs_listing.changed(
+                    os.path.dirname(path), os.path.basename(path), added=True, before_ns=before
+                )
             finally:
                 os.close(lock)
             for directory in created:
@@ -429,7 +434,11 @@ class FilesystemStore:
         path = self._path(key)
         lock = self._lock(key)
         try:
+            before = _fs_listing.directory_mtime(os.path.dirname(path))
             os.unlink(path)
+            _fs_listing.changed(
+                os.path.dirname(path), os.path.basename(path), added=False, before_ns=before
+            )
         except (FileNotFoundError, NotADirectoryError):
             pass  # nothing stored at this key
         except OSError as exc:
@@ -468,42 +477,35 @@ class FilesystemStore:
     def _walk(
         self, directory: str, base: str, partial: str, start_after: str | None
     ) -> Iterator[ObjectMeta]:
-        """Yield the objects under ``directory`` (whose keys start with ``base``) in key order.
-
-        Entries sort by ``name + "/"`` for directories, so ``a-c`` comes before ``a/b`` as the
-        full key strings do. Subtrees entirely at or before ``start_after`` are skipped.
-        """
-        wanted: builtins.list[tuple[str, os.DirEntry[str]]] = []
+        """Yield the objects under ``directory`` (whose keys start with ``base``) in key order,
+        skipping subtrees entirely at or before ``start_after``."""
+        relative: str | None = None
+        if start_after is not None and start_after >= base:
+            if not start_after.startswith(base):
+                return  # every key here sorts before start_after
+            relative = start_after[len(base) :]
         try:
-            with os.scandir(directory) as it:
-                for entry in it:
-                    if not entry.name.startswith(partial) or _segment_problem(entry.name):
-                        continue  # outside the prefix, or a stray file no key could name
-                    is_dir = entry.is_dir(follow_symlinks=False)
-                    full = base + entry.name + ("/" if is_dir else "")
-                    # A subtree may still hold keys after start_after if start_after is in it.
-                    if (
-                        start_after is not None
-                        and full <= start_after
-                        and not (is_dir and start_after.startswith(full))
-                    ):
-                        continue
-                    wanted.append((full, entry))
+            keys = _fs_listing.sorted_entries(directory, self._nameable)
         except (FileNotFoundError, NotADirectoryError):
             return
         except OSError as exc:
             raise _translate(exc, "list", directory) from exc
-        wanted.sort(key=lambda pair: pair[0])
-        for full, entry in wanted:
-            if full.endswith("/"):
-                if full != RESERVED + "/":
-                    yield from self._walk(entry.path, full, "", start_after)
+        for name in _fs_listing.window(keys, partial, relative):
+            path = os.path.join(directory, name.rstrip("/"))
+            if name.endswith("/"):
+                if base or name != RESERVED + "/":
+                    yield from self._walk(path, base + name, "", start_after)
                 continue
             try:
-                st = entry.stat(follow_symlinks=False)
+                st = os.lstat(path)
             except FileNotFoundError:
                 continue  # deleted since the scan
             except OSError as exc:
-                raise _translate(exc, "stat", entry.path) from exc
+                raise _translate(exc, "stat", path) from exc
             if stat.S_ISREG(st.st_mode):
-                yield _meta(full, st)
+                yield _meta(base + name, st)
+
+    @staticmethod
+    def _nameable(name: str) -> bool:
+        """Whether some key could name this entry (stray files are not objects)."""
+        return _segment_problem(name) is None

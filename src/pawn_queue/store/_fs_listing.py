@@ -1,0 +1,119 @@
+"""Key-ordered listing of a directory tree, with an index that keeps large directories cheap.
+
+A directory's entries sort by ``name`` for files and ``name + "/"`` for directories, which
+is the order of the full key strings (``a-c`` before ``a/b``).
+
+Scanning a directory of 100,000 files costs about half a second, so a poll over a long
+backlog would grow with the backlog. Directories with many entries therefore get a sorted
+in-memory index, shared by every store on the same root in this process. This process's own
+writes and deletes update it in place. It is trusted only while the directory's mtime is
+the one it last saw and for at most ``_MAX_AGE_SECONDS``: a change by another process is
+seen at the next mtime check, or, if it landed within the same timestamp tick as one of
+ours, at the next rescan. Listing is only a way to find candidates (claims and reads decide),
+so a briefly stale index delays a message and never loses one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+_INDEX_MIN_ENTRIES = 512
+_MAX_AGE_SECONDS = 2.0
+
+
+class _Index:
+    __slots__ = ("checked", "keys", "lock", "mtime_ns")
+
+    def __init__(self, keys: list[str], mtime_ns: int) -> None:
+        self.keys = keys  # sorted sort-keys: "name" or "name/"
+        self.mtime_ns = mtime_ns
+        self.checked = time.monotonic()
+        self.lock = threading.Lock()
+
+
+_indexes: dict[str, _Index] = {}
+_indexes_lock = threading.Lock()
+
+
+def sorted_entries(directory: str, accept: Callable[[str], bool]) -> list[str]:
+    """The directory's entries as sort keys (``name`` or ``name/``), sorted.
+
+    ``accept(name)`` filters out entries no key could name. Raises FileNotFoundError or
+    NotADirectoryError when ``directory`` is not a directory.
+    """
+    mtime_ns = os.stat(directory).st_mtime_ns
+    with _indexes_lock:
+        index = _indexes.get(directory)
+    if index is not None:
+        with index.lock:
+            fresh = time.monotonic() - index.checked < _MAX_AGE_SECONDS
+            if fresh and index.mtime_ns == mtime_ns:
+                return index.keys
+    keys = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            if accept(entry.name):
+                keys.append(entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name)
+    keys.sort()
+    with _indexes_lock:
+        if len(keys) >= _INDEX_MIN_ENTRIES:
+            _indexes[directory] = _Index(keys, mtime_ns)
+        else:
+            _indexes.pop(directory, None)
+    return keys
+
+
+def changed(directory: str, name: str, *, added: bool, before_ns: int) -> None:
+    """Record this process's own add or removal of file ``name`` in ``directory``.
+
+    ``before_ns`` is the directory's mtime just before the change: the index follows the
+    change only if it was current then; otherwise the next listing rescans.
+    """
+    with _indexes_lock:
+        index = _indexes.get(directory)
+    if index is None:
+        return
+    with index.lock:
+        if index.mtime_ns != before_ns:
+            return
+        keys = index.keys[:]  # listings in progress keep iterating the old list
+        position = bisect.bisect_left(keys, name)
+        present = position < len(keys) and keys[position] == name
+        if added and not present:
+            keys.insert(position, name)
+        elif not added and present:
+            del keys[position]
+        index.keys = keys
+        try:
+            index.mtime_ns = os.stat(directory).st_mtime_ns
+        except OSError:
+            index.mtime_ns = -1
+
+
+def directory_mtime(directory: str) -> int:
+    try:
+        return os.stat(directory).st_mtime_ns
+    except OSError:
+        return -1
+
+
+def window(keys: list[str], partial: str, start_after: str | None) -> Iterator[str]:
+    """The sort keys that start with ``partial`` and may hold keys after ``start_after``
+    (relative to the directory), in order."""
+    lo = bisect.bisect_left(keys, partial)
+    if start_after is not None:
+        after = bisect.bisect_right(keys, start_after)
+        # A directory sorting at or before start_after still holds keys after it when
+        # start_after lies inside it.
+        if after > 0 and keys[after - 1].endswith("/") and start_after.startswith(keys[after - 1]):
+            after -= 1
+        lo = max(lo, after)
+    for position in range(lo, len(keys)):  # no slice: that would copy the whole tail
+        key = keys[position]
+        if not key.startswith(partial):
+            return
+        yield key

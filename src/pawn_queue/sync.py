@@ -1,0 +1,479 @@
+"""The blocking API: the async core, run on a private event loop in a background thread.
+
+Each sync :class:`PawnQueue` starts one daemon thread running an event loop (on first use)
+and stops and joins it in :meth:`PawnQueue.close`. Every blocking method submits the
+matching coroutine to that loop and waits for it, so any number of threads may share one
+queue and its producers, consumers and messages. Errors are the core's own
+(``TopicNotFoundError``, ``PayloadError``...), raised in the calling thread. A blocking call
+made on the loop thread itself raises :class:`PawnQueueError` instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import os
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
+
+from pawn_queue import client, consumer, message, producer, registry
+from pawn_queue.config import PawnQueueConfig, load_config
+from pawn_queue.exceptions import PawnQueueError
+from pawn_queue.layout import Role
+from pawn_queue.leases import ResolvedStrategy
+from pawn_queue.registry import RegistryEntry
+from pawn_queue.store.base import Store
+
+__all__ = ["Consumer", "Message", "PawnQueue", "Producer", "Registry"]
+
+T = TypeVar("T")
+
+_STOP_CHECK_SECONDS = 0.05  # how often listen() looks at its stop event
+_CLOSED = "this PawnQueue is closed; create a new one"
+_handler_context = threading.local()  # .runner: the _Runner whose handler this thread runs
+
+
+class _Call(Generic[T]):
+    """One coroutine submitted to the loop: its task (set on the loop) and its outcome."""
+
+    def __init__(self) -> None:
+        self.future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self.task: asyncio.Task[T] | None = None
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+class _Runner:
+    """An event loop in a daemon thread, started on first use, running other threads' calls."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._calls: set[asyncio.Task[Any]] = set()  # touched on the loop thread only
+        self.closed = False
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def check_thread(self) -> None:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise PawnQueueError(
+                "blocking pawn-queue call on its own event-loop thread would deadlock; "
+                "use the async API (pawn_queue.PawnQueue) in coroutines"
+            )
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> _Call[T]:
+        """Start ``coro`` on the loop; raise PawnQueueError once closed."""
+        call: _Call[T] = _Call()
+        with self._lock:
+            try:
+                if self.closed:
+                    raise PawnQueueError(_CLOSED)
+                self.check_thread()
+            except PawnQueueError:
+                coro.close()
+                raise
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._loop,), name=self._name, daemon=True
+                )
+                self._thread.start()
+            self._loop.call_soon_threadsafe(self._begin, call, coro)
+        return call
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and return its result in this thread (or raise its error)."""
+        call = self.submit(coro)
+        try:
+            return call.future.result()
+        except BaseException:
+            self.cancel(call)  # Ctrl-C: cancel on the loop and wait for the cleanup
+            raise
+
+    def cancel(self, call: _Call[Any]) -> None:
+        """Cancel ``call`` unless it is over, and wait until it is (its cleanup has run)."""
+        if call.future.done():
+            return
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # loop closed: every call is already over
+            self._loop.call_soon_threadsafe(call.cancel)
+        concurrent.futures.wait([call.future])
+
+    async def cancel_calls(self) -> None:
+        """Cancel every running call but this one and wait for them (on the loop)."""
+        others = [task for task in self._calls if task is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
+    def stop(self) -> None:
+        """Refuse new calls, stop the loop (cancelling what is left) and join its thread."""
+        with self._lock:
+            self.closed = True
+            loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None:
+            with contextlib.suppress(RuntimeError):  # already closed by an earlier stop()
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+
+    def _begin(self, call: _Call[T], coro: Coroutine[Any, Any, T]) -> None:
+        assert self._loop is not None
+        call.task = self._loop.create_task(coro)
+        self._calls.add(call.task)
+        call.task.add_done_callback(functools.partial(self._finish, call))
+
+    def _finish(self, call: _Call[T], task: asyncio.Task[T]) -> None:
+        self._calls.discard(task)
+        if task.cancelled():
+            call.future.set_exception(
+                PawnQueueError("call cancelled: the PawnQueue was closed while it ran")
+            )
+        elif (exc := task.exception()) is not None:
+            call.future.set_exception(exc)
+        else:
+            call.future.set_result(task.result())
+
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                leftovers = asyncio.all_tasks(loop)
+                for task in leftovers:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+
+class PawnQueue:
+    """A queue on one store, with blocking methods. Use ``with`` (or ``setup()``/``close()``).
+
+    Safe to share between threads. ``close()`` (alias ``teardown()``) is final: it cancels
+    running calls (listeners release their leases), tears the queue down and joins the loop
+    thread; any later call raises :class:`PawnQueueError`.
+    """
+
+    def __init__(self, config: PawnQueueConfig, *, store: Store | None = None) -> None:
+        """``store`` replaces the one ``config`` selects (custom stores, fault injection)."""
+        self.config = config
+        self._queue = client.PawnQueue(config, store=store)
+        self._runner = _Runner(f"pawn-queue-loop-{id(self):x}")
+        self._lifecycle = threading.Lock()
+        self._ready = False
+
+    @classmethod
+    def from_config(
+        cls, config: str | os.PathLike[str] | Mapping[str, Any] | PawnQueueConfig
+    ) -> PawnQueue:
+        """Create from a YAML path, a dict or a PawnQueueConfig (not set up yet)."""
+        return cls(load_config(config))
+
+    @classmethod
+    def from_url(cls, url: str) -> PawnQueue:
+        """Create from a store URL: ``file:///dir``, ``memory://``, ``s3://bucket/prefix?...``."""
+        return cls(PawnQueueConfig.from_url(url))
+
+    def setup(self) -> None:
+        """Open the store, verify access and resolve the concurrency strategy. Idempotent."""
+        with self._lifecycle:
+            self._runner.call(self._queue.setup())
+            self._ready = True
+
+    def close(self) -> None:
+        """Cancel running calls, release held leases, close the store, join the loop thread.
+
+        Idempotent. Must not be called from a ``listen()`` handler (set its stop event).
+        """
+        self._runner.check_thread()
+        if getattr(_handler_context, "runner", None) is self._runner:
+            raise PawnQueueError("close() in a listen() handler would deadlock; use stop=")
+        with self._lifecycle:
+            if self._runner.closed:
+                return
+            try:
+                if self._runner.started:
+                    self._runner.call(self._runner.cancel_calls())
+                    self._runner.call(self._queue.teardown())
+            finally:
+                self._runner.stop()
+
+    teardown = close
+
+    def __enter__(self) -> PawnQueue:
+        try:
+            self.setup()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _ready_queue(self) -> client.PawnQueue:
+        if self._runner.closed:
+            raise PawnQueueError(_CLOSED)
+        if not self._ready:
+            raise PawnQueueError("PawnQueue is not set up: use 'with' or call setup() first")
+        return self._queue
+
+    def create_topic(
+        self,
+        name: str,
+        *,
+        max_receive_count: int | None = None,
+        retention_seconds: float | None = None,
+        max_pending: int | None = None,
+        dedup_window_seconds: float = 300.0,
+    ) -> None:
+        """Create a topic (idempotent). Settings are stored in the topic marker."""
+        queue = self._ready_queue()
+        self._runner.call(
+            queue.create_topic(
+                name,
+                max_receive_count=max_receive_count,
+                retention_seconds=retention_seconds,
+                max_pending=max_pending,
+                dedup_window_seconds=dedup_window_seconds,
+            )
+        )
+
+    def list_topics(self) -> list[str]:
+        """All topics in the store, sorted."""
+        return self._runner.call(self._ready_queue().list_topics())
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic with its messages, leases and dead letters."""
+        self._runner.call(self._ready_queue().delete_topic(name))
+
+    def register_producer(self, name: str) -> Producer:
+        """Register a producer; the same name always gets the same id."""
+        return Producer(self._runner.call(self._ready_queue().register_producer(name)), self)
+
+    def register_consumer(self, name: str, topics: list[str]) -> Consumer:
+        """Register a consumer of ``topics``; the same name always gets the same id."""
+        queue = self._ready_queue()
+        return Consumer(self._runner.call(queue.register_consumer(name, topics)), self)
+
+    @property
+    def registry(self) -> Registry:
+        """The registry: ``pq.registry.list("producers" | "consumers")``."""
+        return Registry(self._ready_queue().registry, self)
+
+    @property
+    def strategy(self) -> ResolvedStrategy:
+        """The concurrency strategy in use (resolved by the probe for ``auto``)."""
+        return self._ready_queue().strategy
+
+
+class Registry:
+    """The registry of producers and consumers, blocking."""
+
+    def __init__(self, inner: registry.Registry, queue: PawnQueue) -> None:
+        self._inner = inner
+        self._runner = queue._runner
+
+    def list(self, role: Role) -> list[RegistryEntry]:
+        """Every entry of ``role`` ("producers" or "consumers"), by name."""
+        return self._runner.call(self._inner.list(role))
+
+
+class Producer:
+    """Publishes messages, blocking. Obtain one with ``PawnQueue.register_producer()``."""
+
+    def __init__(self, inner: producer.Producer, queue: PawnQueue) -> None:
+        self._inner = inner
+        self._runner = queue._runner
+
+    @property
+    def id(self) -> str:
+        """Stable UUIDv4 assigned at registration."""
+        return self._inner.id
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    def publish(
+        self, topic: str, payload: Any, *, attributes: Mapping[str, str] | None = None
+    ) -> str:
+        """Publish ``payload`` (any JSON value) to ``topic``; return the id once durable."""
+        return self._runner.call(self._inner.publish(topic, payload, attributes=attributes))
+
+    def publish_batch(
+        self, topic: str, payloads: Iterable[Any], *, attributes: Mapping[str, str] | None = None
+    ) -> list[str]:
+        """Publish many messages as one batch object (one write); return their ids."""
+        items = list(payloads)  # iterate here: a generator must not run on the loop thread
+        return self._runner.call(self._inner.publish_batch(topic, items, attributes=attributes))
+
+
+class Consumer:
+    """Consumes topics, blocking. Obtain one with ``PawnQueue.register_consumer()``."""
+
+    def __init__(self, inner: consumer.Consumer, queue: PawnQueue) -> None:
+        self._inner = inner
+        self._runner = queue._runner
+        self._workers = queue.config.polling.max_messages_per_poll
+
+    @property
+    def id(self) -> str:
+        """Stable UUIDv4 assigned at registration."""
+        return self._inner.id
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def topics(self) -> list[str]:
+        return self._inner.topics
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    def poll(self, wait: float | None = None) -> list[Message]:
+        """Claim up to ``polling.max_messages_per_poll`` messages (waiting up to ``wait`` s)."""
+        return [Message(m, self._runner) for m in self._runner.call(self._inner.poll(wait))]
+
+    def release_all(self) -> None:
+        """Release every lease this consumer holds (their messages are redelivered)."""
+        self._runner.call(self._inner.release_all())
+
+    def listen(
+        self,
+        handler: Callable[[Message], object],
+        *,
+        stop: threading.Event | None = None,
+        workers: int | None = None,
+    ) -> None:
+        """Poll and call ``handler(message)`` for each message until ``stop`` is set.
+
+        Handlers run in a pool of ``workers`` threads (default: ``max_messages_per_poll``),
+        never on the loop thread; the calling thread waits. As in the async API, a handler
+        that raises dead-letters its message, and one that returns without ack or nack
+        leaves it to be redelivered after the visibility timeout. When ``stop`` is set (or
+        on Ctrl-C, re-raised afterwards) polling stops, running handlers finish (their acks
+        still count) and the leases still held are released. Errors of the listener itself,
+        or :class:`PawnQueueError` if the queue is closed meanwhile, are raised here.
+        """
+        runner = self._runner
+        pool = ThreadPoolExecutor(workers or self._workers, f"pawn-queue-{self.name}")
+
+        async def dispatch(inner: message.Message) -> None:
+            loop = asyncio.get_running_loop()
+            work = loop.run_in_executor(pool, _run_handler, runner, handler, Message(inner, runner))
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):  # stopping: the handler finishes first
+                    await work
+                raise
+
+        stopping = stop if stop is not None else threading.Event()
+        call = runner.submit(self._inner.listen(dispatch))
+        try:
+            while not call.future.done():
+                if stopping.wait(_STOP_CHECK_SECONDS):
+                    runner.cancel(call)
+                    return
+            call.future.result()  # the listener ended by itself: raise why
+        except BaseException:
+            runner.cancel(call)
+            raise
+        finally:
+            pool.shutdown(wait=False)
+
+
+def _run_handler(runner: _Runner, handler: Callable[[Message], object], msg: Message) -> None:
+    _handler_context.runner = runner
+    try:
+        handler(msg)
+    finally:
+        _handler_context.runner = None
+
+
+class Message:
+    """A claimed message. Settle it with :meth:`ack` or :meth:`nack` (blocking, idempotent).
+
+    They may be called from any thread but the queue's loop thread; a lost lease raises
+    :class:`~pawn_queue.exceptions.LeaseLostError` and deletes nothing.
+    """
+
+    __slots__ = ("_inner", "_runner")
+
+    def __init__(self, inner: message.Message, runner: _Runner) -> None:
+        self._inner = inner
+        self._runner = runner
+
+    @property
+    def id(self) -> str:
+        """The message's UUIDv4."""
+        return self._inner.id
+
+    @property
+    def topic(self) -> str:
+        return self._inner.topic
+
+    @property
+    def producer_id(self) -> str:
+        """The id of the producer that published the message."""
+        return self._inner.producer_id
+
+    @property
+    def created_at(self) -> str:
+        """ISO-8601 UTC time of publication."""
+        return self._inner.created_at
+
+    @property
+    def payload(self) -> Any:
+        """The JSON payload as published."""
+        return self._inner.payload
+
+    @property
+    def attributes(self) -> dict[str, str]:
+        return self._inner.attributes
+
+    @property
+    def settled(self) -> bool:
+        """True once ack() or nack() succeeded."""
+        return self._inner.settled
+
+    @property
+    def lease_held(self) -> bool:
+        """False once the lease is known to be lost or released."""
+        return self._inner.lease_held
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    def ack(self) -> None:
+        """Remove the message from the queue: it will not be delivered again."""
+        self._runner.call(self._inner.ack())
+
+    def nack(self) -> None:
+        """Move the message to dead letter: the copy is durable before the message is removed."""
+        self._runner.call(self._inner.nack())
+
+    def dead_letter(self, reason: str, error: str | None = None) -> None:
+        """Dead-letter with a reason (and an error text)."""
+        self._runner.call(self._inner.dead_letter(reason, error))

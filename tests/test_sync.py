@@ -1,0 +1,275 @@
+"""The blocking API (pawn_queue.sync) on every store: plain functions, no event loop here."""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from pawn_queue import PawnQueueError, PayloadError, TopicNotFoundError, layout
+from pawn_queue import PawnQueue as AsyncPawnQueue
+from pawn_queue.sync import Message, PawnQueue
+
+
+def keys_under(config: dict[str, Any], prefix: str) -> list[str]:
+    """The keys under ``prefix``, read with the async API on a loop of this thread."""
+
+    async def read() -> list[str]:
+        async with await AsyncPawnQueue.from_config(config) as pq:
+            return [m.key for m in await pq.store.list(prefix)]
+
+    return asyncio.run(read())
+
+
+def leftovers(config: dict[str, Any], topic: str) -> list[str]:
+    return keys_under(config, layout.messages_prefix(topic)) + keys_under(
+        config, layout.leases_prefix(topic)
+    )
+
+
+def test_publish_poll_ack_nack(queue_config: dict[str, Any]) -> None:
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("orders")
+        assert pq.list_topics() == ["orders"]
+        assert pq.strategy in ("conditional_write", "csprng_verify")
+        producer = pq.register_producer("shop")
+        consumer = pq.register_consumer("billing", topics=["orders"])
+        first = producer.publish("orders", {"n": 1}, attributes={"source": "web"})
+        second = producer.publish("orders", {"n": 2})
+        messages = consumer.poll()
+        assert [m.id for m in messages] == [first, second]
+        one, two = messages
+        assert (one.topic, one.producer_id, one.payload) == ("orders", producer.id, {"n": 1})
+        assert one.attributes == {"source": "web"} and one.created_at.endswith("+00:00")
+        one.ack()
+        one.ack()  # idempotent
+        two.nack()
+        assert one.settled and two.settled
+        assert consumer.poll() == []
+        assert [e.name for e in pq.registry.list("consumers")] == ["billing"]
+        assert pq.register_producer("shop").id == producer.id
+        batch = producer.publish_batch("orders", ({"b": i} for i in range(3)))
+        got = consumer.poll(wait=5)
+        assert [m.id for m in got] == batch
+        for message in got:
+            message.ack()
+    assert leftovers(queue_config, "orders") == []
+    dead = keys_under(queue_config, layout.dead_letter_prefix("orders"))
+    assert dead == [layout.dead_letter_key("orders", second)]
+
+
+def test_poll_wait_wakes_on_publish_from_another_thread(queue_config: dict[str, Any]) -> None:
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("t")
+        producer = pq.register_producer("p")
+        consumer = pq.register_consumer("c", ["t"])
+        waiting = threading.Event()
+
+        def publish() -> None:
+            waiting.wait()
+            producer.publish("t", "hello")
+
+        thread = threading.Thread(target=publish)
+        thread.start()
+        waiting.set()
+        [message] = consumer.poll(wait=30)
+        thread.join()
+        assert message.payload == "hello"
+        message.ack()
+
+
+def test_eight_threads_share_one_queue(queue_config: dict[str, Any]) -> None:
+    threads, per_thread = 8, 50
+    total = threads * per_thread
+    published: list[str] = []
+    delivered: list[str] = []
+    producer_ids: set[str] = set()
+    lock = threading.Lock()
+    all_acked = threading.Event()
+    errors: list[BaseException] = []
+
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("work")
+
+        def worker(i: int) -> None:
+            try:
+                producer = pq.register_producer(f"producer-{i % 2}")
+                consumer = pq.register_consumer(f"worker-{i}", ["work"])
+                ids = [producer.publish("work", {"i": i, "n": n}) for n in range(per_thread)]
+                with lock:
+                    published.extend(ids)
+                    producer_ids.add(producer.id)
+                while not all_acked.is_set():
+                    for message in consumer.poll(wait=0.2):
+                        message.ack()
+                        with lock:
+                            delivered.append(message.id)
+                            if len(delivered) >= total:
+                                all_acked.set()
+            except BaseException as exc:
+                errors.append(exc)
+                all_acked.set()
+
+        pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join()
+        assert errors == []
+        assert len(producer_ids) == 2  # one id per name, whichever thread registered first
+        assert pq.register_consumer("check", ["work"]).poll() == []
+
+    counts = Counter(delivered)
+    assert len(published) == total and set(counts) == set(published)
+    assert max(counts.values()) == 1
+    assert leftovers(queue_config, "work") == []
+
+
+def test_listen_until_stop_event(queue_config: dict[str, Any]) -> None:
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("jobs")
+        producer = pq.register_producer("p")
+        consumer = pq.register_consumer("c", ["jobs"])
+        ids = [producer.publish("jobs", {"n": n}) for n in range(25)]
+        failing = producer.publish("jobs", {"fail": True})
+        handled: list[str] = []
+        handler_threads: set[str] = set()
+        stop = threading.Event()
+        lock = threading.Lock()
+
+        def handler(message: Message) -> None:
+            with lock:
+                handler_threads.add(threading.current_thread().name)
+            if message.payload == {"fail": True}:
+                raise ValueError("boom")  # dead-lettered, as in the async API
+            message.ack()
+            with lock:
+                handled.append(message.id)
+                if len(handled) == len(ids):
+                    stop.set()
+
+        consumer.listen(handler, stop=stop)
+        assert sorted(handled) == sorted(ids)
+        assert threading.current_thread().name not in handler_threads
+        assert not any(name.startswith("pawn-queue-loop") for name in handler_threads)
+    assert leftovers(queue_config, "jobs") == []
+    dead = keys_under(queue_config, layout.dead_letter_prefix("jobs"))
+    assert dead == [layout.dead_letter_key("jobs", failing)]
+
+
+def test_ctrl_c_ends_listen_and_releases_leases(queue_config: dict[str, Any]) -> None:
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("jobs")
+        mid = pq.register_producer("p").publish("jobs", "unfinished")
+        consumer = pq.register_consumer("c", ["jobs"])
+
+        def handler(message: Message) -> None:
+            _thread.interrupt_main()  # Ctrl-C while the message is still leased
+
+        with pytest.raises(KeyboardInterrupt):
+            consumer.listen(handler)
+        # Released at once: another consumer gets it without waiting out the lease.
+        [message] = pq.register_consumer("other", ["jobs"]).poll()
+        assert message.id == mid
+        message.ack()
+
+
+def test_ack_from_another_thread_and_not_from_the_loop(queue_config: dict[str, Any]) -> None:
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("t")
+        pq.register_producer("p").publish_batch("t", [1, 2])
+        first, second = pq.register_consumer("c", ["t"]).poll()
+        acker = threading.Thread(target=first.ack)
+        acker.start()
+        acker.join()
+        assert first.settled
+
+        async def ack_on_loop() -> None:
+            second.ack()  # a blocking call on the loop thread must fail, not hang
+
+        with pytest.raises(PawnQueueError, match="deadlock"):
+            pq._runner.call(ack_on_loop())
+        second.ack()
+    assert leftovers(queue_config, "t") == []
+
+
+def test_errors_keep_their_types(queue_config: dict[str, Any]) -> None:
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("known")
+        producer = pq.register_producer("p")
+        with pytest.raises(TopicNotFoundError):
+            producer.publish("missing", {"a": 1})
+        with pytest.raises(TopicNotFoundError):
+            pq.register_consumer("c", ["missing"])
+        with pytest.raises(PayloadError):
+            producer.publish("known", {"nan": float("nan")})
+        with pytest.raises(PayloadError):
+            producer.publish_batch("known", [1, object()])
+        with pytest.raises(PawnQueueError, match="non-empty list"):
+            pq.register_consumer("c", [])
+    assert keys_under(queue_config, layout.messages_prefix("known")) == []
+
+
+def test_not_set_up_and_use_after_close(queue_config: dict[str, Any]) -> None:
+    pq = PawnQueue.from_config(queue_config)
+    with pytest.raises(PawnQueueError, match="not set up"):
+        pq.list_topics()
+    pq.setup()
+    pq.setup()  # idempotent
+    pq.create_topic("t")
+    producer = pq.register_producer("p")
+    consumer = pq.register_consumer("c", ["t"])
+    producer.publish("t", 1)
+    [message] = consumer.poll()
+    loop_thread = pq._runner._thread
+    assert loop_thread is not None and loop_thread.is_alive()
+    pq.close()
+    assert not loop_thread.is_alive()
+    pq.teardown()  # idempotent
+    for use in (
+        pq.list_topics,
+        lambda: pq.create_topic("u"),
+        lambda: pq.register_producer("q"),
+        lambda: pq.registry,
+        lambda: producer.publish("t", 2),
+        consumer.poll,
+        message.ack,
+        pq.setup,
+    ):
+        with pytest.raises(PawnQueueError, match="closed"):
+            use()
+    with pytest.raises(PawnQueueError, match="closed"), pq:
+        pass
+    # The close released the lease: the message is there for the next consumer at once.
+    with PawnQueue.from_config(queue_config) as again:
+        [redelivered] = again.register_consumer("c2", ["t"]).poll()
+        assert redelivered.id == message.id
+        redelivered.ack()
+
+
+def test_close_ends_a_listener_in_another_thread(queue_config: dict[str, Any]) -> None:
+    pq = PawnQueue.from_config(queue_config)
+    pq.setup()
+    pq.create_topic("t")
+    consumer = pq.register_consumer("c", ["t"])
+    pq.register_producer("p").publish("t", "x")
+    handled = threading.Event()
+    outcome: list[BaseException] = []
+
+    def listen() -> None:
+        try:
+            consumer.listen(lambda message: handled.set())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=listen)
+    thread.start()
+    handled.wait()
+    pq.close()
+    thread.join()
+    [error] = outcome
+    assert isinstance(error, PawnQueueError) and "closed" in str(error)
