@@ -206,10 +206,15 @@ class DrainResult:
 
 
 async def drain(
-    consumers: Sequence[ConsumerLike], expected: int, time_limit: float, idle_sleep: float = 0.01
+    consumers: Sequence[ConsumerLike],
+    expected: int,
+    time_limit: float,
+    backoff: tuple[float, float] = (0.01, 0.25),
 ) -> DrainResult:
     """Every consumer loops ``poll()`` then acks what it got (concurrently) until
-    ``expected`` distinct messages are acked or ``timeout`` passes."""
+    ``expected`` distinct messages are acked or ``time_limit`` passes. After an empty poll
+    a consumer sleeps ``backoff[0]``, doubling up to ``backoff[1]`` while polls stay empty
+    (without it, consumers that find nothing to claim spin on LIST requests)."""
     result = DrainResult(seconds=0.0, expected=expected)
     done = asyncio.Event()
 
@@ -221,13 +226,16 @@ async def drain(
             done.set()
 
     async def run(consumer: ConsumerLike) -> None:
+        pause = backoff[0]
         while not done.is_set():
             messages = await consumer.poll()
             result.polls += 1
             if not messages:
                 result.empty_polls += 1
-                await asyncio.sleep(idle_sleep)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, backoff[1])
                 continue
+            pause = backoff[0]
             await asyncio.gather(*(ack(m) for m in messages))
 
     started = time.perf_counter()

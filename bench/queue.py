@@ -77,10 +77,10 @@ class Sizes:
     runs: int = 3
     publish_serial: int = 300
     publish_concurrent: int = 1000
-    publish_serial_013: int = 200
-    publish_concurrent_013: int = 500
+    publish_serial_013: int = 150
+    publish_concurrent_013: int = 300
     drain_ours: int = 500  # conditional_write
-    drain_csprng: int = 200  # ~0.7 s per claim round: sized to ~15 s per run
+    drain_csprng: int = 100  # ~0.8 s per claim round of 10: ~8 s per run
     drain_013: int = 200  # 0.1.3 drains at ~60-90 msg/s
     drain_timeout: float = 120.0
     batch_messages: int = 2000
@@ -88,10 +88,11 @@ class Sizes:
     idle_seconds: float = 20.0
     idle_warmup: float = 1.5
     latency_period: float = 0.05
-    latency_fast_seconds: float = 5.0  # publishing time when the consumer wakes quickly
-    latency_slow_seconds: float = 10.0  # ... when it polls every 1 s or 5 s
+    latency_fast_seconds: float = 4.0  # publishing time per run, ours
+    latency_slow_seconds: float = 8.0  # ... ours at the default 5 s interval
+    latency_013_seconds: float = 5.0  # ... 0.1.3 (it falls behind: 10 msgs/s at most)
     local_backlogs: tuple[int, ...] = (2000, 10000)
-    local_ops: int = 300
+    local_ops: int = 200
     backlog_sizes: tuple[int, ...] = (100, 100_000)
     backlog_polls: int = 5
 
@@ -109,6 +110,7 @@ QUICK = Sizes(
     idle_seconds=8.0,
     latency_fast_seconds=2.0,
     latency_slow_seconds=5.0,
+    latency_013_seconds=3.0,
     local_backlogs=(500, 2000),
     local_ops=100,
     backlog_sizes=(100, 10_000),
@@ -263,8 +265,13 @@ def counting_queue(config: dict[str, Any]) -> tuple[PawnQueue, CountingStore]:
     return PawnQueue(parsed, store=cast(Store, store)), store
 
 
-def rate_of(count: int) -> Callable[[float], float]:
-    return lambda seconds: count / seconds if seconds > 0 else math.nan
+def settings_of(pq: PawnQueue) -> str:
+    """The consumer-side settings that decide idle cost and latency, as configured."""
+    text = f"poll {pq.config.polling.interval_seconds:g} s"
+    notify = getattr(pq.config, "notify", None)
+    if notify is not None and getattr(notify, "enabled", False):
+        text += f", HEAD {notify.check_interval_seconds:g} s"
+    return text
 
 
 # -- 1. publish ---------------------------------------------------------------------------------
@@ -505,10 +512,10 @@ async def case_idle(b: Bench) -> list[dict[str, Any]]:
             requests = await common.measure_idle(
                 consumer, s.idle_seconds, b.count(bucket), s.idle_warmup
             )
+            settings = f"{label}: {settings_of(pq)}"
         return {
             "lib": "ours",
-            "settings": label,
-            "interval_s": polling.get("interval_seconds", 5.0),
+            "settings": settings,
             "topics": topics,
             "seconds": s.idle_seconds,
             "requests": requests,
@@ -523,15 +530,13 @@ async def case_idle(b: Bench) -> list[dict[str, Any]]:
             results = await run_child(PQ013_PYTHON, PQ013_RUNNER, spec, s.idle_seconds + 120)
         except Skipped as exc:
             return [{"lib": "0.1.3", "skipped": str(exc)}]
-        return [
-            {"lib": "0.1.3", "settings": "interval 1 s", "interval_s": 1.0, **r} for r in results
-        ]
+        return [{"lib": "0.1.3", "settings": "poll 1 s", **r} for r in results]
 
     jobs: list[Awaitable[Any]] = [
         ours("defaults", 1, {}),
         ours("defaults", 10, {}),
-        ours("interval 1 s", 1, {"interval_seconds": 1.0}),
-        ours("interval 1 s", 10, {"interval_seconds": 1.0}),
+        ours("set", 1, {"interval_seconds": 1.0}),
+        ours("set", 10, {"interval_seconds": 1.0}),
     ]
     results = await asyncio.gather(legacy(), *jobs)
     rows = [*results[1:], *results[0]]
@@ -553,9 +558,9 @@ async def case_latency(b: Bench) -> list[dict[str, Any]]:
     s = b.sizes
     rows: list[dict[str, Any]] = []
     variants: list[tuple[str, dict[str, float], bool, float]] = [
-        ("separate PawnQueues, defaults", {}, False, s.latency_slow_seconds),
-        ("separate PawnQueues", {"interval_seconds": 0.05}, False, s.latency_fast_seconds),
-        ("same PawnQueue (local wake-up), defaults", {}, True, s.latency_fast_seconds),
+        ("2 PawnQueues, defaults", {}, False, s.latency_slow_seconds),
+        ("2 PawnQueues", {"interval_seconds": 0.05}, False, s.latency_fast_seconds),
+        ("1 PawnQueue (local wake-up), defaults", {}, True, s.latency_fast_seconds),
     ]
     for label, polling, shared, duration in variants:
         runs = []
@@ -573,10 +578,9 @@ async def case_latency(b: Bench) -> list[dict[str, Any]]:
                     duration=duration,
                     drain_timeout=30.0,
                 )
+                settings = settings_of(pqs[-1])
             runs.append(result.summary())
-        rows.append(
-            _latency_row("ours", label, polling.get("interval_seconds", 5.0), duration, runs)
-        )
+        rows.append(_latency_row("ours", label, settings, duration, runs))
         logger.info("  ours %s: %s", label, rows[-1]["p50_ms"])
     try:
         buckets = [await b.bucket(f"latency-013-{r}") for r in range(s.runs)]
@@ -584,26 +588,26 @@ async def case_latency(b: Bench) -> list[dict[str, Any]]:
             "latency",
             buckets=buckets,
             period=s.latency_period,
-            duration=s.latency_slow_seconds,
+            duration=s.latency_013_seconds,
             drain_timeout=60.0,
             interval=1.0,
         )
         runs = await run_child(
-            PQ013_PYTHON, PQ013_RUNNER, spec, s.runs * (s.latency_slow_seconds + 90)
+            PQ013_PYTHON, PQ013_RUNNER, spec, s.runs * (s.latency_013_seconds + 90)
         )
-        rows.append(_latency_row("0.1.3", "separate PawnQueues", 1.0, s.latency_slow_seconds, runs))
+        rows.append(_latency_row("0.1.3", "2 PawnQueues", "poll 1 s", s.latency_013_seconds, runs))
     except Skipped as exc:
         rows.append({"lib": "0.1.3", "skipped": str(exc)})
     return rows
 
 
 def _latency_row(
-    lib: str, setup: str, interval: float, duration: float, runs: list[dict[str, Any]]
+    lib: str, setup: str, settings: str, duration: float, runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
     return {
         "lib": lib,
         "setup": setup,
-        "interval_s": interval,
+        "settings": settings,
         "publish_seconds": duration,
         "p50_ms": round(common.median(r["p50_ms"] for r in runs), 1),
         "p95_ms": round(common.median(r["p95_ms"] for r in runs), 1),
@@ -798,10 +802,10 @@ def table(results: dict[str, Any]) -> str:
         section(
             f"4. Idle listen(): requests per minute (over {rows[0].get('seconds', '?')} s), "
             "USD per month",
-            f"{'lib':<7}{'settings':<15}{'topics':>7}{'PUT+LIST':>10}{'GET+HEAD':>10}"
+            f"{'lib':<7}{'settings':<34}{'topics':>7}{'PUT+LIST':>10}{'GET+HEAD':>10}"
             f"{'$/month':>9}",
             [
-                f"{r['lib']:<7}{r['settings']:<15}{r['topics']:>7}"
+                f"{r['lib']:<7}{r['settings']:<34}{r['topics']:>7}"
                 f"{r['requests_per_min']['put_list']:>10.1f}"
                 f"{r['requests_per_min']['get_head']:>10.1f}{r['usd_per_month']:>9.2f}"
                 for r in rows
@@ -813,9 +817,9 @@ def table(results: dict[str, Any]) -> str:
         rows = results["latency"]
         section(
             "5. Latency publish -> handler, one publish every 50 ms",
-            f"{'lib':<7}{'setup':<42}{'interval':>9}{'p50 ms':>9}{'p95 ms':>9}{'got/sent':>11}",
+            f"{'lib':<7}{'setup':<38}{'settings':<22}{'p50 ms':>8}{'p95 ms':>9}{'got/sent':>11}",
             [
-                f"{r['lib']:<7}{r['setup']:<42}{r['interval_s']:>8}s{_f(r['p50_ms']):>9}"
+                f"{r['lib']:<7}{r['setup']:<38}{r['settings']:<22}{_f(r['p50_ms']):>8}"
                 f"{_f(r['p95_ms']):>9}{r['received']:>6}/{r['sent']}"
                 for r in rows
                 if "p50_ms" in r
@@ -897,11 +901,11 @@ def _git_state() -> dict[str, Any]:
             )
         except (OSError, subprocess.TimeoutExpired):
             return ""
-        return done.stdout.strip()
+        return done.stdout
 
     return {
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "changed": [line[3:] for line in git("status", "--porcelain").splitlines()],
+        "commit": git("rev-parse", "--short", "HEAD").strip(),
+        "changed": [line[3:] for line in git("status", "--porcelain").splitlines() if line],
     }
 
 
@@ -938,6 +942,9 @@ def main(argv: list[str] | None = None) -> None:
     timings: dict[str, float] = {}
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pq-bench-queue-")))
+        # weed mini leaves a work directory in $TMPDIR after it stops: keep it in ours.
+        (tmp / "tmp").mkdir()
+        os.environ["TMPDIR"] = str(tmp / "tmp")
         server = SeaweedFS.start(tmp / "seaweedfs")
         stack.callback(server.stop)
         bench = Bench(server, sizes, tmp)

@@ -134,8 +134,9 @@ def test_listen_until_stop_event(queue_config: dict[str, Any]) -> None:
         pq.create_topic("jobs")
         producer = pq.register_producer("p")
         consumer = pq.register_consumer("c", ["jobs"])
-        ids = [producer.publish("jobs", {"n": n}) for n in range(25)]
+        # First, so its dead-lettering is over before the last ack sets the stop event.
         failing = producer.publish("jobs", {"fail": True})
+        ids = [producer.publish("jobs", {"n": n}) for n in range(25)]
         handled: list[str] = []
         handler_threads: set[str] = set()
         stop = threading.Event()
@@ -161,21 +162,45 @@ def test_listen_until_stop_event(queue_config: dict[str, Any]) -> None:
     assert dead == [layout.dead_letter_key("jobs", failing)]
 
 
-def test_ctrl_c_ends_listen_and_releases_leases(queue_config: dict[str, Any]) -> None:
+def test_stop_releases_unsettled_messages_at_once(queue_config: dict[str, Any]) -> None:
     with PawnQueue.from_config(queue_config) as pq:
         pq.create_topic("jobs")
         mid = pq.register_producer("p").publish("jobs", "unfinished")
         consumer = pq.register_consumer("c", ["jobs"])
+        stop = threading.Event()
 
         def handler(message: Message) -> None:
-            _thread.interrupt_main()  # Ctrl-C while the message is still leased
+            stop.set()  # and return without ack or nack
 
-        with pytest.raises(KeyboardInterrupt):
-            consumer.listen(handler)
-        # Released at once: another consumer gets it without waiting out the lease.
+        consumer.listen(handler, stop=stop)
+        # Released, not abandoned: another consumer gets it without waiting out the lease.
         [message] = pq.register_consumer("other", ["jobs"]).poll()
         assert message.id == mid
         message.ack()
+
+
+def test_ctrl_c_ends_listen(queue_config: dict[str, Any]) -> None:
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("jobs")
+        producer = pq.register_producer("p")
+        producer.publish("jobs", "first")
+        consumer = pq.register_consumer("c", ["jobs"])
+        acked: list[Message] = []
+
+        def handler(message: Message) -> None:
+            message.ack()
+            acked.append(message)
+            _thread.interrupt_main()  # Ctrl-C
+
+        with pytest.raises(KeyboardInterrupt):
+            consumer.listen(handler)
+        assert [m.payload for m in acked] == ["first"]
+        # The queue and the consumer still work after the interrupted listen.
+        mid = producer.publish("jobs", "second")
+        [message] = consumer.poll(wait=5)
+        assert message.id == mid
+        message.ack()
+    assert leftovers(queue_config, "jobs") == []
 
 
 def test_ack_from_another_thread_and_not_from_the_loop(queue_config: dict[str, Any]) -> None:

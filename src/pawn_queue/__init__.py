@@ -7,7 +7,7 @@ messages as objects, consumers claim them with leases made of conditional writes
 from pawn_queue.builder import PawnQueueBuilder
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig
-from pawn_queue.consumer import Consumer
+from pawn_queue.consumer import Consumer, Retry
 from pawn_queue.exceptions import (
     ConfigError,
     LeaseConflictError,
@@ -41,6 +41,7 @@ __all__ = [
     "PublishError",
     "QueueFullError",
     "RegistryEntry",
+    "Retry",
     "StoreError",
     "TopicNotFoundError",
     "TopicSettings",

@@ -11,7 +11,7 @@ from typing import Any
 
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
-from pawn_queue.exceptions import PawnQueueError
+from pawn_queue.exceptions import ConfigError, PawnQueueError
 from pawn_queue.leases import LeaseManager, ResolvedStrategy, probe_strategy
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.producer import Producer
@@ -144,10 +144,26 @@ class PawnQueue:
         entry = await self.registry.register("producers", name)
         return Producer(entry, self._ready_store(), self._ready_topics(), self._ready_signals())
 
-    async def register_consumer(self, name: str, topics: list[str]) -> Consumer:
-        """Register a consumer of ``topics``; the same name always gets the same id."""
+    async def register_consumer(
+        self, name: str, topics: list[str], *, visibility_timeout: float | None = None
+    ) -> Consumer:
+        """Register a consumer of ``topics``; the same name always gets the same id.
+
+        ``visibility_timeout`` (seconds) overrides ``polling.visibility_timeout_seconds`` for
+        this consumer's leases; it must exceed the lease refresh interval and the skew margin.
+        """
         if isinstance(topics, str) or not topics:
-            raise PawnQueueError("topics must be a non-empty list of topic names")
+            raise ConfigError("topics must be a non-empty list of topic names")
+        if visibility_timeout is not None:
+            floor = max(
+                self.config.polling.lease_refresh_interval_seconds,
+                self.config.concurrency.clock_skew_margin_seconds,
+            )
+            if not visibility_timeout > floor:
+                raise ConfigError(
+                    f"visibility_timeout: got {visibility_timeout!r}, must be greater than "
+                    f"the lease refresh interval and the clock-skew margin ({floor:g})"
+                )
         for topic in topics:
             await self._ready_topics().settings(topic)
         entry = await self.registry.register("consumers", name)
@@ -159,6 +175,8 @@ class PawnQueue:
             self._leases,
             self.config.polling,
             self._ready_signals(),
+            self._ready_topics(),
+            visibility_timeout,
         )
         self._consumers.append(consumer)
         return consumer

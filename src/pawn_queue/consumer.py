@@ -9,6 +9,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -23,12 +24,13 @@ from pawn_queue.envelope import (
     encode_unreadable,
     now_utc,
 )
-from pawn_queue.exceptions import LeaseLostError, NotFound, PawnQueueError, StoreError
+from pawn_queue.exceptions import ConfigError, LeaseLostError, NotFound, PawnQueueError, StoreError
 from pawn_queue.leases import Lease, LeaseManager
 from pawn_queue.message import ClaimedObject, Message
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.store.base import Store
+from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,27 @@ _LIST_PAGE = 1000  # one S3 LIST request
 _MIN_PAGE = 100
 _IO_CONCURRENCY = 32
 _SPREAD = 8  # how many polls' worth of candidates a contended consumer spreads over
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Retry policy for :meth:`Consumer.listen`: requeue a failed message after
+    ``base_delay * factor ** (receives - 1)`` seconds (at most ``max_delay``), and dead-letter
+    it once it was received ``max_receives`` times."""
+
+    max_receives: int = 5
+    base_delay: float = 1.0
+    factor: float = 2.0
+    max_delay: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.max_receives < 1 or self.base_delay < 0 or self.factor < 1 or self.max_delay < 0:
+            raise ConfigError(
+                f"invalid {self!r}: needs max_receives >= 1, delays >= 0 and factor >= 1"
+            )
+
+    def delay(self, receive_count: int) -> float:
+        return min(self.max_delay, self.base_delay * self.factor ** (receive_count - 1))
 
 
 class Consumer:
@@ -55,7 +78,11 @@ class Consumer:
         leases: LeaseManager,
         polling: PollingConfig,
         signals: ChangeSignals,
+        topic_settings: Topics,
+        visibility_timeout: float | None = None,
     ) -> None:
+        self._topic_settings = topic_settings
+        self._visibility = visibility_timeout or polling.visibility_timeout_seconds
         self._entry = entry
         self._signals = signals
         self._topics = list(topics)
@@ -139,10 +166,18 @@ class Consumer:
                 layout.messages_prefix(topic), start_after=start_after, limit=page_size
             )
             candidates = []
+            # Keys sort by the time messages become due: the first one not due yet ends the
+            # scan (the skew margin keeps a producer's fast clock from hiding its messages).
+            due_by = now_utc() + self._leases.margin
+            not_due = False
             for meta in page:
                 parsed = layout.parse_message_key(meta.key)
                 if parsed is None:
                     continue
+                due = layout.due_from_key(meta.key)
+                if due is not None and due > due_by:
+                    not_due = True
+                    break
                 lease_key = layout.lease_key(topic, parsed[0])
                 if lease_key in self._held or lease_key in recently_leased:
                     continue
@@ -171,7 +206,7 @@ class Consumer:
                     elif isinstance(result, BaseException):
                         logger.warning("claim failed topic=%s error=%s", topic, result)
             self._contended[topic] = conflicts > 0
-            if len(page) < page_size:
+            if not_due or len(page) < page_size:
                 break
             start_after = page[-1].key
         return claimed
@@ -194,9 +229,7 @@ class Consumer:
         """Claim a message or batch object and read it; None if someone else has it."""
         if not self._leases.worth_claiming(topic, object_id, key):
             return None  # settled or claimed in this process since the listing
-        lease = await self._leases.claim(
-            topic, object_id, key, self.id, self._polling.visibility_timeout_seconds
-        )
+        lease = await self._leases.claim(topic, object_id, key, self.id, self._visibility)
         if lease is None:
             return None
         try:
@@ -213,7 +246,14 @@ class Consumer:
         except CorruptObject as exc:
             await self._quarantine(topic, object_id, key, obj.data, str(exc), lease)
             return []
-        claimed = ClaimedObject(key, lease, len(envelopes), self._store, self._leases, self._forget)
+        settings = await self._topic_settings.settings(topic)
+        if settings.max_receive_count and lease.body.receive_count > settings.max_receive_count:
+            # Received too often: dead-letter whatever is left of it instead of delivering.
+            await self._dead_letter_all(key, lease, envelopes, settings.max_receive_count)
+            return []
+        claimed = ClaimedObject(
+            key, lease, len(envelopes), self._store, self._leases, self._signals, self._forget
+        )
         self._held[lease.key] = lease
         self._ensure_refresher()
         return [
@@ -221,6 +261,18 @@ class Consumer:
             for index, envelope in enumerate(envelopes)
             if index not in lease.settled
         ]
+
+    async def _dead_letter_all(
+        self, key: str, lease: Lease, envelopes: list[Envelope], limit: int
+    ) -> None:
+        claimed = ClaimedObject(
+            key, lease, len(envelopes), self._store, self._leases, self._signals, self._forget
+        )
+        error = f"received {lease.body.receive_count} times; the topic allows {limit}"
+        for index, envelope in enumerate(envelopes):
+            if index not in lease.settled:
+                await Message(envelope, claimed, index).dead_letter("max_receive_count", error)
+        logger.warning("dead-lettered after too many receives key=%s %s", key, error)
 
     async def _quarantine(
         self, topic: str, object_id: str, key: str, data: bytes, error: str, lease: Lease
@@ -238,13 +290,15 @@ class Consumer:
 
     # -- push -------------------------------------------------------------------------------
 
-    async def listen(self, handler: MessageHandler) -> None:
+    async def listen(self, handler: MessageHandler, *, retry: Retry | None = None) -> None:
         """Poll and call ``handler`` for each message until cancelled.
 
         Messages of one poll are handled concurrently. A handler that raises dead-letters its
-        message (the README's behaviour). A message the handler neither acked nor nacked is
-        redelivered after the visibility timeout. On cancellation the leases still held are
-        released, so other consumers can take those messages at once.
+        message (the README's behaviour), unless ``retry`` is given: then the message is
+        requeued with exponential backoff until it was received ``retry.max_receives``
+        times, and dead-lettered after that. A message the handler neither acked nor nacked
+        is redelivered after the visibility timeout. On cancellation the leases still held
+        are released, so other consumers can take those messages at once.
         """
         try:
             while True:
@@ -258,22 +312,32 @@ class Consumer:
                     # Idle: wake on a change signal, or poll anyway after the interval.
                     await self._signals.wait(self._topics, self._polling.interval_seconds, seen)
                     continue
-                await asyncio.gather(*(self._dispatch(handler, m) for m in messages))
+                await asyncio.gather(*(self._dispatch(handler, m, retry) for m in messages))
         finally:
             await asyncio.shield(self.release_all())
 
-    async def _dispatch(self, handler: MessageHandler, message: Message) -> None:
+    async def _dispatch(
+        self, handler: MessageHandler, message: Message, retry: Retry | None
+    ) -> None:
         try:
             await handler(message)
         except Exception as exc:
             logger.error(
-                "handler failed message=%s topic=%s error=%r", message.id, message.topic, exc
+                "handler failed message=%s topic=%s receive_count=%d error=%r",
+                message.id,
+                message.topic,
+                message.receive_count,
+                exc,
             )
-            if not message.settled:
-                try:
+            if message.settled:
+                return
+            try:
+                if retry is not None and message.receive_count < retry.max_receives:
+                    await message.nack(requeue=True, delay=retry.delay(message.receive_count))
+                else:
                     await message.dead_letter("handler_error", repr(exc))
-                except PawnQueueError as nack_exc:
-                    logger.error("dead-letter failed message=%s error=%s", message.id, nack_exc)
+            except PawnQueueError as nack_exc:
+                logger.error("settling failed message=%s error=%s", message.id, nack_exc)
             return
         if not message.settled:
             logger.warning(

@@ -74,6 +74,7 @@ class Envelope:
     created_at: str
     payload: Any
     attributes: dict[str, str] = field(default_factory=dict)
+    prior_receives: int = 0  # receives before the message was moved (requeued batch member)
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -85,6 +86,8 @@ class Envelope:
         }
         if self.attributes:
             body["attributes"] = self.attributes
+        if self.prior_receives:
+            body["prior_receives"] = self.prior_receives
         return body
 
     def encode(self) -> bytes:
@@ -106,6 +109,7 @@ class Envelope:
             created_at=_require_str(obj, "created_at", what),
             payload=obj["payload"],
             attributes=attributes,
+            prior_receives=_positive_int(obj.get("prior_receives"), 0),
         )
 
     @classmethod
@@ -208,6 +212,7 @@ class LeaseBody:
     nonce: str
     message_key: str = ""
     settled: tuple[int, ...] = ()  # batch members already acked or dead-lettered
+    receive_count: int = 1  # deliveries so far, this one included
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {
@@ -221,6 +226,8 @@ class LeaseBody:
             body["message_key"] = self.message_key
         if self.settled:
             body["settled"] = list(self.settled)
+        if self.receive_count != 1:
+            body["receive_count"] = self.receive_count
         return encode_json(body)
 
     @property
@@ -243,4 +250,12 @@ class LeaseBody:
             nonce=str(obj.get("nonce", "")),
             message_key=str(obj.get("message_key", "")),
             settled=tuple(i for i in obj.get("settled") or () if isinstance(i, int)),
+            receive_count=_positive_int(obj.get("receive_count"), 1),
         )
+
+
+def _positive_int(value: Any, default: int) -> int:
+    """``value`` if it is a positive int, else ``default``."""
+    return (
+        value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+    )

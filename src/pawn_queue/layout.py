@@ -86,9 +86,19 @@ def messages_prefix(topic: str) -> str:
 
 def message_key(topic: str, message_id: str, at: datetime, *, batch: bool = False) -> str:
     """The key of a message (or of a batch object); the UTC timestamp first makes listing
-    order FIFO. Batch objects end in ``.batch``, which pawn-queue 0.1.x skips."""
+    order FIFO. ``at`` is when the message becomes visible: publish time, or later for a
+    delayed message. Batch objects end in ``.batch``, which pawn-queue 0.1.x skips."""
     ts = at.astimezone(UTC).strftime("%Y%m%dT%H%M%S_%f")
     return f"{topic}/{MESSAGES}{ts}-{message_id}{BATCH_SUFFIX if batch else MESSAGE_SUFFIX}"
+
+
+def due_from_key(key: str) -> datetime | None:
+    """When the message at ``key`` becomes visible: the UTC timestamp its name starts with."""
+    name = key.rsplit("/", 1)[-1]
+    try:
+        return datetime.strptime(name[:22], "%Y%m%dT%H%M%S_%f").replace(tzinfo=UTC)
+    except ValueError:
+        return None
 
 
 def parse_message_key(key: str) -> tuple[str, bool] | None:

@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 _SETTLED_SECONDS = 60.0  # longer than any listing stays in use
 _SETTLED_MEMORY = 10_000
+_RELEASED = "1970-01-01T00:00:00+00:00"  # expired on every clock: free to take at once
 ResolvedStrategy = Literal["conditional_write", "csprng_verify"]
 
 
@@ -85,7 +86,7 @@ class LeaseManager:
         self.deleter = DeleteCoalescer(store)  # shared by everything that deletes here
         self.strategy = strategy
         self._csprng = concurrency.csprng_verify
-        self._margin = timedelta(seconds=concurrency.clock_skew_margin_seconds)
+        self.margin = timedelta(seconds=concurrency.clock_skew_margin_seconds)
         # What this process knows without asking the store: lease keys held here, lease keys
         # seen live elsewhere (until when), and message keys settled here a moment ago.
         self._held_here: set[str] = set()
@@ -144,7 +145,7 @@ class LeaseManager:
         previous = self._expired_lease(key, current.data, current.meta.last_modified)
         if previous is None:
             return None
-        body = replace(body, settled=previous.settled)
+        body = replace(body, settled=previous.settled, receive_count=previous.receive_count + 1)
         etag, _ = await self._conditional_put(key, body, IfMatch(current.meta.etag))
         if etag is None:
             return None
@@ -160,7 +161,7 @@ class LeaseManager:
             previous = self._expired_lease(key, current.data, current.meta.last_modified)
             if previous is None:
                 return None
-            body = replace(body, settled=previous.settled)
+            body = replace(body, settled=previous.settled, receive_count=previous.receive_count + 1)
         cfg = self._csprng
         etag = await self._store.put(key, body.encode(), "overwrite")
         jitter_ms = cfg.jitter_min_ms + secrets.randbelow(cfg.jitter_max_ms - cfg.jitter_min_ms + 1)
@@ -189,10 +190,14 @@ class LeaseManager:
         if not self._safe_for(lease, windows=2):
             await self.refresh(lease)
 
-    async def release(self, lease: Lease, *, message_gone: bool = False) -> None:
-        """Delete our lease so others can claim the message at once; a lost lease is left be.
+    async def release(
+        self, lease: Lease, *, message_gone: bool = False, delay: float = 0.0
+    ) -> None:
+        """Give the lease up; a lost lease is left be.
 
-        ``message_gone`` says the message was deleted (acked, dead-lettered or found missing).
+        ``message_gone`` (acked, dead-lettered or found missing): delete the lease. Otherwise
+        leave a lease that others may take over after ``delay`` seconds (at once for 0,
+        whatever their clocks) and that keeps the receive count and settled batch members.
         """
         if message_gone:
             self._note_settled(lease.message_key)
@@ -200,11 +205,9 @@ class LeaseManager:
             self._held_here.discard(lease.key)
             if lease.lost or lease.released:
                 return
-            if lease.settled and not message_gone:
-                # A batch with members done: leave an expired lease that remembers them, so
-                # the next claimer takes it over and skips those members.
+            if not message_gone:
                 with contextlib.suppress(LeaseLostError):
-                    await self._renew(lease, 0.0)
+                    await self._renew(lease, delay, released=delay <= 0)
                 lease.released = True
                 return
             if not self._safe_for(lease, windows=1):
@@ -221,19 +224,20 @@ class LeaseManager:
 
         A window is the skew margin plus time for a request to land (at most 1 s).
         """
-        window = self._margin + timedelta(seconds=min(1.0, lease.visibility / 4))
+        window = self.margin + timedelta(seconds=min(1.0, lease.visibility / 4))
         return lease.expires - now_utc() > windows * window
 
-    async def _renew(self, lease: Lease, seconds: float) -> None:
+    async def _renew(self, lease: Lease, seconds: float, *, released: bool = False) -> None:
+        """Write our lease again, expiring ``seconds`` from now (``released``: long ago)."""
         if lease.lost:
             raise LeaseLostError(f"lease on message {lease.message_id} was lost")
-        body = self._new_body(
-            lease.body.consumer_id,
-            lease.message_id,
-            lease.message_key,
-            seconds,
-            tuple(sorted(lease.settled)),
+        body = replace(
+            self._new_body(lease.body.consumer_id, lease.message_id, lease.message_key, seconds),
+            settled=tuple(sorted(lease.settled)),
+            receive_count=lease.body.receive_count,
         )
+        if released:
+            body = replace(body, expires_at=_RELEASED)
         etag = await self._replace(lease, body)
         if etag is None:
             lease.lost = True
@@ -250,7 +254,6 @@ class LeaseManager:
         message_id: str,
         message_key: str,
         visibility: float,
-        settled: tuple[int, ...] = (),
     ) -> LeaseBody:
         now = now_utc()
         return LeaseBody(
@@ -260,7 +263,6 @@ class LeaseManager:
             expires_at=(now + timedelta(seconds=visibility)).isoformat(),
             nonce=_nonce(),
             message_key=message_key,
-            settled=settled,
         )
 
     def _expired_lease(self, key: str, data: bytes, last_modified: datetime) -> LeaseBody | None:
@@ -272,9 +274,9 @@ class LeaseManager:
         except CorruptObject:
             previous = LeaseBody("", "", "", last_modified.isoformat(), "")
             expires = last_modified
-        if now_utc() > expires + self._margin:
+        if now_utc() > expires + self.margin:
             return previous
-        self._busy_until[key] = expires + self._margin
+        self._busy_until[key] = expires + self.margin
         return None
 
     async def _replace(self, lease: Lease, body: LeaseBody) -> str | None:

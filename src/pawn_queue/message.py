@@ -12,15 +12,33 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from pawn_queue import layout
 from pawn_queue.envelope import DeadLetterInfo, Envelope, encode_dead_letter, now_utc
-from pawn_queue.exceptions import NotFound, StoreError
+from pawn_queue.exceptions import ConfigError, NotFound, PublishError, StoreError
 from pawn_queue.leases import Lease, LeaseManager
+from pawn_queue.notify import ChangeSignals
 from pawn_queue.store.base import Store
 
 logger = logging.getLogger(__name__)
+
+
+async def write_message(
+    store: Store, envelope: Envelope, due: datetime, signals: ChangeSignals
+) -> str:
+    """Write one message object that becomes visible at ``due``; return its id."""
+    body = envelope.encode()
+    key = layout.message_key(envelope.topic, envelope.id, due)
+    try:
+        await store.put(key, body, "overwrite")
+    except StoreError as exc:
+        raise PublishError(f"could not publish to topic {envelope.topic!r}: {exc}") from exc
+    signals.published(envelope.topic)
+    logger.debug("published message=%s topic=%s", envelope.id, envelope.topic)
+    return envelope.id
 
 
 class ClaimedObject:
@@ -33,6 +51,7 @@ class ClaimedObject:
         size: int,
         store: Store,
         leases: LeaseManager,
+        signals: ChangeSignals,
         on_done: Callable[[Lease], None],
     ) -> None:
         self.key = key
@@ -40,6 +59,7 @@ class ClaimedObject:
         self.size = size
         self._store = store
         self._leases = leases
+        self._signals = signals
         self._on_done = on_done
         self._abandoned: set[int] = set()
 
@@ -61,6 +81,27 @@ class ClaimedObject:
         self._abandoned.add(index)
         if len(self._abandoned | self.lease.settled) >= self.size:
             self._on_done(self.lease)
+
+    async def extend(self, seconds: float) -> None:
+        """Keep the lease ``seconds`` from now, and refresh it by that much from now on."""
+        await self._leases.refresh(self.lease, seconds)
+
+    async def requeue(self, index: int, envelope: Envelope, delay: float) -> None:
+        """Make message ``index`` visible again after ``delay`` seconds."""
+        if self.size == 1:
+            # The lease itself holds the message back, and keeps its receive count.
+            self._on_done(self.lease)
+            await self._leases.release(self.lease, delay=delay)
+            return
+        # One member of a batch cannot be shown again alone: it moves to its own object
+        # (durable first), then counts as settled here.
+        moved = replace(envelope, prior_receives=self.receive_count(envelope))
+        due = now_utc() + timedelta(seconds=delay)
+        await write_message(self._store, moved, due, self._signals)
+        await self.settle(index)
+
+    def receive_count(self, envelope: Envelope) -> int:
+        return envelope.prior_receives + self.lease.body.receive_count
 
     async def settle(self, index: int) -> None:
         """Message ``index`` is acked (or its dead letter is durable); delete the object when
@@ -152,9 +193,34 @@ class Message:
             await self._claimed.settle(self._index)
             self._settled = True
 
-    async def nack(self) -> None:
-        """Move the message to dead letter: the copy is durable before the message is removed."""
-        await self.dead_letter("nack")
+    @property
+    def receive_count(self) -> int:
+        """How many times the message was delivered, this time included."""
+        return self._claimed.receive_count(self._envelope)
+
+    async def extend(self, seconds: float) -> None:
+        """Keep the message for ``seconds`` from now (SQS's ChangeMessageVisibility); the
+        background refresh then keeps renewing it by that much."""
+        if seconds <= 0:
+            raise ConfigError(f"extend: got {seconds!r}, must be a number of seconds > 0")
+        async with self._lock:
+            if not self._settled:
+                await self._claimed.extend(seconds)
+
+    async def nack(self, requeue: bool = False, delay: float = 0) -> None:
+        """Dead-letter the message (the copy is durable before the message is removed), or
+        with ``requeue=True`` make it visible again after ``delay`` seconds."""
+        if not requeue:
+            await self.dead_letter("nack")
+            return
+        if delay < 0:
+            raise ConfigError(f"delay: got {delay!r}, must be >= 0")
+        async with self._lock:
+            if self._settled:
+                return
+            await self._claimed.ensure_held()
+            await self._claimed.requeue(self._index, self._envelope, delay)
+            self._settled = True
 
     async def dead_letter(self, reason: str, error: str | None = None) -> None:
         """Dead-letter with a reason (and the error text of a failed handler)."""

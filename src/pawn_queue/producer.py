@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from pawn_queue import layout
 from pawn_queue.envelope import Envelope, encode_batch, now_utc
-from pawn_queue.exceptions import PayloadError, PublishError, StoreError
+from pawn_queue.exceptions import ConfigError, PayloadError, PublishError, StoreError
+from pawn_queue.message import write_message
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.store.base import Store
@@ -42,34 +44,32 @@ class Producer:
         return f"Producer(name={self.name!r}, id={self.id!r})"
 
     async def publish(
-        self, topic: str, payload: Any, *, attributes: Mapping[str, str] | None = None
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        delay: float | None = None,
+        attributes: Mapping[str, str] | None = None,
     ) -> str:
         """Publish ``payload`` (any JSON value) to ``topic`` and return the message id.
 
         Returns only after the store acknowledged the write: a returned id is durable.
+        ``delay`` (seconds, any length) keeps the message invisible until then; waiting costs
+        no requests, since its key sorts by the time it becomes due.
         Raises TopicNotFoundError for an unknown topic and PayloadError for a payload that
         cannot be encoded (both before anything is written), PublishError if the write fails.
         """
         await self._topics.settings(topic)
-        message_id = str(uuid.uuid4())
         now = now_utc()
         envelope = Envelope(
-            id=message_id,
+            id=str(uuid.uuid4()),
             topic=topic,
             producer_id=self.id,
             created_at=now.isoformat(),
             payload=payload,
             attributes=_check_attributes(attributes),
         )
-        body = envelope.encode()
-        key = layout.message_key(topic, message_id, now)
-        try:
-            await self._store.put(key, body, "overwrite")
-        except StoreError as exc:
-            raise PublishError(f"could not publish to topic {topic!r}: {exc}") from exc
-        self._signals.published(topic)
-        logger.debug("published message=%s topic=%s", message_id, topic)
-        return message_id
+        return await write_message(self._store, envelope, now + _delay(delay), self._signals)
 
     async def publish_batch(
         self,
@@ -103,6 +103,14 @@ class Producer:
         self._signals.published(topic)
         logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))
         return [m.id for m in members]
+
+
+def _delay(seconds: float | None) -> timedelta:
+    if seconds is None:
+        return timedelta(0)
+    if not isinstance(seconds, int | float) or seconds < 0 or seconds != seconds:
+        raise ConfigError(f"delay: got {seconds!r}, must be a number of seconds >= 0")
+    return timedelta(seconds=seconds)
 
 
 def _check_attributes(attributes: Mapping[str, str] | None) -> dict[str, str]:

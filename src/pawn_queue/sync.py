@@ -372,11 +372,13 @@ class Consumer:
         never on the loop thread; the calling thread waits. As in the async API, a handler
         that raises dead-letters its message, and one that returns without ack or nack
         leaves it to be redelivered after the visibility timeout. When ``stop`` is set (or
-        on Ctrl-C, re-raised afterwards) polling stops, running handlers finish (their acks
-        still count) and the leases still held are released. Errors of the listener itself,
-        or :class:`PawnQueueError` if the queue is closed meanwhile, are raised here.
+        on Ctrl-C, re-raised afterwards), polling stops, running handlers finish (their acks
+        count) and every lease still held, unsettled messages' included, is released for
+        immediate redelivery. Errors of the listener, or :class:`PawnQueueError` if the
+        queue is closed meanwhile, are raised here.
         """
-        runner = self._runner
+        runner, halt = self._runner, threading.Event()
+        stopping = stop if stop is not None else halt
         pool = ThreadPoolExecutor(workers or self._workers, f"pawn-queue-{self.name}")
 
         async def dispatch(inner: message.Message) -> None:
@@ -388,16 +390,20 @@ class Consumer:
                 with contextlib.suppress(Exception):  # stopping: the handler finishes first
                     await work
                 raise
+            if not inner.settled and (stopping.is_set() or halt.is_set()):
+                await loop.create_future()  # keep the lease until the stop releases it
 
-        stopping = stop if stop is not None else threading.Event()
         call = runner.submit(self._inner.listen(dispatch))
         try:
-            while not call.future.done():
-                if stopping.wait(_STOP_CHECK_SECONDS):
-                    runner.cancel(call)
-                    return
+            while not call.future.done() and not stopping.wait(_STOP_CHECK_SECONDS):
+                pass
+            if not call.future.done():
+                halt.set()
+                runner.cancel(call)
+                return
             call.future.result()  # the listener ended by itself: raise why
         except BaseException:
+            halt.set()
             runner.cancel(call)
             raise
         finally:
