@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import PawnQueueError, PayloadError, TopicNotFoundError, layout
 from pawn_queue import PawnQueue as AsyncPawnQueue
+from pawn_queue import PawnQueueError, PayloadError, TopicNotFoundError, layout
 from pawn_queue.sync import Message, PawnQueue
 
 

@@ -1,0 +1,175 @@
+"""Retries, delays and visibility on every store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from pawn_queue import ConfigError, Message, PawnQueue, Retry, layout
+from pawn_queue.config import load_config
+from pawn_queue.store import open_store
+from tests.faults import FaultyStore
+
+MARGIN = timedelta(seconds=0.2)  # clock_skew_margin_seconds in the test config
+
+
+async def test_delayed_publish_is_invisible_until_due(pq: PawnQueue) -> None:
+    await pq.create_topic("t")
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    due = datetime.now(UTC) + timedelta(seconds=2)
+    delayed = await producer.publish("t", {"late": True}, delay=2)
+    now_id = await producer.publish("t", {"late": False})
+    assert [m.id for m in await consumer.poll()] == [now_id]  # the delayed one waits
+    [message] = await consumer.poll(wait=10)
+    assert message.id == delayed
+    assert datetime.now(UTC) >= due - MARGIN
+    await message.ack()
+    with pytest.raises(ConfigError):
+        await producer.publish("t", 1, delay=-1)
+
+
+async def test_requeue_with_delay_redelivers_after_the_delay(pq: PawnQueue) -> None:
+    await pq.create_topic("t")
+    mid = await (await pq.register_producer("p")).publish("t", {"n": 1})
+    consumer = await pq.register_consumer("c", topics=["t"])
+    [first] = await consumer.poll()
+    assert first.receive_count == 1
+    requeued_at = datetime.now(UTC)
+    await first.nack(requeue=True, delay=1.5)
+    assert await consumer.poll() == []
+    [again] = await consumer.poll(wait=10)
+    assert again.id == mid and again.receive_count == 2
+    assert datetime.now(UTC) >= requeued_at + timedelta(seconds=1.5) - MARGIN
+    await again.ack()
+    assert await pq.store.list("t/") == [await pq.store.head("t/.topic")]
+
+
+async def test_retry_policy_backs_off_then_succeeds(pq: PawnQueue) -> None:
+    await pq.create_topic("t")
+    mid = await (await pq.register_producer("p")).publish("t", {"n": 1})
+    consumer = await pq.register_consumer("c", topics=["t"])
+    counts: list[int] = []
+    done = asyncio.Event()
+
+    async def flaky(message: Message) -> None:
+        counts.append(message.receive_count)
+        if message.receive_count < 3:
+            raise RuntimeError("not yet")
+        await message.ack()
+        done.set()
+
+    task = asyncio.create_task(consumer.listen(flaky, retry=Retry(base_delay=0.1)))
+    await asyncio.wait_for(done.wait(), 20)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert counts == [1, 2, 3]
+    assert await pq.store.list(layout.dead_letter_prefix("t")) == []
+    assert mid
+
+
+async def test_retry_policy_dead_letters_when_exhausted(queue_config: dict[str, Any]) -> None:
+    config = load_config(queue_config)
+    dead_lettered = asyncio.Event()
+
+    async def on_put(operation: str, key: str) -> None:
+        if operation == "put" and "/dead-letter/" in key:
+            dead_lettered.set()
+
+    store = FaultyStore(open_store(config), observers=[on_put])
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("t")
+        mid = await (await pq.register_producer("p")).publish("t", {"n": 1})
+        consumer = await pq.register_consumer("c", topics=["t"])
+        seen: list[int] = []
+
+        async def failing(message: Message) -> None:
+            seen.append(message.receive_count)
+            raise RuntimeError("always")
+
+        retry = Retry(max_receives=3, base_delay=0)
+        task = asyncio.create_task(consumer.listen(failing, retry=retry))
+        await asyncio.wait_for(dead_lettered.wait(), 20)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert seen == [1, 2, 3]
+        dead = json.loads((await pq.store.get(layout.dead_letter_key("t", mid))).data)
+        assert dead["dead_letter"]["reason"] == "handler_error"
+        assert "always" in dead["dead_letter"]["error"]
+
+
+async def test_max_receive_count_dead_letters_a_message_that_keeps_failing(
+    pq: PawnQueue,
+) -> None:
+    await pq.create_topic("t", max_receive_count=2)
+    mid = await (await pq.register_producer("p")).publish("t", {"n": 1})
+    consumer = await pq.register_consumer("c", topics=["t"])
+    for expected in (1, 2):
+        [message] = await consumer.poll(wait=5)
+        assert message.receive_count == expected
+        await message.nack(requeue=True)
+    assert await consumer.poll(wait=0.5) == []
+    dead = json.loads((await pq.store.get(layout.dead_letter_key("t", mid))).data)
+    assert dead["dead_letter"]["reason"] == "max_receive_count"
+    assert await pq.store.list(layout.messages_prefix("t")) == []
+
+
+async def test_max_receive_count_catches_a_consumer_that_keeps_dying(
+    queue_config: dict[str, Any],
+) -> None:
+    queue_config["polling"]["visibility_timeout_seconds"] = 1.0
+    queue_config["polling"]["lease_refresh_interval_seconds"] = 0.2
+    async with await PawnQueue.from_config(queue_config) as pq:
+        await pq.create_topic("t", max_receive_count=2)
+        mid = await (await pq.register_producer("p")).publish("t", {"n": 1})
+    for attempt in (1, 2):
+        async with await PawnQueue.from_config(queue_config) as dying:
+            consumer = await dying.register_consumer(f"dies-{attempt}", topics=["t"])
+            [message] = await consumer.poll(wait=10)
+            assert message.receive_count == attempt
+            consumer._refresh_paused = True  # then the process "dies": its lease expires
+            consumer._held.clear()  # so teardown has nothing to release
+    async with await PawnQueue.from_config(queue_config) as pq:
+        consumer = await pq.register_consumer("survivor", topics=["t"])
+        assert await consumer.poll(wait=3) == []
+        dead = json.loads((await pq.store.get(layout.dead_letter_key("t", mid))).data)
+        assert dead["dead_letter"]["reason"] == "max_receive_count"
+
+
+async def test_extend_and_per_consumer_visibility(pq: PawnQueue) -> None:
+    await pq.create_topic("t")
+    await (await pq.register_producer("p")).publish("t", {"n": 1})
+    with pytest.raises(ConfigError):
+        await pq.register_consumer("c", topics=["t"], visibility_timeout=0.1)
+    consumer = await pq.register_consumer("c", topics=["t"], visibility_timeout=20)
+    [message] = await consumer.poll()
+    key = layout.lease_key("t", message.id)
+
+    async def expires_in() -> float:
+        body = json.loads((await pq.store.get(key)).data)
+        return (datetime.fromisoformat(body["expires_at"]) - datetime.now(UTC)).total_seconds()
+
+    assert 15 < await expires_in() <= 20
+    await message.extend(120)
+    assert 115 < await expires_in() <= 120
+    with pytest.raises(ConfigError):
+        await message.extend(0)
+    await message.ack()
+
+
+async def test_requeued_batch_member_moves_and_keeps_its_count(pq: PawnQueue) -> None:
+    await pq.create_topic("t")
+    ids = await (await pq.register_producer("p")).publish_batch("t", ["a", "b"])
+    consumer = await pq.register_consumer("c", topics=["t"])
+    first, second = await consumer.poll()
+    await first.nack(requeue=True)
+    await second.ack()
+    [again] = await consumer.poll(wait=5)
+    assert again.id == ids[0] and again.payload == "a"
+    assert again.receive_count == 2
+    await again.ack()
+    assert await pq.store.list(layout.messages_prefix("t")) == []
