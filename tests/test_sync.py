@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pawn_queue import PawnQueue as AsyncPawnQueue
-from pawn_queue import PawnQueueError, PayloadError, TopicNotFoundError, layout
+from pawn_queue import PawnQueueError, PayloadError, Retry, TopicNotFoundError, layout
 from pawn_queue.sync import Message, PawnQueue
 
 
@@ -60,6 +60,40 @@ def test_publish_poll_ack_nack(queue_config: dict[str, Any]) -> None:
     assert leftovers(queue_config, "orders") == []
     dead = keys_under(queue_config, layout.dead_letter_prefix("orders"))
     assert dead == [layout.dead_letter_key("orders", second)]
+
+
+def test_requeue_delay_extend_and_retry(queue_config: dict[str, Any]) -> None:
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("t")
+        producer = pq.register_producer("p")
+        consumer = pq.register_consumer("c", ["t"])
+        producer.publish("t", "later", delay=3600)
+        mid = producer.publish("t", "now")
+        [message] = consumer.poll()
+        assert (message.id, message.receive_count) == (mid, 1)
+        message.extend(10)
+        message.nack(requeue=True)
+        [again] = consumer.poll(wait=5)
+        assert (again.id, again.receive_count, again.settled) == (mid, 2, False)
+        again.ack()
+        assert consumer.poll() == []  # "later" is not due
+
+        failures: list[int] = []
+        stop = threading.Event()
+
+        def flaky(message: Message) -> None:
+            if message.receive_count < 3:
+                failures.append(message.receive_count)
+                raise RuntimeError("try again")
+            message.ack()
+            stop.set()
+
+        retried = producer.publish("t", "flaky")
+        consumer.listen(flaky, stop=stop, retry=Retry(max_receives=3, base_delay=0))
+        assert failures == [1, 2]
+    [left] = keys_under(queue_config, layout.messages_prefix("t"))  # the delayed one
+    assert retried not in left and mid not in left
+    assert keys_under(queue_config, layout.dead_letter_prefix("t")) == []
 
 
 def test_poll_wait_wakes_on_publish_from_another_thread(queue_config: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ from pawn_queue.builder import PawnQueueBuilder
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.consumer import Consumer, Retry
+from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import (
     ConfigError,
     LeaseConflictError,
@@ -22,13 +23,14 @@ from pawn_queue.exceptions import (
 from pawn_queue.message import Message
 from pawn_queue.producer import Producer
 from pawn_queue.registry import RegistryEntry
-from pawn_queue.topics import TopicSettings
+from pawn_queue.topics import TopicSettings, TopicStats
 
 __version__ = "0.2.0"
 
 __all__ = [
     "ConfigError",
     "Consumer",
+    "DeadLetter",
     "LeaseConflictError",
     "LeaseLostError",
     "Message",
@@ -45,4 +47,5 @@ __all__ = [
     "StoreError",
     "TopicNotFoundError",
     "TopicSettings",
+    "TopicStats",
 ]

@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Collection
 from types import TracebackType
 from typing import Any
 
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
+from pawn_queue.dead_letters import DeadLetter, DeadLetters
 from pawn_queue.exceptions import ConfigError, PawnQueueError
 from pawn_queue.leases import LeaseManager, ResolvedStrategy, probe_strategy
 from pawn_queue.notify import ChangeSignals
@@ -18,7 +20,7 @@ from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
-from pawn_queue.topics import Topics, TopicSettings
+from pawn_queue.topics import Topics, TopicSettings, TopicStats, topic_stats
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +138,40 @@ class PawnQueue:
     async def delete_topic(self, name: str) -> None:
         """Delete a topic with its messages, leases and dead letters."""
         await self._ready_topics().delete(name)
+
+    async def topic_stats(self, name: str) -> TopicStats:
+        """Approximate pending, in-flight, delayed and dead-letter counts and the age of the
+        oldest pending message. Costs one LIST per 1,000 objects of each kind."""
+        await self._ready_topics().settings(name)
+        return await topic_stats(
+            self._ready_store(), name, self.config.polling.visibility_timeout_seconds
+        )
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    async def dead_letters(self, topic: str, *, limit: int | None = None) -> list[DeadLetter]:
+        """The topic's dead letters with why they ended there, oldest first."""
+        return await self._dead_letters().list(topic, limit=limit)
+
+    async def redrive(
+        self,
+        topic: str,
+        *,
+        ids: Collection[str] | None = None,
+        limit: int | None = None,
+        per_second: float | None = None,
+    ) -> int:
+        """Move dead letters back to the topic (same id, payload, attributes); returns how many."""
+        return await self._dead_letters().redrive(
+            topic, ids=ids, limit=limit, per_second=per_second
+        )
+
+    async def purge_dead_letters(self, topic: str) -> int:
+        """Delete the topic's dead letters; returns how many."""
+        return await self._dead_letters().purge(topic)
+
+    def _dead_letters(self) -> DeadLetters:
+        return DeadLetters(self._ready_store(), self._ready_topics(), self._ready_signals())
 
     # -- producers and consumers ------------------------------------------------------------
 

@@ -160,6 +160,7 @@ class DeadLetterInfo:
     error: str | None
     dead_lettered_at: str
     source_key: str
+    receive_count: int = 0
 
 
 def _dead_letter_body(envelope: Envelope, info: DeadLetterInfo) -> dict[str, Any]:
@@ -169,6 +170,7 @@ def _dead_letter_body(envelope: Envelope, info: DeadLetterInfo) -> dict[str, Any
         "error": info.error,
         "dead_lettered_at": info.dead_lettered_at,
         "source_key": info.source_key,
+        "receive_count": info.receive_count,
     }
     return body
 
@@ -198,6 +200,7 @@ def decode_dead_letter(data: bytes) -> tuple[Envelope, DeadLetterInfo | None]:
         error=error if isinstance(error, str) else None,
         dead_lettered_at=str(meta.get("dead_lettered_at", "")),
         source_key=str(meta.get("source_key", "")),
+        receive_count=_positive_int(meta.get("receive_count"), 0),
     )
 
 

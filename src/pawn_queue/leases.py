@@ -191,13 +191,15 @@ class LeaseManager:
             await self.refresh(lease)
 
     async def release(
-        self, lease: Lease, *, message_gone: bool = False, delay: float = 0.0
+        self, lease: Lease, *, message_gone: bool = False, requeue_delay: float | None = None
     ) -> None:
         """Give the lease up; a lost lease is left be.
 
-        ``message_gone`` (acked, dead-lettered or found missing): delete the lease. Otherwise
-        leave a lease that others may take over after ``delay`` seconds (at once for 0,
-        whatever their clocks) and that keeps the receive count and settled batch members.
+        ``message_gone`` (acked, dead-lettered or found missing), or a plain give-back with
+        nothing to remember: delete the lease. Otherwise (a requeue, or a batch with settled
+        members, or a message received before) leave a lease that others may take over after
+        ``requeue_delay`` seconds (at once for 0 or None, whatever their clocks) and that
+        keeps the receive count and the settled batch members.
         """
         if message_gone:
             self._note_settled(lease.message_key)
@@ -205,7 +207,9 @@ class LeaseManager:
             self._held_here.discard(lease.key)
             if lease.lost or lease.released:
                 return
-            if not message_gone:
+            delay = requeue_delay or 0.0
+            remembers = requeue_delay is not None or lease.settled or lease.body.receive_count > 1
+            if not message_gone and remembers:
                 with contextlib.suppress(LeaseLostError):
                     await self._renew(lease, delay, released=delay <= 0)
                 lease.released = True

@@ -68,7 +68,9 @@ class ClaimedObject:
         await self._leases.ensure_held(self.lease)
 
     async def write_dead_letter(self, envelope: Envelope, reason: str, error: str | None) -> None:
-        info = DeadLetterInfo(reason, error, now_utc().isoformat(), self.key)
+        info = DeadLetterInfo(
+            reason, error, now_utc().isoformat(), self.key, self.receive_count(envelope)
+        )
         await self._store.put(
             layout.dead_letter_key(envelope.topic, envelope.id),
             encode_dead_letter(envelope, info),
@@ -91,7 +93,7 @@ class ClaimedObject:
         if self.size == 1:
             # The lease itself holds the message back, and keeps its receive count.
             self._on_done(self.lease)
-            await self._leases.release(self.lease, delay=delay)
+            await self._leases.release(self.lease, requeue_delay=delay)
             return
         # One member of a batch cannot be shown again alone: it moves to its own object
         # (durable first), then counts as settled here.

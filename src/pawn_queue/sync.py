@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from pawn_queue import client, consumer, message, producer, registry
 from pawn_queue.config import PawnQueueConfig, load_config
@@ -60,10 +60,6 @@ class _Runner:
         self._calls: set[asyncio.Task[Any]] = set()  # touched on the loop thread only
         self.closed = False
 
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
-
     def check_thread(self) -> None:
         if self._thread is not None and threading.current_thread() is self._thread:
             raise PawnQueueError(
@@ -71,8 +67,8 @@ class _Runner:
                 "use the async API (pawn_queue.PawnQueue) in coroutines"
             )
 
-    def submit(self, coro: Coroutine[Any, Any, T]) -> _Call[T]:
-        """Start ``coro`` on the loop; raise PawnQueueError once closed."""
+    def submit(self, coro: Coroutine[Any, Any, T], *, on_close: bool = True) -> _Call[T]:
+        """Start ``coro`` on the loop (``on_close``: cancelled by close); raise once closed."""
         call: _Call[T] = _Call()
         with self._lock:
             try:
@@ -88,12 +84,12 @@ class _Runner:
                     target=self._run, args=(self._loop,), name=self._name, daemon=True
                 )
                 self._thread.start()
-            self._loop.call_soon_threadsafe(self._begin, call, coro)
+            self._loop.call_soon_threadsafe(self._begin, call, coro, on_close)
         return call
 
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+    def call(self, coro: Coroutine[Any, Any, T], *, on_close: bool = True) -> T:
         """Run ``coro`` on the loop and return its result in this thread (or raise its error)."""
-        call = self.submit(coro)
+        call = self.submit(coro, on_close=on_close)
         try:
             return call.future.result()
         except BaseException:
@@ -110,7 +106,7 @@ class _Runner:
         concurrent.futures.wait([call.future])
 
     async def cancel_calls(self) -> None:
-        """Cancel every running call but this one and wait for them (on the loop)."""
+        """Cancel the running calls but this one (and settlements) and wait for them."""
         others = [task for task in self._calls if task is not asyncio.current_task()]
         for task in others:
             task.cancel()
@@ -126,18 +122,17 @@ class _Runner:
                 loop.call_soon_threadsafe(loop.stop)
             thread.join()
 
-    def _begin(self, call: _Call[T], coro: Coroutine[Any, Any, T]) -> None:
+    def _begin(self, call: _Call[T], coro: Coroutine[Any, Any, T], on_close: bool) -> None:
         assert self._loop is not None
         call.task = self._loop.create_task(coro)
-        self._calls.add(call.task)
+        if on_close:
+            self._calls.add(call.task)
         call.task.add_done_callback(functools.partial(self._finish, call))
 
     def _finish(self, call: _Call[T], task: asyncio.Task[T]) -> None:
         self._calls.discard(task)
         if task.cancelled():
-            call.future.set_exception(
-                PawnQueueError("call cancelled: the PawnQueue was closed while it ran")
-            )
+            call.future.set_exception(PawnQueueError("cancelled: the PawnQueue was closed"))
         elif (exc := task.exception()) is not None:
             call.future.set_exception(exc)
         else:
@@ -157,16 +152,13 @@ class _Runner:
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.run_until_complete(loop.shutdown_default_executor())
             finally:
-                asyncio.set_event_loop(None)
                 loop.close()
 
 
 class PawnQueue:
-    """A queue on one store, with blocking methods. Use ``with`` (or ``setup()``/``close()``).
+    """A queue on one store, with blocking methods; share it between threads freely.
 
-    Safe to share between threads. ``close()`` (alias ``teardown()``) is final: it cancels
-    running calls (listeners release their leases), tears the queue down and joins the loop
-    thread; any later call raises :class:`PawnQueueError`.
+    Use ``with`` or ``setup()``/``close()``. ``close()`` (alias ``teardown()``) is final.
     """
 
     def __init__(self, config: PawnQueueConfig, *, store: Store | None = None) -> None:
@@ -196,10 +188,8 @@ class PawnQueue:
             self._ready = True
 
     def close(self) -> None:
-        """Cancel running calls, release held leases, close the store, join the loop thread.
-
-        Idempotent. Must not be called from a ``listen()`` handler (set its stop event).
-        """
+        """Cancel running calls (listeners release their leases; acks finish), tear down and
+        join the loop thread. Idempotent; later calls raise PawnQueueError. Not in a handler."""
         self._runner.check_thread()
         if getattr(_handler_context, "runner", None) is self._runner:
             raise PawnQueueError("close() in a listen() handler would deadlock; use stop=")
@@ -207,7 +197,7 @@ class PawnQueue:
             if self._runner.closed:
                 return
             try:
-                if self._runner.started:
+                if self._ready:  # nothing runs before setup() succeeded
                     self._runner.call(self._runner.cancel_calls())
                     self._runner.call(self._queue.teardown())
             finally:
@@ -266,10 +256,15 @@ class PawnQueue:
         """Register a producer; the same name always gets the same id."""
         return Producer(self._runner.call(self._ready_queue().register_producer(name)), self)
 
-    def register_consumer(self, name: str, topics: list[str]) -> Consumer:
-        """Register a consumer of ``topics``; the same name always gets the same id."""
-        queue = self._ready_queue()
-        return Consumer(self._runner.call(queue.register_consumer(name, topics)), self)
+    def register_consumer(
+        self, name: str, topics: list[str], *, visibility_timeout: float | None = None
+    ) -> Consumer:
+        """Register a consumer of ``topics`` (same name, same id); ``visibility_timeout``
+        overrides ``polling.visibility_timeout_seconds`` for its leases."""
+        inner = self._ready_queue().register_consumer(
+            name, topics, visibility_timeout=visibility_timeout
+        )
+        return Consumer(self._runner.call(inner), self)
 
     @property
     def registry(self) -> Registry:
@@ -294,30 +289,43 @@ class Registry:
         return self._runner.call(self._inner.list(role))
 
 
+class _Same(Generic[T]):
+    """A read-only attribute forwarded to the wrapped async object (``self._inner``)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> T:
+        return cast(T, getattr(obj._inner, self._name))
+
+
 class Producer:
-    """Publishes messages, blocking. Obtain one with ``PawnQueue.register_producer()``."""
+    """Publishes messages, blocking. Obtain one with ``PawnQueue.register_producer()``.
+
+    ``id`` (stable UUIDv4) and ``name`` as in the async API."""
+
+    id = _Same[str]()
+    name = _Same[str]()
 
     def __init__(self, inner: producer.Producer, queue: PawnQueue) -> None:
         self._inner = inner
         self._runner = queue._runner
 
-    @property
-    def id(self) -> str:
-        """Stable UUIDv4 assigned at registration."""
-        return self._inner.id
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
     def __repr__(self) -> str:
         return repr(self._inner)
 
     def publish(
-        self, topic: str, payload: Any, *, attributes: Mapping[str, str] | None = None
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        delay: float | None = None,
+        attributes: Mapping[str, str] | None = None,
     ) -> str:
-        """Publish ``payload`` (any JSON value) to ``topic``; return the id once durable."""
-        return self._runner.call(self._inner.publish(topic, payload, attributes=attributes))
+        """Publish ``payload`` (any JSON value) to ``topic``, invisible for ``delay`` seconds;
+        return the id once durable."""
+        inner = self._inner.publish(topic, payload, delay=delay, attributes=attributes)
+        return self._runner.call(inner)
 
     def publish_batch(
         self, topic: str, payloads: Iterable[Any], *, attributes: Mapping[str, str] | None = None
@@ -328,25 +336,18 @@ class Producer:
 
 
 class Consumer:
-    """Consumes topics, blocking. Obtain one with ``PawnQueue.register_consumer()``."""
+    """Consumes topics, blocking. Obtain one with ``PawnQueue.register_consumer()``.
+
+    ``id``, ``name`` and ``topics`` as in the async API."""
+
+    id = _Same[str]()
+    name = _Same[str]()
+    topics = _Same[list[str]]()
 
     def __init__(self, inner: consumer.Consumer, queue: PawnQueue) -> None:
         self._inner = inner
         self._runner = queue._runner
         self._workers = queue.config.polling.max_messages_per_poll
-
-    @property
-    def id(self) -> str:
-        """Stable UUIDv4 assigned at registration."""
-        return self._inner.id
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
-    @property
-    def topics(self) -> list[str]:
-        return self._inner.topics
 
     def __repr__(self) -> str:
         return repr(self._inner)
@@ -364,18 +365,17 @@ class Consumer:
         handler: Callable[[Message], object],
         *,
         stop: threading.Event | None = None,
+        retry: consumer.Retry | None = None,
         workers: int | None = None,
     ) -> None:
         """Poll and call ``handler(message)`` for each message until ``stop`` is set.
 
-        Handlers run in a pool of ``workers`` threads (default: ``max_messages_per_poll``),
-        never on the loop thread; the calling thread waits. As in the async API, a handler
-        that raises dead-letters its message, and one that returns without ack or nack
-        leaves it to be redelivered after the visibility timeout. When ``stop`` is set (or
-        on Ctrl-C, re-raised afterwards), polling stops, running handlers finish (their acks
-        count) and every lease still held, unsettled messages' included, is released for
-        immediate redelivery. Errors of the listener, or :class:`PawnQueueError` if the
-        queue is closed meanwhile, are raised here.
+        Handlers run in a pool of ``workers`` threads (default ``max_messages_per_poll``),
+        never on the loop thread; the calling thread waits. As in the async API, a raising
+        handler dead-letters its message (with ``retry``: requeues it with backoff), and an
+        unsettled one is redelivered after the visibility timeout. On ``stop`` or Ctrl-C
+        (re-raised), running handlers finish, then every lease still held is released for
+        immediate redelivery. A closed queue raises :class:`PawnQueueError` here.
         """
         runner, halt = self._runner, threading.Event()
         stopping = stop if stop is not None else halt
@@ -393,14 +393,13 @@ class Consumer:
             if not inner.settled and (stopping.is_set() or halt.is_set()):
                 await loop.create_future()  # keep the lease until the stop releases it
 
-        call = runner.submit(self._inner.listen(dispatch))
+        call = runner.submit(self._inner.listen(dispatch, retry=retry))
         try:
-            while not call.future.done() and not stopping.wait(_STOP_CHECK_SECONDS):
-                pass
-            if not call.future.done():
-                halt.set()
-                runner.cancel(call)
-                return
+            while not call.future.done():
+                if stopping.wait(_STOP_CHECK_SECONDS):
+                    halt.set()
+                    runner.cancel(call)
+                    return
             call.future.result()  # the listener ended by itself: raise why
         except BaseException:
             halt.set()
@@ -419,67 +418,45 @@ def _run_handler(runner: _Runner, handler: Callable[[Message], object], msg: Mes
 
 
 class Message:
-    """A claimed message. Settle it with :meth:`ack` or :meth:`nack` (blocking, idempotent).
+    """A claimed message. ``ack()``, ``nack()`` (idempotent) and ``extend()`` block; call
+    them from any thread but the loop's. A lost lease raises ``LeaseLostError``.
 
-    They may be called from any thread but the queue's loop thread; a lost lease raises
-    :class:`~pawn_queue.exceptions.LeaseLostError` and deletes nothing.
+    Read-only, as in the async API: ``id``, ``topic``, ``producer_id``, ``created_at``
+    (ISO-8601 UTC), ``payload``, ``attributes``, ``receive_count``, ``settled`` (acked or
+    nacked) and ``lease_held``.
     """
 
     __slots__ = ("_inner", "_runner")
+    id = _Same[str]()
+    topic = _Same[str]()
+    producer_id = _Same[str]()
+    created_at = _Same[str]()
+    payload = _Same[Any]()
+    attributes = _Same[dict[str, str]]()
+    receive_count = _Same[int]()
+    settled = _Same[bool]()
+    lease_held = _Same[bool]()
 
     def __init__(self, inner: message.Message, runner: _Runner) -> None:
         self._inner = inner
         self._runner = runner
-
-    @property
-    def id(self) -> str:
-        """The message's UUIDv4."""
-        return self._inner.id
-
-    @property
-    def topic(self) -> str:
-        return self._inner.topic
-
-    @property
-    def producer_id(self) -> str:
-        """The id of the producer that published the message."""
-        return self._inner.producer_id
-
-    @property
-    def created_at(self) -> str:
-        """ISO-8601 UTC time of publication."""
-        return self._inner.created_at
-
-    @property
-    def payload(self) -> Any:
-        """The JSON payload as published."""
-        return self._inner.payload
-
-    @property
-    def attributes(self) -> dict[str, str]:
-        return self._inner.attributes
-
-    @property
-    def settled(self) -> bool:
-        """True once ack() or nack() succeeded."""
-        return self._inner.settled
-
-    @property
-    def lease_held(self) -> bool:
-        """False once the lease is known to be lost or released."""
-        return self._inner.lease_held
 
     def __repr__(self) -> str:
         return repr(self._inner)
 
     def ack(self) -> None:
         """Remove the message from the queue: it will not be delivered again."""
-        self._runner.call(self._inner.ack())
+        self._runner.call(self._inner.ack(), on_close=False)
 
-    def nack(self) -> None:
-        """Move the message to dead letter: the copy is durable before the message is removed."""
-        self._runner.call(self._inner.nack())
+    def nack(self, requeue: bool = False, delay: float = 0) -> None:
+        """Dead-letter the message (durable copy first), or with ``requeue=True`` make it
+        visible again after ``delay`` seconds."""
+        self._runner.call(self._inner.nack(requeue, delay), on_close=False)
+
+    def extend(self, seconds: float) -> None:
+        """Keep the message for ``seconds`` from now; the refresh keeps renewing by that much."""
+        self._runner.call(self._inner.extend(seconds), on_close=False)
 
     def dead_letter(self, reason: str, error: str | None = None) -> None:
         """Dead-letter with a reason (and an error text)."""
-        self._runner.call(self._inner.dead_letter(reason, error))
+        self._runner.call(self._inner.dead_letter(reason, error), on_close=False)
