@@ -124,10 +124,22 @@ class PawnQueue:
         retention_seconds: float | None = None,
         max_pending: int | None = None,
         dedup_window_seconds: float = 300.0,
+        retention_action: str = "delete",
     ) -> None:
-        """Create a topic (idempotent). Settings are stored in the topic marker."""
+        """Create a topic (idempotent; new settings replace the stored ones).
+
+        ``max_receive_count``: dead-letter a message received more often than that.
+        ``retention_seconds``: a message not consumed that long after it was due is expired
+        (``retention_action``: ``"delete"`` or ``"dead_letter"``).
+        ``max_pending``: ``publish`` waits for room, then raises QueueFullError.
+        ``dedup_window_seconds``: how long a ``dedup_id`` is remembered.
+        """
         settings = TopicSettings(
-            max_receive_count, retention_seconds, max_pending, dedup_window_seconds
+            max_receive_count,
+            retention_seconds,
+            max_pending,
+            dedup_window_seconds,
+            retention_action,
         )
         await self._ready_topics().create(name, settings)
 

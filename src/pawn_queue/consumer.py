@@ -63,6 +63,11 @@ class Retry:
         return min(self.max_delay, self.base_delay * self.factor ** (receive_count - 1))
 
 
+def _expired(key: str, retention_seconds: float) -> bool:
+    due = layout.due_from_key(key)
+    return due is not None and now_utc() - due > timedelta(seconds=retention_seconds)
+
+
 class Consumer:
     """Consumes one or more topics. Obtain one with ``PawnQueue.register_consumer()``.
 
@@ -249,7 +254,20 @@ class Consumer:
         settings = await self._topic_settings.settings(topic)
         if settings.max_receive_count and lease.body.receive_count > settings.max_receive_count:
             # Received too often: dead-letter whatever is left of it instead of delivering.
-            await self._dead_letter_all(key, lease, envelopes, settings.max_receive_count)
+            error = (
+                f"received {lease.body.receive_count} times; "
+                f"the topic allows {settings.max_receive_count}"
+            )
+            await self._dead_letter_all(key, lease, envelopes, "max_receive_count", error)
+            return []
+        if settings.retention_seconds and _expired(key, settings.retention_seconds):
+            error = f"not consumed within the topic's retention of {settings.retention_seconds}s"
+            if settings.retention_action == "dead_letter":
+                await self._dead_letter_all(key, lease, envelopes, "retention", error)
+            else:
+                await self._store.delete(key)
+                await self._leases.release(lease, message_gone=True)
+                logger.info("expired message key=%s %s", key, error)
             return []
         claimed = ClaimedObject(
             key, lease, len(envelopes), self._store, self._leases, self._signals, self._forget
@@ -263,16 +281,15 @@ class Consumer:
         ]
 
     async def _dead_letter_all(
-        self, key: str, lease: Lease, envelopes: list[Envelope], limit: int
+        self, key: str, lease: Lease, envelopes: list[Envelope], reason: str, error: str
     ) -> None:
         claimed = ClaimedObject(
             key, lease, len(envelopes), self._store, self._leases, self._signals, self._forget
         )
-        error = f"received {lease.body.receive_count} times; the topic allows {limit}"
         for index, envelope in enumerate(envelopes):
             if index not in lease.settled:
-                await Message(envelope, claimed, index).dead_letter("max_receive_count", error)
-        logger.warning("dead-lettered after too many receives key=%s %s", key, error)
+                await Message(envelope, claimed, index).dead_letter(reason, error)
+        logger.warning("dead-lettered key=%s reason=%s %s", key, reason, error)
 
     async def _quarantine(
         self, topic: str, object_id: str, key: str, data: bytes, error: str, lease: Lease

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
@@ -10,7 +12,13 @@ from typing import Any
 
 from pawn_queue import layout
 from pawn_queue.envelope import Envelope, encode_batch, now_utc
-from pawn_queue.exceptions import ConfigError, PayloadError, PublishError, StoreError
+from pawn_queue.exceptions import (
+    ConfigError,
+    PayloadError,
+    PublishError,
+    QueueFullError,
+    StoreError,
+)
 from pawn_queue.message import write_message
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.registry import RegistryEntry
@@ -18,6 +26,8 @@ from pawn_queue.store.base import Store
 from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
+
+_ROOM_CHECK_SECONDS = 1.0
 
 
 class Producer:
@@ -28,6 +38,7 @@ class Producer:
     ) -> None:
         self._entry = entry
         self._signals = signals
+        self._room: dict[str, tuple[float, int]] = {}  # topic -> (checked at, pending count)
         self._store = store
         self._topics = topics
 
@@ -50,16 +61,19 @@ class Producer:
         *,
         delay: float | None = None,
         attributes: Mapping[str, str] | None = None,
+        wait_for_room: float = 30.0,
     ) -> str:
         """Publish ``payload`` (any JSON value) to ``topic`` and return the message id.
 
         Returns only after the store acknowledged the write: a returned id is durable.
         ``delay`` (seconds, any length) keeps the message invisible until then; waiting costs
-        no requests, since its key sorts by the time it becomes due.
+        no requests, since its key sorts by the time it becomes due. On a topic with
+        ``max_pending``, waits up to ``wait_for_room`` seconds for room, then raises
+        QueueFullError.
         Raises TopicNotFoundError for an unknown topic and PayloadError for a payload that
         cannot be encoded (both before anything is written), PublishError if the write fails.
         """
-        await self._topics.settings(topic)
+        settings = await self._topics.settings(topic)
         now = now_utc()
         envelope = Envelope(
             id=str(uuid.uuid4()),
@@ -69,7 +83,31 @@ class Producer:
             payload=payload,
             attributes=_check_attributes(attributes),
         )
-        return await write_message(self._store, envelope, now + _delay(delay), self._signals)
+        due = now + _delay(delay)
+        if settings.max_pending:
+            await self._wait_for_room(topic, settings.max_pending, wait_for_room)
+        return await write_message(self._store, envelope, due, self._signals)
+
+    async def _wait_for_room(self, topic: str, max_pending: int, within: float) -> None:
+        """Block while the topic holds ``max_pending`` objects (checked at most once a second:
+        a LIST per 1,000 pending objects), at most ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while True:
+            checked, count = self._room.get(topic, (-_ROOM_CHECK_SECONDS, 0))
+            if time.monotonic() - checked >= _ROOM_CHECK_SECONDS:
+                metas = await self._store.list(layout.messages_prefix(topic), limit=max_pending)
+                checked, count = time.monotonic(), len(metas)
+            if count < max_pending:
+                self._room[topic] = (checked, count + 1)
+                return
+            self._room[topic] = (checked, count)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise QueueFullError(
+                    f"topic {topic!r} holds {count} pending messages (max_pending "
+                    f"{max_pending}) and had no room within {within:g}s"
+                )
+            await asyncio.sleep(min(_ROOM_CHECK_SECONDS, remaining))
 
     async def publish_batch(
         self,

@@ -33,8 +33,13 @@ class TopicSettings:
     retention_seconds: float | None = None
     max_pending: int | None = None
     dedup_window_seconds: float = 300.0
+    retention_action: str = "delete"  # or "dead_letter": what happens past retention
 
     def __post_init__(self) -> None:
+        if self.retention_action not in ("delete", "dead_letter"):
+            raise ConfigError(
+                f"retention_action: got {self.retention_action!r}, allowed: 'delete', 'dead_letter'"
+            )
         for name in ("max_receive_count", "retention_seconds", "max_pending"):
             value = getattr(self, name)
             if value is not None and value <= 0:
