@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from pawn_queue import PawnQueue as AsyncPawnQueue
-from pawn_queue import PawnQueueError, PayloadError, Retry, TopicNotFoundError, layout
+from pawn_queue import (
+    PawnQueueBuilder,
+    PawnQueueError,
+    PayloadError,
+    Retry,
+    TopicNotFoundError,
+    layout,
+)
 from pawn_queue.sync import Message, PawnQueue
 
 
@@ -202,11 +209,17 @@ def test_stop_releases_unsettled_messages_at_once(queue_config: dict[str, Any]) 
         mid = pq.register_producer("p").publish("jobs", "unfinished")
         consumer = pq.register_consumer("c", ["jobs"])
         stop = threading.Event()
+        refused: list[PawnQueueError] = []
 
         def handler(message: Message) -> None:
+            try:
+                pq.close()  # would wait for this very handler
+            except PawnQueueError as exc:
+                refused.append(exc)
             stop.set()  # and return without ack or nack
 
         consumer.listen(handler, stop=stop)
+        assert "deadlock" in str(refused[0])
         # Released, not abandoned: another consumer gets it without waiting out the lease.
         [message] = pq.register_consumer("other", ["jobs"]).poll()
         assert message.id == mid
@@ -332,3 +345,13 @@ def test_close_ends_a_listener_in_another_thread(queue_config: dict[str, Any]) -
     thread.join()
     [error] = outcome
     assert isinstance(error, PawnQueueError) and "closed" in str(error)
+
+
+def test_from_url_and_builder() -> None:
+    with PawnQueue.from_url("memory://") as pq:
+        pq.create_topic("t")
+        assert pq.list_topics() == ["t"]
+        pq.delete_topic("t")
+        assert pq.list_topics() == []
+    with PawnQueue(PawnQueueBuilder().memory().build_config()) as pq:
+        assert pq.list_topics() == []

@@ -7,6 +7,7 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     {topic}/messages/{ts}-{uuid}.batch          batch object: many messages, one lease
     {topic}/leases/{uuid}.lease                 claim of the message {uuid}
     {topic}/dead-letter/{uuid}.json             dead letter
+    {topic}/dedup/{sha256(dedup_id)}.json       a dedup_id seen recently, and its message
     _registry/{producers|consumers}/{uuid}.json registry entry
     _registry/names/{producers|consumers}/{name}.json  name -> uuid index (create-only)
     _probe/{uuid}.probe                         strategy probe, deleted at once
@@ -36,6 +37,7 @@ TOPIC_MARKER = ".topic"
 MESSAGES = "messages/"
 LEASES = "leases/"
 DEAD_LETTER = "dead-letter/"
+DEDUP = "dedup/"
 REGISTRY = "_registry/"
 PROBE = "_probe/"
 RESERVED_PREFIXES = ("_", ".")
@@ -109,6 +111,12 @@ def parse_message_key(key: str) -> tuple[str, bool] | None:
             candidate = name[: -len(suffix)][-36:]
             return (candidate, batch) if is_uuid(candidate) else None
     return None
+
+
+def dedup_key(topic: str, dedup_id: str) -> str:
+    """Where a ``dedup_id`` is remembered (hashed: any string is a valid id)."""
+    digest = hashlib.sha256(dedup_id.encode()).hexdigest()[:40]
+    return f"{topic}/{DEDUP}{digest}.json"
 
 
 def leases_prefix(topic: str) -> str:

@@ -27,11 +27,16 @@ logger = logging.getLogger(__name__)
 
 
 async def write_message(
-    store: Store, envelope: Envelope, due: datetime, signals: ChangeSignals
+    store: Store,
+    envelope: Envelope,
+    due: datetime,
+    signals: ChangeSignals,
+    key: str | None = None,
 ) -> str:
-    """Write one message object that becomes visible at ``due``; return its id."""
+    """Write one message object that becomes visible at ``due`` (or at ``key``, which already
+    says when); return its id."""
     body = envelope.encode()
-    key = layout.message_key(envelope.topic, envelope.id, due)
+    key = key or layout.message_key(envelope.topic, envelope.id, due)
     try:
         await store.put(key, body, "overwrite")
     except StoreError as exc:

@@ -7,10 +7,11 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from pawn_queue import layout
+from pawn_queue import dedup, layout
 from pawn_queue.envelope import Envelope, encode_batch, now_utc
 from pawn_queue.exceptions import (
     ConfigError,
@@ -61,13 +62,16 @@ class Producer:
         *,
         delay: float | None = None,
         attributes: Mapping[str, str] | None = None,
+        dedup_id: str | None = None,
         wait_for_room: float = 30.0,
     ) -> str:
         """Publish ``payload`` (any JSON value) to ``topic`` and return the message id.
 
         Returns only after the store acknowledged the write: a returned id is durable.
         ``delay`` (seconds, any length) keeps the message invisible until then; waiting costs
-        no requests, since its key sorts by the time it becomes due. On a topic with
+        no requests, since its key sorts by the time it becomes due. A ``dedup_id`` seen on
+        the topic within its ``dedup_window_seconds`` returns the first message's id and
+        writes nothing (across producers too). On a topic with
         ``max_pending``, waits up to ``wait_for_room`` seconds for room, then raises
         QueueFullError.
         Raises TopicNotFoundError for an unknown topic and PayloadError for a payload that
@@ -86,7 +90,29 @@ class Producer:
         due = now + _delay(delay)
         if settings.max_pending:
             await self._wait_for_room(topic, settings.max_pending, wait_for_room)
-        return await write_message(self._store, envelope, due, self._signals)
+        if dedup_id is None:
+            return await write_message(self._store, envelope, due, self._signals)
+        if not isinstance(dedup_id, str) or not dedup_id:
+            raise ConfigError(f"dedup_id: got {dedup_id!r}, must be a non-empty string")
+        marker_key = layout.dedup_key(topic, dedup_id)
+        proposal = dedup.Marker(
+            dedup_id, envelope.id, layout.message_key(topic, envelope.id, due), now.isoformat()
+        )
+        try:
+            decision = await dedup.decide(
+                self._store, marker_key, proposal, settings.dedup_window_seconds
+            )
+            if not decision.write:
+                logger.debug("duplicate dedup_id topic=%s message=%s", topic, envelope.id)
+                return decision.marker.message_id
+            envelope = replace(envelope, id=decision.marker.message_id)
+            await write_message(
+                self._store, envelope, due, self._signals, key=decision.marker.message_key
+            )
+            await dedup.mark_written(self._store, marker_key, decision)
+        except StoreError as exc:
+            raise PublishError(f"could not publish to topic {topic!r}: {exc}") from exc
+        return envelope.id
 
     async def _wait_for_room(self, topic: str, max_pending: int, within: float) -> None:
         """Block while the topic holds ``max_pending`` objects (checked at most once a second:
