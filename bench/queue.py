@@ -92,7 +92,7 @@ class Sizes:
     latency_slow_seconds: float = 8.0  # ... ours at the default 5 s interval
     latency_013_seconds: float = 5.0  # ... 0.1.3 (it falls behind: 10 msgs/s at most)
     local_backlogs: tuple[int, ...] = (2000, 10000)
-    local_ops: int = 200
+    local_ops: int = 150
     backlog_sizes: tuple[int, ...] = (100, 100_000)
     backlog_polls: int = 5
 
@@ -858,7 +858,19 @@ def table(results: dict[str, Any]) -> str:
             out.extend(["", f"{name}: ERROR {value['error']}"])
         elif isinstance(value, dict) and "skipped" in value:
             out.extend(["", f"{name}: skipped: {value['skipped']}"])
+    out.extend(["", *NOTES])
     return "\n".join(out).lstrip("\n")
+
+
+NOTES = (
+    "Notes: one SeaweedFS (weed mini, loopback) for every S3 figure, a fresh bucket per",
+    "measurement. Drain: N messages published 32 in flight, then c consumers, each its own",
+    "PawnQueue, all in one process and event loop (0.1.3 alike, in its runner process), each",
+    "looping poll() + concurrent acks, sleeping 10 ms doubling to 250 ms after empty polls.",
+    "Requests: SeaweedFS_s3_request_total of the bucket over publish + drain (HEAD counts as",
+    "GET; a DeleteObjects batch as one DELETE). USD at AWS list prices: PUT/COPY/POST/LIST",
+    "$5 per million, GET/HEAD $0.40, DELETE free; per month = 30 days.",
+)
 
 
 # -- main ---------------------------------------------------------------------------------------

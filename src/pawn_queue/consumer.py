@@ -164,6 +164,7 @@ class Consumer:
         claimed: list[Message] = []
         start_after: str | None = None
         recently_leased = await self._recently_leased(topic)
+        groups_seen: set[str] = set()
         # Enough candidates to spread over under contention; more only costs reading them.
         page_size = min(_LIST_PAGE, max(_MIN_PAGE, wanted * _SPREAD * 2))
         while len(claimed) < wanted:
@@ -176,18 +177,23 @@ class Consumer:
             due_by = now_utc() + self._leases.margin
             not_due = False
             for meta in page:
-                parsed = layout.parse_message_key(meta.key)
-                if parsed is None:
+                pending = layout.parse_pending_key(meta.key)
+                if pending is None:
                     continue
                 due = layout.due_from_key(meta.key)
                 if due is not None and due > due_by:
                     not_due = True
                     break
-                lease_key = layout.lease_key(topic, parsed[0])
+                if pending.kind == "group":
+                    # Only the oldest message of a group may be delivered, and one at a time.
+                    if pending.group_hash in groups_seen:
+                        continue
+                    groups_seen.add(pending.group_hash)
+                lease_key = layout.lease_key(topic, pending.lease_id())
                 if lease_key in self._held or lease_key in recently_leased:
                     continue
-                if self._leases.worth_claiming(topic, parsed[0], meta.key):
-                    candidates.append((parsed[0], meta.key, parsed[1]))
+                if self._leases.worth_claiming(topic, pending.lease_id(), meta.key):
+                    candidates.append((pending, meta.key))
             if self._contended.get(topic) and len(candidates) > wanted:
                 # Others are claiming the same head of the listing: start somewhere else in
                 # its first few pages so competing consumers stop colliding.
@@ -229,14 +235,19 @@ class Consumer:
         return {m.key for m in leases if m.last_modified > fresh_after}
 
     async def _claim(
-        self, topic: str, object_id: str, key: str, is_batch: bool
+        self, topic: str, pending: layout.PendingKey, key: str
     ) -> list[Message] | None:
-        """Claim a message or batch object and read it; None if someone else has it."""
-        if not self._leases.worth_claiming(topic, object_id, key):
+        """Claim a message, batch or group message and read it; None if someone has it."""
+        lease_id = pending.lease_id()
+        if not self._leases.worth_claiming(topic, lease_id, key):
             return None  # settled or claimed in this process since the listing
-        lease = await self._leases.claim(topic, object_id, key, self.id, self._visibility)
+        lease = await self._leases.claim(
+            topic, pending.object_id, key, self.id, self._visibility, lease_id=lease_id
+        )
         if lease is None:
             return None
+        is_batch = pending.kind == "batch"
+        object_id = pending.object_id
         try:
             obj = await self._store.get(key)
         except NotFound:

@@ -75,6 +75,7 @@ class Envelope:
     payload: Any
     attributes: dict[str, str] = field(default_factory=dict)
     prior_receives: int = 0  # receives before the message was moved (requeued batch member)
+    group: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -88,6 +89,8 @@ class Envelope:
             body["attributes"] = self.attributes
         if self.prior_receives:
             body["prior_receives"] = self.prior_receives
+        if self.group is not None:
+            body["group"] = self.group
         return body
 
     def encode(self) -> bytes:
@@ -110,6 +113,7 @@ class Envelope:
             payload=obj["payload"],
             attributes=attributes,
             prior_receives=_positive_int(obj.get("prior_receives"), 0),
+            group=obj["group"] if isinstance(obj.get("group"), str) else None,
         )
 
     @classmethod

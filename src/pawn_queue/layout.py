@@ -5,6 +5,8 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     {topic}/.topic                              topic marker (JSON: settings)
     {topic}/messages/{ts}-{uuid}.json           pending message, FIFO by key
     {topic}/messages/{ts}-{uuid}.batch          batch object: many messages, one lease
+    {topic}/messages/{ts}-{uuid}.{g}.group      message of group g (sha256 of its name)
+    {topic}/leases/g{g}.lease                   the lease of group g: one message at a time
     {topic}/leases/{uuid}.lease                 claim of the message {uuid}
     {topic}/dead-letter/{uuid}.json             dead letter
     {topic}/dedup/{sha256(dedup_id)}.json       a dedup_id seen recently, and its message
@@ -12,6 +14,8 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     _registry/names/{producers|consumers}/{name}.json  name -> uuid index (create-only)
     _probe/{uuid}.probe                         strategy probe, deleted at once
     _notify/000 .. _notify/999, _notify/_       change signals (vnotify)
+    _spark/{query}/batches/{n}.json             a streaming query's micro-batch manifest
+    _spark/{query}/sink/{n}.json                a streaming write's micro-batch marker
 
 Names starting with ``_`` or ``.`` are reserved for the library.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -43,6 +48,8 @@ PROBE = "_probe/"
 RESERVED_PREFIXES = ("_", ".")
 MESSAGE_SUFFIX = ".json"
 BATCH_SUFFIX = ".batch"
+GROUP_SUFFIX = ".group"
+_GROUP_HASH_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
 def validate_name(name: object, what: str = "name") -> str:
@@ -103,14 +110,55 @@ def due_from_key(key: str) -> datetime | None:
         return None
 
 
-def parse_message_key(key: str) -> tuple[str, bool] | None:
-    """``(object id, is_batch)`` for a message or batch key, None for anything else."""
+@dataclass(frozen=True, slots=True)
+class PendingKey:
+    """What a key under ``{topic}/messages/`` holds."""
+
+    object_id: str
+    kind: Literal["message", "batch", "group"]
+    group_hash: str = ""
+
+    def lease_id(self) -> str:
+        """The lease that covers it: its own, or its group's (one message of a group at a time)."""
+        return f"g{self.group_hash}" if self.kind == "group" else self.object_id
+
+
+def parse_pending_key(key: str) -> PendingKey | None:
+    """The message, batch or group message at ``key``; None for anything else."""
     name = key.rsplit("/", 1)[-1]
-    for suffix, batch in ((MESSAGE_SUFFIX, False), (BATCH_SUFFIX, True)):
-        if name.endswith(suffix):
-            candidate = name[: -len(suffix)][-36:]
-            return (candidate, batch) if is_uuid(candidate) else None
-    return None
+    if name.endswith(MESSAGE_SUFFIX):
+        kind, stem, group_hash = "message", name[: -len(MESSAGE_SUFFIX)], ""
+    elif name.endswith(BATCH_SUFFIX):
+        kind, stem, group_hash = "batch", name[: -len(BATCH_SUFFIX)], ""
+    elif name.endswith(GROUP_SUFFIX):
+        stem, _, group_hash = name[: -len(GROUP_SUFFIX)].rpartition(".")
+        kind = "group"
+        if not _GROUP_HASH_RE.match(group_hash):
+            return None
+    else:
+        return None
+    candidate = stem[-36:]
+    if not is_uuid(candidate):
+        return None
+    return PendingKey(candidate, kind, group_hash)  # type: ignore[arg-type]
+
+
+def parse_message_key(key: str) -> tuple[str, bool] | None:
+    """``(object id, is_batch)`` for a message, batch or group-message key, else None."""
+    parsed = parse_pending_key(key)
+    return None if parsed is None else (parsed.object_id, parsed.kind == "batch")
+
+
+def group_hash(group: str) -> str:
+    """A fixed-length name for a message group (any string is a valid group)."""
+    return hashlib.sha256(group.encode()).hexdigest()[:32]
+
+
+def group_message_key(topic: str, message_id: str, at: datetime, group: str) -> str:
+    """A message of a group: FIFO like any message, and the group in its name, so a
+    listing tells the groups apart without reading bodies. 0.1.x skips the suffix."""
+    ts = at.astimezone(UTC).strftime("%Y%m%dT%H%M%S_%f")
+    return f"{topic}/{MESSAGES}{ts}-{message_id}.{group_hash(group)}{GROUP_SUFFIX}"
 
 
 def dedup_key(topic: str, dedup_id: str) -> str:
@@ -176,3 +224,30 @@ def after_subtree(segment: str) -> str:
     ``0`` is the character right after ``/``, so ``segment0`` sorts after all of ``segment/...``.
     """
     return f"{segment}0"
+
+
+# -- Spark (pawn_queue.spark) ---------------------------------------------------------------
+
+SPARK = "_spark/"
+
+
+def spark_manifests_prefix(query: str) -> str:
+    """Where a streaming query keeps the manifest of each micro-batch it claimed."""
+    return f"{SPARK}{query}/batches/"
+
+
+def spark_manifest_key(query: str, batch: int) -> str:
+    """The manifest of micro-batch ``batch``: the objects it owns (JSON)."""
+    return f"{SPARK}{query}/batches/{batch}.json"
+
+
+def spark_manifest_batch(key: str) -> int | None:
+    """The micro-batch number of a manifest key, None for anything else."""
+    name = key.rsplit("/", 1)[-1]
+    stem = name.removesuffix(MESSAGE_SUFFIX)
+    return int(stem) if stem != name and stem.isdigit() else None
+
+
+def spark_sink_key(query: str, batch: int) -> str:
+    """A streaming write's micro-batch marker: its message time, and whether it committed."""
+    return f"{SPARK}{query}/sink/{batch}.json"

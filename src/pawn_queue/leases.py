@@ -95,9 +95,9 @@ class LeaseManager:
 
     # -- claiming ---------------------------------------------------------------------------
 
-    def worth_claiming(self, topic: str, message_id: str, message_key: str) -> bool:
+    def worth_claiming(self, topic: str, lease_id: str, message_key: str) -> bool:
         """False if this process knows the message is leased or gone (saves requests)."""
-        key = layout.lease_key(topic, message_id)
+        key = layout.lease_key(topic, lease_id)
         if key in self._held_here or message_key in self._settled_here:
             return False
         until = self._busy_until.get(key)
@@ -115,13 +115,22 @@ class LeaseManager:
         self._settled_here[message_key] = now + _SETTLED_SECONDS
 
     async def claim(
-        self, topic: str, message_id: str, message_key: str, consumer_id: str, visibility: float
+        self,
+        topic: str,
+        message_id: str,
+        message_key: str,
+        consumer_id: str,
+        visibility: float,
+        *,
+        lease_id: str | None = None,
     ) -> Lease | None:
         """Claim the message; None if another consumer holds a live lease on it.
 
-        Taking over an expired lease keeps its ``settled`` list (batch members already done).
+        ``lease_id`` names the lease when it is not the message's own (a group's lease).
+        Taking over an expired lease keeps its ``settled`` list (batch members already done)
+        and counts one more receive.
         """
-        key = layout.lease_key(topic, message_id)
+        key = layout.lease_key(topic, lease_id or message_id)
         body = self._new_body(consumer_id, message_id, message_key, visibility)
         if self.strategy == "conditional_write":
             won = await self._claim_conditional(key, body)

@@ -169,6 +169,11 @@ class Message:
         return self._envelope.payload
 
     @property
+    def group(self) -> str | None:
+        """The message group it was published in, if any."""
+        return self._envelope.group
+
+    @property
     def attributes(self) -> dict[str, str]:
         return dict(self._envelope.attributes)
 

@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pawn_queue import dedup, layout
@@ -62,22 +62,31 @@ class Producer:
         *,
         delay: float | None = None,
         attributes: Mapping[str, str] | None = None,
+        group: str | None = None,
         dedup_id: str | None = None,
         wait_for_room: float = 30.0,
     ) -> str:
         """Publish ``payload`` (any JSON value) to ``topic`` and return the message id.
 
         Returns only after the store acknowledged the write: a returned id is durable.
-        ``delay`` (seconds, any length) keeps the message invisible until then; waiting costs
-        no requests, since its key sorts by the time it becomes due. A ``dedup_id`` seen on
-        the topic within its ``dedup_window_seconds`` returns the first message's id and
-        writes nothing (across producers too). On a topic with
-        ``max_pending``, waits up to ``wait_for_room`` seconds for room, then raises
-        QueueFullError.
+
+        - ``delay`` (seconds, any length) keeps the message invisible until then; waiting
+          costs no requests, since its key sorts by the time it becomes due.
+        - ``group``: messages of one group are delivered in order, one at a time; groups
+          are processed in parallel.
+        - ``dedup_id``: a repeat within the topic's ``dedup_window_seconds`` returns the
+          first message's id and writes nothing (across producers too).
+        - On a topic with ``max_pending``, waits up to ``wait_for_room`` seconds for room,
+          then raises QueueFullError.
+
         Raises TopicNotFoundError for an unknown topic and PayloadError for a payload that
         cannot be encoded (both before anything is written), PublishError if the write fails.
         """
         settings = await self._topics.settings(topic)
+        if group is not None and (not isinstance(group, str) or not group):
+            raise ConfigError(f"group: got {group!r}, must be a non-empty string")
+        if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
+            raise ConfigError(f"dedup_id: got {dedup_id!r}, must be a non-empty string")
         now = now_utc()
         envelope = Envelope(
             id=str(uuid.uuid4()),
@@ -86,32 +95,39 @@ class Producer:
             created_at=now.isoformat(),
             payload=payload,
             attributes=_check_attributes(attributes),
+            group=group,
         )
+        envelope.encode()  # a payload that cannot be encoded fails before anything is written
         due = now + _delay(delay)
+        if group is None:
+            key = layout.message_key(topic, envelope.id, due)
+        else:
+            key = layout.group_message_key(topic, envelope.id, due, group)
         if settings.max_pending:
             await self._wait_for_room(topic, settings.max_pending, wait_for_room)
         if dedup_id is None:
-            return await write_message(self._store, envelope, due, self._signals)
-        if not isinstance(dedup_id, str) or not dedup_id:
-            raise ConfigError(f"dedup_id: got {dedup_id!r}, must be a non-empty string")
-        marker_key = layout.dedup_key(topic, dedup_id)
-        proposal = dedup.Marker(
-            dedup_id, envelope.id, layout.message_key(topic, envelope.id, due), now.isoformat()
-        )
+            return await write_message(self._store, envelope, due, self._signals, key=key)
+        marker = dedup.Marker(dedup_id, envelope.id, key, now.isoformat())
+        return await self._publish_once(envelope, due, marker, settings.dedup_window_seconds)
+
+    async def _publish_once(
+        self, envelope: Envelope, due: datetime, proposal: dedup.Marker, window: float
+    ) -> str:
+        """Publish unless the marker's dedup id was published within ``window`` seconds."""
+        marker_key = layout.dedup_key(envelope.topic, proposal.dedup_id)
         try:
-            decision = await dedup.decide(
-                self._store, marker_key, proposal, settings.dedup_window_seconds
-            )
+            decision = await dedup.decide(self._store, marker_key, proposal, window)
+            marker = decision.marker
             if not decision.write:
-                logger.debug("duplicate dedup_id topic=%s message=%s", topic, envelope.id)
-                return decision.marker.message_id
-            envelope = replace(envelope, id=decision.marker.message_id)
-            await write_message(
-                self._store, envelope, due, self._signals, key=decision.marker.message_key
-            )
+                logger.debug(
+                    "duplicate dedup_id topic=%s message=%s", envelope.topic, marker.message_id
+                )
+                return marker.message_id
+            envelope = replace(envelope, id=marker.message_id)
+            await write_message(self._store, envelope, due, self._signals, key=marker.message_key)
             await dedup.mark_written(self._store, marker_key, decision)
         except StoreError as exc:
-            raise PublishError(f"could not publish to topic {topic!r}: {exc}") from exc
+            raise PublishError(f"could not publish to topic {envelope.topic!r}: {exc}") from exc
         return envelope.id
 
     async def _wait_for_room(self, topic: str, max_pending: int, within: float) -> None:

@@ -166,14 +166,18 @@ async def topic_stats(store: Store, name: str, visibility_seconds: float) -> Top
     leased = {m.key for m in leases if m.last_modified > fresh_after}
     pending = in_flight = delayed = 0
     oldest: datetime | None = None
+    group_heads: set[str] = set()
     for meta in messages:
-        parsed = layout.parse_message_key(meta.key)
-        if parsed is None:
+        pending_key = layout.parse_pending_key(meta.key)
+        if pending_key is None:
             continue
         due = layout.due_from_key(meta.key) or meta.last_modified
+        # A group's lease covers only its oldest message; the rest of the group waits.
+        head = pending_key.kind != "group" or pending_key.group_hash not in group_heads
+        group_heads.add(pending_key.group_hash)
         if due > now:
             delayed += 1
-        elif layout.lease_key(name, parsed[0]) in leased:
+        elif head and layout.lease_key(name, pending_key.lease_id()) in leased:
             in_flight += 1
         else:
             pending += 1
