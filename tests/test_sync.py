@@ -355,3 +355,21 @@ def test_from_url_and_builder() -> None:
         assert pq.list_topics() == []
     with PawnQueue(PawnQueueBuilder().memory().build_config()) as pq:
         assert pq.list_topics() == []
+
+
+def test_sync_features_forward_to_the_async_core(queue_config: dict[str, Any]) -> None:
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("f", max_receive_count=3, retention_action="dead_letter")
+        producer = pq.register_producer("p")
+        first = producer.publish("f", {"n": 1}, dedup_id="d1", group="g")
+        assert producer.publish("f", {"n": 1}, dedup_id="d1", group="g") == first
+        consumer = pq.register_consumer("c", topics=["f"])
+        [message] = consumer.poll()
+        assert message.group == "g"
+        message.nack()
+        assert pq.topic_stats("f").dead_letter == 1
+        assert [d.id for d in pq.dead_letters("f")] == [first]
+        assert pq.redrive("f") == 1
+        [again] = consumer.poll()
+        again.nack()
+        assert pq.purge_dead_letters("f") == 1

@@ -16,17 +16,19 @@ import contextlib
 import functools
 import os
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar, cast
 
 from pawn_queue import client, consumer, message, producer, registry
 from pawn_queue.config import PawnQueueConfig, load_config
+from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.layout import Role
 from pawn_queue.leases import ResolvedStrategy
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.store.base import Store
+from pawn_queue.topics import TopicStats
 
 __all__ = ["Consumer", "Message", "PawnQueue", "Producer", "Registry"]
 
@@ -231,6 +233,7 @@ class PawnQueue:
         retention_seconds: float | None = None,
         max_pending: int | None = None,
         dedup_window_seconds: float = 300.0,
+        retention_action: str = "delete",
     ) -> None:
         """Create a topic (idempotent). Settings are stored in the topic marker."""
         queue = self._ready_queue()
@@ -241,8 +244,33 @@ class PawnQueue:
                 retention_seconds=retention_seconds,
                 max_pending=max_pending,
                 dedup_window_seconds=dedup_window_seconds,
+                retention_action=retention_action,
             )
         )
+
+    def topic_stats(self, name: str) -> TopicStats:
+        """Approximate pending, in-flight, delayed and dead-letter counts."""
+        return self._runner.call(self._ready_queue().topic_stats(name))
+
+    def dead_letters(self, topic: str, *, limit: int | None = None) -> list[DeadLetter]:
+        """The topic's dead letters with why they ended there."""
+        return self._runner.call(self._ready_queue().dead_letters(topic, limit=limit))
+
+    def redrive(
+        self,
+        topic: str,
+        *,
+        ids: Collection[str] | None = None,
+        limit: int | None = None,
+        per_second: float | None = None,
+    ) -> int:
+        """Move dead letters back to the topic; returns how many."""
+        inner = self._ready_queue().redrive(topic, ids=ids, limit=limit, per_second=per_second)
+        return self._runner.call(inner)
+
+    def purge_dead_letters(self, topic: str) -> int:
+        """Delete the topic's dead letters; returns how many."""
+        return self._runner.call(self._ready_queue().purge_dead_letters(topic))
 
     def list_topics(self) -> list[str]:
         """All topics in the store, sorted."""
@@ -321,10 +349,21 @@ class Producer:
         *,
         delay: float | None = None,
         attributes: Mapping[str, str] | None = None,
+        group: str | None = None,
+        dedup_id: str | None = None,
+        wait_for_room: float = 30.0,
     ) -> str:
-        """Publish ``payload`` (any JSON value) to ``topic``, invisible for ``delay`` seconds;
-        return the id once durable."""
-        inner = self._inner.publish(topic, payload, delay=delay, attributes=attributes)
+        """Publish ``payload`` (any JSON value) to ``topic``; return the id once durable.
+        The options are those of the async ``Producer.publish``."""
+        inner = self._inner.publish(
+            topic,
+            payload,
+            delay=delay,
+            attributes=attributes,
+            group=group,
+            dedup_id=dedup_id,
+            wait_for_room=wait_for_room,
+        )
         return self._runner.call(inner)
 
     def publish_batch(
@@ -433,6 +472,7 @@ class Message:
     created_at = _Same[str]()
     payload = _Same[Any]()
     attributes = _Same[dict[str, str]]()
+    group = _Same[str | None]()
     receive_count = _Same[int]()
     settled = _Same[bool]()
     lease_held = _Same[bool]()
