@@ -104,3 +104,14 @@ def test_api_reference_runs_as_written(
     assert lines[1].startswith("True orders ")
     assert lines[1].endswith("{'key': 'value'} {'source': 'web'}")
     assert list((tmp_path / "api-demo" / "orders" / "messages").iterdir()) == []
+
+
+def test_blocking_api_snippet_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    snippet = python_blocks()[4]
+    assert "from pawn_queue.sync import" in snippet
+    exec(compile(snippet, "README blocking API", "exec"), {})
+    assert capsys.readouterr().out.strip() == "{'order_id': 42}"
+    assert list((tmp_path / "queue" / "orders" / "messages").iterdir()) == []
