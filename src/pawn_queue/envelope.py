@@ -5,8 +5,9 @@ Messages are compact JSON, the same shape pawn-queue 0.1.x writes::
     {"created_at": "...+00:00", "id": "<uuid4>", "payload": ...,
      "producer_id": "<uuid4>", "topic": "orders"}
 
-Fields added by this version (``attributes``, ``dead_letter``) are optional, so 0.1.x reads
-our messages and we read theirs.
+Fields added by this version (``attributes``, ``dead_letter``, ...) are optional, so 0.1.x
+reads our messages and we read theirs. A ``bytes`` payload is stored as ``PQB1\n``, a JSON
+header line, and the raw bytes; 0.1.x cannot parse such a body and skips it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pawn_queue.exceptions import PayloadError
+
+BINARY_MAGIC = b"PQB1\n"  # starts a body whose payload is raw bytes (not JSON)
 
 
 class CorruptObject(ValueError):
@@ -47,7 +50,25 @@ def parse_time(value: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def encode_body(body: dict[str, Any]) -> bytes:
+    """A message-shaped body as stored: JSON, or for a bytes payload a small JSON header
+    and the raw bytes after it (no base64: a large payload is copied once, not inflated)."""
+    payload = body.get("payload")
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        return encode_json(body)
+    header = {k: v for k, v in body.items() if k != "payload"}
+    header["payload_encoding"] = "binary"
+    return b"".join((BINARY_MAGIC, encode_json(header), b"\n", payload))
+
+
 def _load_object(data: bytes, what: str) -> dict[str, Any]:
+    if data.startswith(BINARY_MAGIC):
+        end = data.find(b"\n", len(BINARY_MAGIC))
+        if end < 0:
+            raise CorruptObject(f"{what} has a binary marker but no header")
+        header = _load_object(data[len(BINARY_MAGIC) : end], what)
+        header["payload"] = data[end + 1 :]
+        return header
     try:
         value = json.loads(data)
     except (ValueError, RecursionError) as exc:
@@ -94,7 +115,7 @@ class Envelope:
         return body
 
     def encode(self) -> bytes:
-        return encode_json(self.to_dict())
+        return encode_body(self.to_dict())
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any], what: str = "message") -> Envelope:
@@ -180,7 +201,7 @@ def _dead_letter_body(envelope: Envelope, info: DeadLetterInfo) -> dict[str, Any
 
 
 def encode_dead_letter(envelope: Envelope, info: DeadLetterInfo) -> bytes:
-    return encode_json(_dead_letter_body(envelope, info))
+    return encode_body(_dead_letter_body(envelope, info))
 
 
 def encode_unreadable(object_id: str, topic: str, data: bytes, info: DeadLetterInfo) -> bytes:

@@ -165,7 +165,7 @@ class Message:
 
     @property
     def payload(self) -> Any:
-        """The JSON payload as published."""
+        """The payload as published: a JSON value, or ``bytes``."""
         return self._envelope.payload
 
     @property

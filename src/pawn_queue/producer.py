@@ -66,9 +66,11 @@ class Producer:
         dedup_id: str | None = None,
         wait_for_room: float = 30.0,
     ) -> str:
-        """Publish ``payload`` (any JSON value) to ``topic`` and return the message id.
+        """Publish ``payload`` (any JSON value, or ``bytes``) to ``topic``; return its id.
 
         Returns only after the store acknowledged the write: a returned id is durable.
+        Large payloads (100 MiB and more) are encoded once: expect about two payload-sized
+        buffers while publishing and while receiving.
 
         - ``delay`` (seconds, any length) keeps the message invisible until then; waiting
           costs no requests, since its key sorts by the time it becomes due.
