@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 COMPAT_VENV := .venv-pq013
+VSQS_VENV := .venv-vsqs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench bench-store clean
+.PHONY: demo test lint typecheck pytest bench bench-store bench-queue clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,10 +35,19 @@ pytest: $(STAMP) $(COMPAT_VENV)/.installed
 
 test: lint typecheck pytest
 
+# vsqs 0.3 from PyPI, in its own venv, for the local-directory comparison in bench/queue.py.
+$(VSQS_VENV)/.installed:
+	test -x $(VSQS_VENV)/bin/python || $(PYTHON) -m venv $(VSQS_VENV)
+	$(VSQS_VENV)/bin/python -m pip install --quiet "vsqs==0.3"
+	touch $(VSQS_VENV)/.installed
+
 bench-store: $(STAMP)
 	$(PY) -m bench.store
 
-bench: bench-store
+bench-queue: $(STAMP) $(COMPAT_VENV)/.installed $(VSQS_VENV)/.installed
+	$(PY) -m bench.queue
+
+bench: bench-store bench-queue
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .mypy_cache .ruff_cache bench/results
+	rm -rf $(VENV) $(COMPAT_VENV) $(VSQS_VENV) .pytest_cache .mypy_cache .ruff_cache bench/results

@@ -31,7 +31,13 @@ SCRUBBED_ENV_PREFIXES = ("PAWNQUEUE_", "AWS_")
 
 
 def scrubbed_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(SCRUBBED_ENV_PREFIXES)}
+    """The environment for runner processes: no queue settings, no PYTHONPATH (the 0.1.3
+    runner must import 0.1.3 from its venv, never this checkout)."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(SCRUBBED_ENV_PREFIXES) and k != "PYTHONPATH"
+    }
 
 
 # -- statistics ---------------------------------------------------------------------------

@@ -29,7 +29,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import common  # noqa: E402
-from pawn_queue import PawnQueue  # noqa: E402  (0.1.3, from this interpreter's venv)
+import pawn_queue  # noqa: E402  (0.1.3, from this interpreter's venv)
+from pawn_queue import PawnQueue  # noqa: E402
 
 TOPIC = "bench"
 
@@ -38,6 +39,8 @@ def _check_version() -> None:
     version = importlib.metadata.version("pawn-queue")
     if version != "0.1.3":
         raise SystemExit(f"pq013_runner needs pawn-queue 0.1.3, found {version}")
+    if not Path(pawn_queue.__file__ or "").resolve().is_relative_to(Path(sys.prefix).resolve()):
+        raise SystemExit(f"pawn_queue imported from {pawn_queue.__file__}, not {sys.prefix}")
 
 
 def _config(spec: dict[str, Any], bucket: str, interval: float = 1.0) -> dict[str, Any]:
@@ -155,7 +158,9 @@ def main() -> None:
     _check_version()
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     spec = json.loads(sys.argv[1])
-    action = ACTIONS[spec["action"]]
+    action = ACTIONS.get(spec.get("action", ""))
+    if action is None:
+        raise SystemExit(f"unknown action {spec.get('action')!r}; choose from {sorted(ACTIONS)}")
     result = asyncio.run(asyncio.wait_for(action(spec), spec.get("deadline", 600)))
     print(json.dumps(result))
 

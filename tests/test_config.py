@@ -107,6 +107,8 @@ ENV_SAMPLES: dict[str, tuple[str, Any]] = {
     "PAWNQUEUE_CLOCK_SKEW_MARGIN_SECONDS": ("5", 5.0),
     "PAWNQUEUE_NOTIFY_ENABLED": ("false", False),
     "PAWNQUEUE_NOTIFY_CHECK_INTERVAL_SECONDS": ("0.5", 0.5),
+    "PAWNQUEUE_NOTIFY_IDLE_CHECK_INTERVAL_SECONDS": ("5", 5.0),
+    "PAWNQUEUE_NOTIFY_BACKFILL_INTERVAL_SECONDS": ("120", 120.0),
 }
 
 S3_BASE = {"s3": {"bucket_name": "base-bucket"}}

@@ -253,14 +253,17 @@ class NotifyConfig(_Section):
     """Change signals: how idle consumers learn of new messages without listing (vnotify).
 
     Producers mark ``_notify/{slot}`` and ``_notify/_`` after publishing; an idle consumer
-    checks ``_notify/_`` with one HEAD every ``check_interval_seconds``. A full poll every
-    ``polling.interval_seconds`` still runs, so nothing depends on a signal arriving.
+    checks ``_notify/_`` with one HEAD every ``check_interval_seconds``, slowing down to
+    ``idle_check_interval_seconds`` after 10 s without a change. A full poll every
+    ``backfill_interval_seconds`` still runs, so nothing depends on a signal arriving.
     """
 
     section_path: ClassVar[str] = "notify"
 
     enabled: bool = True
     check_interval_seconds: float = Field(default=0.1, gt=0)
+    idle_check_interval_seconds: float = Field(default=2.0, gt=0)
+    backfill_interval_seconds: float = Field(default=60.0, gt=0)
 
 
 class PawnQueueConfig(_Section):
@@ -395,6 +398,8 @@ ENV_VARS: Final[Mapping[str, str]] = {
     "PAWNQUEUE_CLOCK_SKEW_MARGIN_SECONDS": "concurrency.clock_skew_margin_seconds",
     "PAWNQUEUE_NOTIFY_ENABLED": "notify.enabled",
     "PAWNQUEUE_NOTIFY_CHECK_INTERVAL_SECONDS": "notify.check_interval_seconds",
+    "PAWNQUEUE_NOTIFY_IDLE_CHECK_INTERVAL_SECONDS": "notify.idle_check_interval_seconds",
+    "PAWNQUEUE_NOTIFY_BACKFILL_INTERVAL_SECONDS": "notify.backfill_interval_seconds",
 }
 """Every ``PAWNQUEUE_*`` variable and the config path it sets (docs are checked against it)."""
 

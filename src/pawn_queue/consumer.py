@@ -135,9 +135,8 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if messages or remaining <= 0:
                 return messages
-            await self._signals.wait(
-                self._topics, min(remaining, self._polling.interval_seconds), seen
-            )
+            idle = self._signals.idle_wait(self._polling.interval_seconds)
+            await self._signals.wait(self._topics, min(remaining, idle), seen)
 
     async def _poll_once(self) -> list[Message]:
         wanted = self._polling.max_messages_per_poll
@@ -337,8 +336,9 @@ class Consumer:
                     logger.warning("poll failed consumer=%s error=%s", self.name, exc)
                     messages = []
                 if not messages:
-                    # Idle: wake on a change signal, or poll anyway after the interval.
-                    await self._signals.wait(self._topics, self._polling.interval_seconds, seen)
+                    # Idle: wake on a change signal, or poll anyway after the backfill interval.
+                    idle = self._signals.idle_wait(self._polling.interval_seconds)
+                    await self._signals.wait(self._topics, idle, seen)
                     continue
                 await asyncio.gather(*(self._dispatch(handler, m, retry) for m in messages))
         finally:

@@ -3,12 +3,14 @@
 The vnotify scheme: a topic maps to one of 1,000 slot objects ``_notify/000..999``.
 After publishing, a producer overwrites its topic's slot and then ``_notify/_`` (coalesced
 per topic, off the publish's critical path). An idle consumer HEADs ``_notify/_`` every
-``notify.check_interval_seconds``; only when its etag changed does it LIST ``_notify/``
-(one page) to see which slots changed, and wake the consumers of those topics.
+``notify.check_interval_seconds`` (slowing down to ``idle_check_interval_seconds`` after
+10 s without a change); only when its etag changed does it LIST ``_notify/`` (one page) to
+see which slots changed, and wake the consumers of those topics.
 
 Within one process, a publish wakes the idle consumers of its topic at once, with no
-request. Consumers still run a full poll every ``polling.interval_seconds``, so correctness
-never depends on a signal.
+request. Idle consumers still run a full poll every ``notify.backfill_interval_seconds``
+(``polling.interval_seconds`` when signals are off), so correctness never depends on a
+signal.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pawn_queue.store.base import Store
 logger = logging.getLogger(__name__)
 
 _WATCH_GRACE_CHECKS = 50
+_BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
 _CLOSE_SECONDS = 2.0
 
 
@@ -90,6 +93,7 @@ class ChangeSignals:
         self._marker: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._baseline_taken = False
+        self._baseline_lock = asyncio.Lock()
         self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
         self._slots: dict[str, str] = {}
         self._recent: set[str] = set()
@@ -144,40 +148,65 @@ class ChangeSignals:
     def snapshot(self, topics: Iterable[str]) -> dict[str, int]:
         return self.local.snapshot(topics)
 
+    def idle_wait(self, poll_interval: float) -> float:
+        """How long an idle consumer waits before a full poll anyway (the backfill)."""
+        return self._config.backfill_interval_seconds if self._config.enabled else poll_interval
+
     async def wait(
         self, topics: Iterable[str], within: float, since: dict[str, int] | None = None
     ) -> bool:
         """Wait until one of ``topics`` may have new messages, at most ``within`` seconds."""
+        names = list(topics)
         self._last_wait = time.monotonic()
-        if self._config.enabled and (self._watcher is None or self._watcher.done()):
-            self._watcher = asyncio.create_task(self._watch())
-        return await self.local.wait(topics, within, since)
+        if self._config.enabled:
+            new = [topic for topic in names if topic not in self._recent]
+            if new:
+                # A signal between the caller's poll and our first look at the signals would
+                # go unseen: look now, and have the caller poll once more.
+                await self._take_baseline()
+                self._recent.update(new)
+                self._start_watcher()
+                return True
+            self._start_watcher()
+        return await self.local.wait(names, within, since)
 
-    async def _watch(self) -> None:
-        try:
+    def _start_watcher(self) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.create_task(self._watch())
+
+    async def _take_baseline(self) -> None:
+        async with self._baseline_lock:
             if not self._baseline_taken:
                 self._root = await self._root_etag()
                 self._slots = await self._slot_etags()
                 self._baseline_taken = True
+
+    async def _watch(self) -> None:
+        gap = self._gap
+        last_change = time.monotonic()
+        try:
+            await self._take_baseline()
             # Keep watching a while after the last wait: consumers alternate polls and waits.
             while time.monotonic() - self._last_wait < _WATCH_GRACE_CHECKS * self._gap:
-                await asyncio.sleep(self._gap)
+                await asyncio.sleep(gap)
                 etag = await self._root_etag()
                 if etag == self._root:
+                    # Quiet: check less often, up to the idle interval (cheaper, slower).
+                    if time.monotonic() - last_change > _BUSY_SECONDS:
+                        gap = min(
+                            gap * 1.5, max(self._gap, self._config.idle_check_interval_seconds)
+                        )
                     continue
+                gap, last_change = self._gap, time.monotonic()
                 self._root = etag
                 current = await self._slot_etags()
                 changed = {k for k, v in current.items() if self._slots.get(k) != v}
                 self._slots = current
-                for topic in self.local.waited_on() | self._watched_recently():
+                for topic in self._recent | self.local.waited_on():
                     if layout.notify_slot_key(topic) in changed:
                         self.local.changed(topic)
         except StoreError as exc:
             logger.warning("change-signal watch stopped error=%s; full polls continue", exc)
-
-    def _watched_recently(self) -> set[str]:
-        self._recent |= self.local.waited_on()
-        return set(self._recent)
 
     async def _root_etag(self) -> str | None:
         try:
