@@ -267,11 +267,13 @@ def counting_queue(config: dict[str, Any]) -> tuple[PawnQueue, CountingStore]:
 
 def settings_of(pq: PawnQueue) -> str:
     """The consumer-side settings that decide idle cost and latency, as configured."""
-    text = f"poll {pq.config.polling.interval_seconds:g} s"
-    notify = getattr(pq.config, "notify", None)
-    if notify is not None and getattr(notify, "enabled", False):
-        text += f", HEAD {notify.check_interval_seconds:g} s"
-    return text
+    notify = pq.config.notify
+    if not notify.enabled:
+        return f"poll {pq.config.polling.interval_seconds:g} s"
+    return (
+        f"HEAD {notify.check_interval_seconds:g}->{notify.idle_check_interval_seconds:g} s, "
+        f"backfill {notify.backfill_interval_seconds:g} s"
+    )
 
 
 # -- 1. publish ---------------------------------------------------------------------------------
