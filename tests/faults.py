@@ -35,9 +35,11 @@ class FaultyStore:
         await self._before("head", key)
         return await self.inner.head(key)
 
-    async def put(self, key: str, data: bytes, mode: PutMode = "overwrite") -> str:
+    async def put(
+        self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
+    ) -> str:
         await self._before("put", key)
-        etag = await self.inner.put(key, data, mode)
+        etag = await self.inner.put(key, data, mode, durable=durable)
         await self._after("put", key)
         return etag
 

@@ -408,3 +408,17 @@ async def test_large_directory_listing_sees_every_change(tmp_path: Path) -> None
     finally:
         await first.close()
         await second.close()
+
+
+async def test_non_durable_put_is_still_atomic_and_conditional(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path / "r")
+    try:
+        etag = await store.put("t/leases/x.lease", b"1", "create", durable=False)
+        with pytest.raises(AlreadyExists):
+            await store.put("t/leases/x.lease", b"2", "create", durable=False)
+        new = await store.put("t/leases/x.lease", b"3", IfMatch(etag), durable=False)
+        assert new != etag
+        assert (await store.get("t/leases/x.lease")).data == b"3"
+        assert (tmp_path / "r" / "t" / "leases" / "x.lease").read_bytes() == b"3"
+    finally:
+        await store.close()

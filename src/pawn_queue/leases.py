@@ -172,7 +172,7 @@ class LeaseManager:
                 return None
             body = replace(body, settled=previous.settled, receive_count=previous.receive_count + 1)
         cfg = self._csprng
-        etag = await self._store.put(key, body.encode(), "overwrite")
+        etag = await self._store.put(key, body.encode(), "overwrite", durable=False)
         jitter_ms = cfg.jitter_min_ms + secrets.randbelow(cfg.jitter_max_ms - cfg.jitter_min_ms + 1)
         await asyncio.sleep(jitter_ms / 1000)
         for attempt in range(cfg.verify_retries + 1):
@@ -299,7 +299,7 @@ class LeaseManager:
             return etag
         if not await self._etag_is(lease.key, lease.etag):
             return None
-        return await self._store.put(lease.key, body.encode(), "overwrite")
+        return await self._store.put(lease.key, body.encode(), "overwrite", durable=False)
 
     async def _conditional_put(
         self, key: str, body: LeaseBody, mode: PutMode
@@ -308,7 +308,7 @@ class LeaseManager:
         None means nothing. A retried request can fail on its own earlier success, so a
         refusal is checked against the stored nonce before it counts as lost (rule 6)."""
         try:
-            return await self._store.put(key, body.encode(), mode), None
+            return await self._store.put(key, body.encode(), mode, durable=False), None
         except (AlreadyExists, PreconditionFailed):
             pass
         try:

@@ -141,7 +141,7 @@ class ChangeSignals:
         return self._config.check_interval_seconds
 
     async def _touch(self, key: str) -> None:
-        await self._store.put(key, secrets.token_hex(8).encode(), "overwrite")
+        await self._store.put(key, secrets.token_hex(8).encode(), "overwrite", durable=False)
 
     # -- consumer side ----------------------------------------------------------------------
 

@@ -55,10 +55,15 @@ class Store(Protocol):
         """Return the object's metadata; raise NotFound if absent."""
         ...
 
-    async def put(self, key: str, data: bytes, mode: PutMode = "overwrite") -> str:
+    async def put(
+        self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
+    ) -> str:
         """Write ``data`` at ``key`` and return the new etag once the write is durable.
 
         Raises AlreadyExists (mode ``"create"``) or PreconditionFailed (``IfMatch``).
+        ``durable=False`` allows a store to skip flushing to stable storage (leases and
+        change signals, which a power loss may forget safely); the write is still atomic
+        and visible to every reader when ``put`` returns.
         """
         ...
 

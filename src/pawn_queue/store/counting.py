@@ -34,12 +34,14 @@ class CountingStore:
         self.counts["HEAD"] += 1
         return await self.inner.head(key)
 
-    async def put(self, key: str, data: bytes, mode: PutMode = "overwrite") -> str:
+    async def put(
+        self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
+    ) -> str:
         if isinstance(mode, IfMatch):
             self.counts["PUT if-match"] += 1
         else:
             self.counts["PUT create" if mode == "create" else "PUT"] += 1
-        return await self.inner.put(key, data, mode)
+        return await self.inner.put(key, data, mode, durable=durable)
 
     async def list(
         self, prefix: str = "", start_after: str | None = None, limit: int | None = None

@@ -10,6 +10,8 @@ Guarantees, across threads and processes on one host (not across NFS clients):
 - ``put`` writes a temp file in the same filesystem, fsyncs it, commits it with a rename
   (overwrite, if-match) or a hard link (create, so an existing key is never replaced), and
   fsyncs the directory (and the parents of directories it created) before returning.
+  ``durable=False`` (leases, change signals) skips the two fsyncs of the file and its
+  directory: the write is as atomic and as visible, and a power loss may forget it.
 - If-match, overwrite, create and delete on one key serialise on one of 256 striped lock files
   (``fcntl.flock`` on a freshly opened descriptor, so it excludes threads as well as processes).
 - An etag is derived from ``(inode, mtime_ns, size)``; every write stamps its temp file with a
@@ -187,11 +189,13 @@ class FilesystemStore:
         check_key(key)
         return await self._run(self._head, key)
 
-    async def put(self, key: str, data: bytes, mode: PutMode = "overwrite") -> str:
+    async def put(
+        self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
+    ) -> str:
         check_key(key)
         if not (mode in ("overwrite", "create") or isinstance(mode, IfMatch)):
             raise ConfigError(f"unknown put mode {mode!r}")
-        return await self._run(self._put, key, data, mode)
+        return await self._run(self._put, key, data, mode, durable)
 
     async def list(
         self, prefix: str = "", start_after: str | None = None, limit: int | None = None
@@ -327,7 +331,7 @@ class FilesystemStore:
             raise self._missing(key)
         return _meta(key, st)
 
-    def _put(self, key: str, data: bytes, mode: PutMode) -> str:
+    def _put(self, key: str, data: bytes, mode: PutMode, durable: bool) -> str:
         path = self._path(key)
         tmp = os.path.join(self._tmp, f"{uuid.uuid4().hex}.tmp")
         try:
@@ -335,7 +339,7 @@ class FilesystemStore:
                 # Fail a doomed conditional put before paying for a temp file and an fsync;
                 # the deciding check is repeated under the lock.
                 self._check_condition(key, path, mode)
-            etag = self._write_tmp(tmp, data)
+            etag = self._write_tmp(tmp, data, durable)
             created = self._make_parents(key)
             lock = self._lock(key)
             try:
@@ -347,8 +351,9 @@ class FilesystemStore:
             finally:
                 os.close(lock)
             for directory in created:
-                _fsync_dir(directory)
-            _fsync_dir(os.path.dirname(path))
+                _fsync_dir(directory)  # always: a directory lost in a crash loses later keys
+            if durable:
+                _fsync_dir(os.path.dirname(path))
         except OSError as exc:
             raise _translate(exc, "write", path) from exc
         finally:
@@ -357,7 +362,7 @@ class FilesystemStore:
                 os.unlink(tmp)
         return etag
 
-    def _write_tmp(self, tmp: str, data: bytes) -> str:
+    def _write_tmp(self, tmp: str, data: bytes, durable: bool) -> str:
         fd = self._open_internal(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             view = memoryview(data)
@@ -365,7 +370,8 @@ class FilesystemStore:
                 view = view[os.write(fd, view) :]
             ns = _unique_ns()
             os.utime(fd, ns=(ns, ns))  # after the writes, which would bump mtime again
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
             return _etag(os.fstat(fd))  # rename and link keep the inode and mtime
         finally:
             os.close(fd)

@@ -92,7 +92,9 @@ class MemoryStore:
     async def head(self, key: str) -> ObjectMeta:
         return (await self.get(key)).meta
 
-    async def put(self, key: str, data: bytes, mode: PutMode = "overwrite") -> str:
+    async def put(
+        self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
+    ) -> str:
         _check_key(key)
         # bytes() copies mutable buffers, so later changes by the caller cannot leak in.
         payload = bytes(data)

@@ -265,7 +265,9 @@ class S3Store:
         raw = await self._call("head", key, lambda: obstore.head_async(store, key))
         return _meta(raw)
 
-    async def put(self, key: str, data: bytes, mode: PutMode = "overwrite") -> str:
+    async def put(
+        self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
+    ) -> str:
         _check_key(key, self._prefix)
         store = self._live()
         obstore_mode = _obstore_mode(mode)
