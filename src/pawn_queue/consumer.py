@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pawn_queue import layout
@@ -38,8 +38,10 @@ MessageHandler = Callable[[Message], Awaitable[Any]]
 
 _LIST_PAGE = 1000  # one S3 LIST request
 _MIN_PAGE = 100
+_CONTENTION_MEMORY_SECONDS = 30.0
+_MIN_PATIENCE_SECONDS = 0.05
+_DUE_SLACK = 0.01
 _IO_CONCURRENCY = 32
-_SPREAD = 8  # how many polls' worth of candidates a contended consumer spreads over
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +101,13 @@ class Consumer:
         self._refresher: asyncio.Task[None] | None = None
         self._refresher_stop = asyncio.Event()
         self._next_topic = 0
-        self._contended: dict[str, bool] = {}
+        self._contended_until: dict[str, float] = {}
+        self._late_claims: set[asyncio.Task[None]] = set()
+        self._io_slots = asyncio.Semaphore(_IO_CONCURRENCY)
+        self._claim_seconds = _MIN_PATIENCE_SECONDS  # moving average of a claim's latency
+        self._next_due: datetime | None = (
+            None  # first delayed message seen by the last poll  # topic -> when to poll alone again
+        )
         self._refresh_paused = False  # lets tests stand in for a stalled process
 
     @property
@@ -135,10 +143,19 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if messages or remaining <= 0:
                 return messages
-            idle = self._signals.idle_wait(self._polling.interval_seconds)
-            await self._signals.wait(self._topics, min(remaining, idle), seen)
+            await self._signals.wait(self._topics, min(remaining, self._idle_seconds()), seen)
+
+    def _idle_seconds(self) -> float:
+        """How long to wait before polling again when idle: until the backfill, or until a
+        delayed message or a lease held elsewhere (a requeue delay, a crash) comes due."""
+        idle = self._signals.idle_wait(self._polling.interval_seconds)
+        due = [t for t in (self._next_due, self._leases.next_expiry()) if t is not None]
+        if due:
+            idle = min(idle, max(0.0, (min(due) - now_utc()).total_seconds()) + _DUE_SLACK)
+        return idle
 
     async def _poll_once(self) -> list[Message]:
+        self._next_due = None
         wanted = self._polling.max_messages_per_poll
         messages = self._take_buffered(wanted)
         count = len(self._topics)
@@ -164,8 +181,10 @@ class Consumer:
         start_after: str | None = None
         recently_leased = await self._recently_leased(topic)
         groups_seen: set[str] = set()
-        # Enough candidates to spread over under contention; more only costs reading them.
-        page_size = min(_LIST_PAGE, max(_MIN_PAGE, wanted * _SPREAD * 2))
+        # Alone, the head of the listing is enough (FIFO). Competing, a whole page: each
+        # consumer then claims a block at a random place in it, so blocks rarely overlap.
+        contended = self._contended(topic)
+        page_size = _LIST_PAGE if contended else min(_LIST_PAGE, max(_MIN_PAGE, wanted * 2))
         while len(claimed) < wanted:
             page = await self._store.list(
                 layout.messages_prefix(topic), start_after=start_after, limit=page_size
@@ -182,30 +201,31 @@ class Consumer:
                 due = layout.due_from_key(meta.key)
                 if due is not None and due > due_by:
                     not_due = True
+                    due -= self._leases.margin
+                    self._next_due = due if self._next_due is None else min(self._next_due, due)
                     break
                 if pending.kind == "group":
                     # Only the oldest message of a group may be delivered, and one at a time.
                     if pending.group_hash in groups_seen:
                         continue
                     groups_seen.add(pending.group_hash)
-                lease_key = layout.lease_key(topic, pending.lease_id())
-                if lease_key in self._held or lease_key in recently_leased:
+                lease_id = pending.lease_id()
+                lease_key = layout.lease_key(topic, lease_id)
+                if lease_key in self._held:
+                    continue
+                if lease_key in recently_leased and not self._leases.expiry_known(topic, lease_id):
                     continue
                 if self._leases.worth_claiming(topic, pending.lease_id(), meta.key):
                     candidates.append((pending, meta.key))
-            if self._contended.get(topic) and len(candidates) > wanted:
-                # Others are claiming the same head of the listing: start somewhere else in
-                # its first few pages so competing consumers stop colliding.
-                offset = random.randrange(min(len(candidates), wanted * _SPREAD))
+            if contended and len(candidates) > wanted:
+                offset = random.randrange(len(candidates))
                 candidates = candidates[offset:] + candidates[:offset]
             conflicts = 0
             while candidates and len(claimed) < wanted:
                 # Batch objects hold many messages: one claim may be enough.
                 take = wanted - len(claimed)
                 chunk, candidates = candidates[:take], candidates[take:]
-                results = await gather_limited(
-                    _IO_CONCURRENCY, (self._claim(topic, *candidate) for candidate in chunk)
-                )
+                results = await self._claim_all(topic, chunk)
                 for result in results:
                     if isinstance(result, list):
                         claimed += result
@@ -215,11 +235,82 @@ class Consumer:
                         raise result
                     elif isinstance(result, BaseException):
                         logger.warning("claim failed topic=%s error=%s", topic, result)
-            self._contended[topic] = conflicts > 0
+            if conflicts:
+                self._contended_until[topic] = time.monotonic() + _CONTENTION_MEMORY_SECONDS
             if not_due or len(page) < page_size:
                 break
             start_after = page[-1].key
         return claimed
+
+    async def _claim_all(
+        self, topic: str, chunk: list[tuple[layout.PendingKey, str]]
+    ) -> list[list[Message] | BaseException | None]:
+        """Claim concurrently, then read what was won. Stragglers are not waited for long:
+        some stores answer the losers of a claim race only after a second or two. A
+        straggler that wins later is read in the background into the buffer (next poll)."""
+        claims = {
+            asyncio.create_task(self._claim_lease(topic, pending, key)): (pending, key)
+            for pending, key in chunk
+        }
+        started = time.monotonic()
+        done: set[asyncio.Task[Lease | None]] = set()
+        try:
+            # Patience follows what claims usually take here, so a slow store is not cut off.
+            done, waiting = await asyncio.wait(
+                claims,
+                timeout=max(_MIN_PATIENCE_SECONDS * 5, 5 * self._claim_seconds),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if done:
+                first = time.monotonic() - started
+                self._claim_seconds = 0.8 * self._claim_seconds + 0.2 * first
+            if waiting and done:
+                patience = max(_MIN_PATIENCE_SECONDS, 3 * (time.monotonic() - started))
+                more, waiting = await asyncio.wait(waiting, timeout=patience)
+                done |= more
+        finally:
+            for claim, (pending, key) in claims.items():
+                if not claim.done():
+                    late = asyncio.create_task(self._read_late(claim, topic, pending, key))
+                    self._late_claims.add(late)
+                    late.add_done_callback(self._late_claims.discard)
+        results: list[list[Message] | BaseException | None] = []
+        reads = []
+        for claim, (pending, key) in claims.items():  # in listing order: FIFO
+            if claim not in done:
+                continue
+            if claim.exception() is not None:
+                results.append(claim.exception())
+            elif (lease := claim.result()) is None:
+                results.append(None)
+            else:
+                reads.append(self._read(topic, pending, key, lease))
+        results += await asyncio.gather(*reads, return_exceptions=True)
+        return results
+
+    async def _claim_lease(self, topic: str, pending: layout.PendingKey, key: str) -> Lease | None:
+        """The lease on a message, batch or group message; None if someone else has it."""
+        lease_id = pending.lease_id()
+        if not self._leases.worth_claiming(topic, lease_id, key):
+            return None  # settled or claimed in this process since the listing
+        async with self._io_slots:
+            return await self._leases.claim(
+                topic, pending.object_id, key, self.id, self._visibility, lease_id=lease_id
+            )
+
+    async def _read_late(
+        self, claim: asyncio.Task[Lease | None], topic: str, pending: layout.PendingKey, key: str
+    ) -> None:
+        try:
+            lease = await claim
+            if lease is not None:
+                self._buffer.extend(await self._read(topic, pending, key, lease) or [])
+        except StoreError as exc:
+            logger.warning("claim failed topic=%s error=%s", topic, exc)
+
+    def _contended(self, topic: str) -> bool:
+        """Whether other consumers competed for this topic's messages lately."""
+        return time.monotonic() < self._contended_until.get(topic, 0.0)
 
     async def _recently_leased(self, topic: str) -> set[str]:
         """Lease keys written within one visibility timeout, listed only under contention.
@@ -227,32 +318,24 @@ class Consumer:
         One LIST of the lease prefix costs less than the create-only PUTs (and the GETs after
         them) that competing consumers would otherwise waste on each other's messages.
         """
-        if not self._contended.get(topic):
+        if not self._contended(topic):
             return set()
         fresh_after = now_utc() - timedelta(seconds=self._polling.visibility_timeout_seconds)
         leases = await self._store.list(layout.leases_prefix(topic))
         return {m.key for m in leases if m.last_modified > fresh_after}
 
-    async def _claim(
-        self, topic: str, pending: layout.PendingKey, key: str
+    async def _read(
+        self, topic: str, pending: layout.PendingKey, key: str, lease: Lease
     ) -> list[Message] | None:
-        """Claim a message, batch or group message and read it; None if someone has it."""
-        lease_id = pending.lease_id()
-        if not self._leases.worth_claiming(topic, lease_id, key):
-            return None  # settled or claimed in this process since the listing
-        lease = await self._leases.claim(
-            topic, pending.object_id, key, self.id, self._visibility, lease_id=lease_id
-        )
-        if lease is None:
-            return None
+        """Read a claimed object into messages; None if another consumer just settled it."""
         is_batch = pending.kind == "batch"
         object_id = pending.object_id
         try:
             obj = await self._store.get(key)
         except NotFound:
-            # Acked while we claimed (rule 4): give the lease back and skip it.
+            # Acked by another consumer while we claimed (rule 4): give the lease back.
             await self._leases.release(lease, message_gone=True)
-            return []
+            return None
         except BaseException:
             await self._leases.release(lease)
             raise
@@ -337,8 +420,7 @@ class Consumer:
                     messages = []
                 if not messages:
                     # Idle: wake on a change signal, or poll anyway after the backfill interval.
-                    idle = self._signals.idle_wait(self._polling.interval_seconds)
-                    await self._signals.wait(self._topics, idle, seen)
+                    await self._signals.wait(self._topics, self._idle_seconds(), seen)
                     continue
                 await asyncio.gather(*(self._dispatch(handler, m, retry) for m in messages))
         finally:
@@ -406,6 +488,8 @@ class Consumer:
 
     async def release_all(self) -> None:
         """Release every lease this consumer holds and stop refreshing."""
+        # Claims still in flight may yet win a lease: let them finish, then release it too.
+        await asyncio.gather(*self._late_claims, return_exceptions=True)
         if self._refresher is not None:
             # Stop it between rounds, never mid-write: a cancelled request can still land
             # after the release and resurrect the lease.

@@ -101,12 +101,20 @@ class LeaseManager:
         if key in self._held_here or message_key in self._settled_here:
             return False
         until = self._busy_until.get(key)
-        if until is None:
-            return True
-        if until > now_utc():
-            return False
-        del self._busy_until[key]
-        return True
+        return until is None or until <= now_utc()
+
+    def expiry_known(self, topic: str, lease_id: str) -> bool:
+        """Whether a look at this lease told when it may be taken over (then that time, not a
+        guess from when it was written, decides)."""
+        return layout.lease_key(topic, lease_id) in self._busy_until
+
+    def next_expiry(self) -> datetime | None:
+        """The earliest time a lease known to be held elsewhere may be taken over."""
+        now = now_utc()
+        if len(self._busy_until) > _SETTLED_MEMORY:
+            stale = now - timedelta(seconds=_SETTLED_SECONDS)
+            self._busy_until = {k: t for k, t in self._busy_until.items() if t > stale}
+        return min((t for t in self._busy_until.values() if t > now), default=None)
 
     def _note_settled(self, message_key: str) -> None:
         now = time.monotonic()
@@ -221,6 +229,8 @@ class LeaseManager:
             if not message_gone and remembers:
                 with contextlib.suppress(LeaseLostError):
                     await self._renew(lease, delay, released=delay <= 0)
+                    # We know when it frees up: consumers here need not look it up.
+                    self._busy_until[lease.key] = lease.expires + self.margin
                 lease.released = True
                 return
             if not self._safe_for(lease, windows=1):
