@@ -1,0 +1,199 @@
+"""Shared pieces of the ``pawn-queue`` command line: options, connection, errors, output.
+
+Only the CLI modules import this (it needs Typer and Rich, the ``cli`` extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+from pawn_queue import layout
+from pawn_queue.client import PawnQueue
+from pawn_queue.config import URL_ENV_VAR, PawnQueueConfig, load_config
+from pawn_queue.exceptions import NotFound, PawnQueueError, TopicNotFoundError
+from pawn_queue.store import open_store
+
+if TYPE_CHECKING:
+    from pawn_queue.metrics import QueueMetrics
+
+T = TypeVar("T")
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class CliError(Exception):
+    """A human error: printed as one line on stderr, exit code 1 (2 for usage)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True)
+class Options:
+    """The global options, kept in ``ctx.obj``."""
+
+    url: str | None = None
+    config: Path | None = None
+    json: bool = False
+    debug: bool = False
+    log_level: str = "warning"
+
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Output as JSON on stdout.")]
+
+
+def options(ctx: typer.Context, json_output: bool = False) -> Options:
+    """The global options; ``json_output`` is the command's own ``--json``."""
+    obj = ctx.find_root().obj
+    opts = obj if isinstance(obj, Options) else Options()
+    if json_output:
+        opts.json = True
+    return opts
+
+
+def setup_logging(level: str) -> None:
+    """Library log lines (``key=value`` events) go to stderr at ``level`` and above."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger("pawn_queue")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def build_config(opts: Options) -> PawnQueueConfig:
+    """``--url``, else ``--config``, else the ``PAWNQUEUE_*`` environment."""
+    if opts.url and opts.config:
+        raise CliError("give either --url or --config, not both", code=2)
+    if opts.url:
+        return PawnQueueConfig.from_url(opts.url)
+    if opts.config is not None:
+        if not opts.config.is_file():
+            raise CliError(f"config file not found: {opts.config}", code=2)
+        return load_config(opts.config)
+    if any(k.startswith("PAWNQUEUE_") and v for k, v in os.environ.items()):
+        return PawnQueueConfig.from_env()
+    raise CliError(
+        f"no store given: use --url (e.g. file://./queue), --config FILE or set {URL_ENV_VAR}",
+        code=2,
+    )
+
+
+def open_queue(
+    opts: Options,
+    metrics: QueueMetrics | None = None,
+    config: PawnQueueConfig | None = None,
+) -> PawnQueue:
+    """A queue (not set up yet); with ``metrics`` its store requests are observed."""
+    config = config or build_config(opts)
+    store = metrics.wrap_store(open_store(config)) if metrics is not None else None
+    return PawnQueue(config, store=store)
+
+
+async def require_topic(pq: PawnQueue, topic: str) -> None:
+    """Raise TopicNotFoundError unless ``topic`` exists (one HEAD of its marker)."""
+    layout.validate_name(topic, "topic name")
+    try:
+        await pq.store.head(layout.topic_marker_key(topic))
+    except NotFound:
+        raise TopicNotFoundError(f"topic {topic!r} does not exist") from None
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code`` (anywhere in a command)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def run(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
+    """Run ``main`` on a fresh event loop; errors become one line on stderr and exit 1.
+
+    ``--debug`` prints the traceback as well. Ctrl-C exits with 130.
+    """
+    opts = options(ctx)
+    try:
+        return asyncio.run(_call(main))
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130) from None
+    except CliError as exc:
+        _report(opts, f"error: {exc}", exc)
+        raise typer.Exit(exc.code) from None
+    except PawnQueueError as exc:
+        _report(opts, f"error: {exc}", exc)
+        raise typer.Exit(1) from None
+    except Exception as exc:
+        hint = "" if opts.debug else " (run with --debug for the traceback)"
+        _report(opts, f"error: unexpected {type(exc).__name__}: {exc}{hint}", exc)
+        raise typer.Exit(1) from None
+
+
+async def _call(main: Callable[[], Awaitable[T]]) -> T:
+    return await main()
+
+
+def _report(opts: Options, line: str, exc: BaseException) -> None:
+    if opts.debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    first = line.splitlines()[0] if line else "error"
+    typer.echo(first, err=True)
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def stdout_console() -> Console:
+    # Not a terminal (a pipe, a test): wide enough for ids and timestamps.
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True)
+
+
+def print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, default=str, ensure_ascii=False, indent=2))
+
+
+def json_line(value: Any) -> str:
+    return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+def payload_fields(payload: Any) -> dict[str, Any]:
+    """``{"payload": ...}``, or ``{"payload_base64": ...}`` for a bytes payload."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return {"payload_base64": base64.b64encode(bytes(payload)).decode("ascii")}
+    return {"payload": payload}
+
+
+def short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json_line(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"

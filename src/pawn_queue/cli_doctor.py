@@ -1,0 +1,292 @@
+"""``pawn-queue doctor`` (store checks), ``metrics`` (exporter) and ``demo``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import statistics
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from pawn_queue import layout
+from pawn_queue.cli_common import (
+    JsonOption,
+    build_config,
+    open_queue,
+    options,
+    print_json,
+    require_topic,
+    run,
+    stdout_console,
+)
+from pawn_queue.client import PawnQueue
+from pawn_queue.exceptions import AlreadyExists, NotFound, StoreError
+from pawn_queue.store.base import Store
+
+_RACERS = 8
+_SAMPLES = 5
+
+
+@dataclass(slots=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+
+
+@dataclass(slots=True)
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    strategy: str | None = None
+    risks: list[str] = field(default_factory=list)
+    latency_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    clock_skew_seconds: float | None = None
+
+    def add(self, name: str, status: str, detail: str) -> None:
+        self.checks.append(Check(name, status, detail))
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+
+def _probe_key() -> str:
+    return layout.probe_key(str(uuid.uuid4()))
+
+
+async def _race(store: Store, report: Report) -> None:
+    key = _probe_key()
+    try:
+        results = await asyncio.gather(
+            *(store.put(key, secrets.token_bytes(16), "create") for _ in range(_RACERS)),
+            return_exceptions=True,
+        )
+    finally:
+        await store.delete(key)
+    winners = sum(1 for r in results if isinstance(r, str))
+    lost = sum(1 for r in results if isinstance(r, AlreadyExists))
+    other = [
+        r for r in results if isinstance(r, BaseException) and not isinstance(r, AlreadyExists)
+    ]
+    detail = f"{_RACERS} concurrent create-only puts: {winners} won, {lost} refused"
+    if other:
+        detail += f", {len(other)} failed ({other[0]})"
+    report.add("create-only race", "ok" if winners == 1 and not other else "fail", detail)
+    if winners != 1:
+        report.risks.append(
+            "create-only writes are not exclusive: two consumers can claim one message"
+        )
+
+
+async def _read_after_write(store: Store, report: Report) -> None:
+    key = _probe_key()
+    data = secrets.token_bytes(32)
+    try:
+        await store.put(key, data)
+        same = (await store.get(key)).data == data
+        listed = any(m.key == key for m in await store.list(layout.PROBE))
+    finally:
+        await store.delete(key)
+    try:
+        await store.head(key)
+        gone = False
+    except NotFound:
+        gone = True
+    ok = same and listed and gone
+    detail = f"get={'same' if same else 'STALE'} list={'seen' if listed else 'MISSING'} "
+    detail += f"delete={'gone' if gone else 'STILL THERE'}"
+    report.add("read-after-write", "ok" if ok else "fail", detail)
+    if not ok:
+        report.risks.append("the store is not strongly consistent: messages may be missed")
+
+
+async def _latency(store: Store, report: Report) -> None:
+    key = _probe_key()
+    samples: dict[str, list[float]] = {"PUT": [], "GET": [], "HEAD": []}
+    try:
+        for _ in range(_SAMPLES):
+            for op, call in (
+                ("PUT", lambda: store.put(key, b"x" * 256)),
+                ("GET", lambda: store.get(key)),
+                ("HEAD", lambda: store.head(key)),
+            ):
+                started = time.perf_counter()
+                await call()
+                samples[op].append((time.perf_counter() - started) * 1000)
+    finally:
+        await store.delete(key)
+    parts = []
+    for op, values in samples.items():
+        values.sort()
+        p50 = statistics.median(values)
+        p90 = values[min(len(values) - 1, round(0.9 * (len(values) - 1)))]
+        report.latency_ms[op] = {"p50": p50, "p90": p90, "max": values[-1]}
+        parts.append(f"{op} p50 {p50:.1f} p90 {p90:.1f} max {values[-1]:.1f}")
+    slow = max(v["p50"] for v in report.latency_ms.values()) > 500
+    report.add("latency (ms)", "warn" if slow else "ok", "; ".join(parts))
+
+
+async def _clock_skew(store: Store, report: Report, margin: float) -> None:
+    key = _probe_key()
+    try:
+        before = datetime.now(UTC)
+        await store.put(key, b"clock")
+        after = datetime.now(UTC)
+        stored = (await store.head(key)).last_modified
+    finally:
+        await store.delete(key)
+    # S3 keeps last_modified to the second: anything within [before - 1 s, after] is no skew.
+    if stored < before.replace(microsecond=0):
+        skew = (stored - before.replace(microsecond=0)).total_seconds()
+    elif stored > after:
+        skew = (stored - after).total_seconds()
+    else:
+        skew = 0.0
+    report.clock_skew_seconds = skew
+    detail = f"store clock {skew:+.1f}s from local (resolution 1s); margin {margin:g}s"
+    bad = abs(skew) > margin
+    report.add("clock skew", "warn" if bad else "ok", detail)
+    if bad:
+        report.risks.append(
+            f"clock skew {skew:+.1f}s exceeds concurrency.clock_skew_margin_seconds "
+            f"({margin:g}s): live leases may look expired (fix NTP or raise the margin)"
+        )
+
+
+async def diagnose(pq: PawnQueue) -> Report:
+    report = Report()
+    started = time.perf_counter()
+    await pq.setup()
+    elapsed = (time.perf_counter() - started) * 1000
+    report.add("store reachable", "ok", f"{pq.store!r}: list and probe in {elapsed:.0f} ms")
+    report.strategy = pq.strategy
+    configured = pq.config.concurrency.strategy
+    if pq.strategy == "conditional_write":
+        report.add("conditional writes", "ok", "create-only and if-match are enforced")
+    else:
+        report.add("conditional writes", "warn", "not enforced: claims use csprng_verify")
+        report.risks.append(
+            "csprng_verify is probabilistic: a message can be delivered twice at once"
+        )
+    if configured != "auto" and configured != pq.strategy:
+        report.risks.append(f"configured strategy {configured} differs from the probe's")
+    store = pq.store
+    for step in (_race, _read_after_write, _latency):
+        try:
+            await step(store, report)
+        except StoreError as exc:
+            report.add(step.__name__.strip("_").replace("_", " "), "fail", str(exc))
+    try:
+        await _clock_skew(store, report, pq.config.concurrency.clock_skew_margin_seconds)
+    except StoreError as exc:
+        report.add("clock skew", "fail", str(exc))
+    return report
+
+
+def doctor(ctx: typer.Context, json_output: JsonOption = False) -> None:
+    """Check the store: access, conditional writes, a create-only race, read-after-write,
+    latency, clock skew; print the recommended strategy and any risk. Exit 1 on a failure."""
+    opts = options(ctx, json_output)
+
+    async def main() -> Report:
+        pq = open_queue(opts)
+        try:
+            return await diagnose(pq)
+        finally:
+            await pq.teardown()
+
+    report = run(ctx, main)
+    if opts.json:
+        print_json(
+            {
+                "ok": report.ok,
+                "strategy": report.strategy,
+                "checks": [_check(c) for c in report.checks],
+                "risks": report.risks,
+                "latency_ms": report.latency_ms,
+                "clock_skew_seconds": report.clock_skew_seconds,
+            }
+        )
+    else:
+        table = Table(title="pawn-queue doctor")
+        for column in ("check", "status", "detail"):
+            table.add_column(column)
+        style = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for c in report.checks:
+            table.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.detail)
+        console = stdout_console()
+        console.print(table)
+        console.print(f"recommended strategy: {report.strategy}", markup=False)
+        for risk in report.risks or ["none found"]:
+            console.print(f"risk: {risk}", markup=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _check(c: Check) -> dict[str, Any]:
+    return {"name": c.name, "status": c.status, "detail": c.detail}
+
+
+def metrics(
+    ctx: typer.Context,
+    topics: Annotated[list[str], typer.Argument(metavar="TOPIC...", help="Topics to watch.")],
+    port: Annotated[int, typer.Option(help="HTTP port for /metrics.")] = 9464,
+    addr: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",  # noqa: S104
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between stats.")] = 15.0,
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (default: run forever).")
+    ] = None,
+) -> None:
+    """Serve Prometheus metrics: topic gauges every --interval, and store request counters.
+
+    Needs the metrics extra (pip install 'pawn-queue[metrics]').
+    """
+    opts = options(ctx)
+
+    async def main() -> None:
+        try:
+            from pawn_queue.metrics import default_metrics, start_exporter
+        except ImportError as exc:
+            raise ImportError(
+                "prometheus-client is missing: pip install 'pawn-queue[metrics]'"
+            ) from exc
+        config = build_config(opts)
+        queue_metrics = default_metrics()
+        async with open_queue(opts, queue_metrics, config) as pq:
+            for topic in topics:
+                await require_topic(pq, topic)
+            start_exporter(port, addr)
+            typer.echo(f"serving metrics on http://{addr}:{port}/metrics", err=True)
+            deadline = None if duration is None else time.monotonic() + duration
+            while True:
+                for topic in topics:
+                    with contextlib.suppress(StoreError):
+                        queue_metrics.set_topic_stats(topic, await pq.topic_stats(topic))
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return
+                await asyncio.sleep(interval if remaining is None else min(interval, remaining))
+
+    run(ctx, main)
+
+
+def demo(
+    orders: Annotated[int, typer.Option(help="Orders to publish.")] = 3000,
+    workers: Annotated[int, typer.Option(help="Consumer workers.")] = 4,
+    directory: Annotated[Path, typer.Option("--dir", help="Queue directory (recreated).")] = Path(
+        "queue-demo"
+    ),
+    fail_rate: Annotated[float, typer.Option(help="Fraction of orders that fail.")] = 0.05,
+) -> None:
+    """Run the demo job (the same as make demo) on a local directory."""
+    from pawn_queue.demo import run_demo
+
+    run_demo(orders, workers, directory, fail_rate)

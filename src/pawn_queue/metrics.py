@@ -1,0 +1,288 @@
+"""Prometheus metrics for pawn-queue, observed from outside the core.
+
+Needs the ``metrics`` extra (``prometheus-client``), imported only here and only when a
+:class:`QueueMetrics` is built. Three observation points, none of which changes the core:
+
+- :class:`MetricsStore` wraps a store (``PawnQueue(config, store=MetricsStore(...))``) and
+  counts every request by operation and outcome, with its latency; a successful write of a
+  dead letter counts as a dead-lettered message, whatever the reason.
+- :meth:`QueueMetrics.observe_message` makes a claimed message count its ``ack()``,
+  ``nack()`` and lost leases; :meth:`QueueMetrics.handler` wraps a ``listen()`` handler
+  (delivered, handler duration, and the same settlement counts).
+- :meth:`QueueMetrics.poll` times a ``consumer.poll()``; :meth:`QueueMetrics.published`
+  counts what a producer published.
+
+``start_exporter(port)`` serves ``/metrics`` over HTTP from a daemon thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pawn_queue import layout
+from pawn_queue.exceptions import (
+    AccessDenied,
+    AlreadyExists,
+    BucketNotFound,
+    LeaseLostError,
+    NotFound,
+    PreconditionFailed,
+    StoreUnavailable,
+)
+from pawn_queue.message import Message
+from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, Store, StoredObject
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from pawn_queue.consumer import Consumer
+    from pawn_queue.topics import TopicStats
+
+PREFIX = "pawnqueue"
+
+# Seconds; store requests and polls are usually milliseconds, handlers anything.
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+_OUTCOMES: tuple[tuple[type[BaseException], str], ...] = (
+    (NotFound, "not_found"),
+    (AlreadyExists, "already_exists"),
+    (PreconditionFailed, "precondition_failed"),
+    (StoreUnavailable, "unavailable"),
+    (AccessDenied, "access_denied"),
+    (BucketNotFound, "bucket_not_found"),
+)
+
+METRIC_NAMES: dict[str, str] = {
+    f"{PREFIX}_messages_published_total": "messages published, by topic",
+    f"{PREFIX}_messages_delivered_total": "messages returned by poll or given to a handler",
+    f"{PREFIX}_messages_acked_total": "messages acked, by topic",
+    f"{PREFIX}_messages_nacked_total": "messages nacked, by topic and requeue (true/false)",
+    f"{PREFIX}_messages_dead_lettered_total": "dead letters written (any reason), by topic",
+    f"{PREFIX}_lease_lost_total": "ack/nack that found its lease taken over, by topic",
+    f"{PREFIX}_store_requests_total": "store requests, by operation and outcome",
+    f"{PREFIX}_store_request_seconds": "store request latency (histogram), by operation",
+    f"{PREFIX}_poll_seconds": "consumer poll duration (histogram), by outcome (messages/empty)",
+    f"{PREFIX}_handler_seconds": "handler duration (histogram), by topic and outcome",
+    f"{PREFIX}_topic_pending": "pending messages (gauge, `pawn-queue metrics` only)",
+    f"{PREFIX}_topic_in_flight": "leased messages (gauge)",
+    f"{PREFIX}_topic_delayed": "delayed messages (gauge)",
+    f"{PREFIX}_topic_dead_letters": "dead letters (gauge)",
+    f"{PREFIX}_topic_oldest_age_seconds": "age of the oldest pending message (gauge)",
+}
+"""Every metric this module exports and what it counts (the README's table)."""
+
+
+def _outcome(exc: BaseException) -> str:
+    for kind, name in _OUTCOMES:
+        if isinstance(exc, kind):
+            return name
+    return "error"
+
+
+def _topic_of(key: str) -> str:
+    return key.split("/", 1)[0]
+
+
+class QueueMetrics:
+    """The metric families, registered in ``registry`` (default: prometheus' global one)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+        reg = registry if registry is not None else REGISTRY
+        self.registry = reg
+
+        def counter(name: str, labels: Sequence[str]) -> Counter:
+            full = f"{PREFIX}_{name}"
+            return Counter(full, METRIC_NAMES[f"{full}_total"], labels, registry=reg)
+
+        def histogram(name: str, labels: Sequence[str]) -> Histogram:
+            full = f"{PREFIX}_{name}"
+            return Histogram(
+                full, METRIC_NAMES[full], labels, buckets=_LATENCY_BUCKETS, registry=reg
+            )
+
+        def gauge(name: str) -> Gauge:
+            full = f"{PREFIX}_{name}"
+            return Gauge(full, METRIC_NAMES[full], ["topic"], registry=reg)
+
+        self.published_total = counter("messages_published", ["topic"])
+        self.delivered_total = counter("messages_delivered", ["topic"])
+        self.acked_total = counter("messages_acked", ["topic"])
+        self.nacked_total = counter("messages_nacked", ["topic", "requeue"])
+        self.dead_lettered_total = counter("messages_dead_lettered", ["topic"])
+        self.lease_lost_total = counter("lease_lost", ["topic"])
+        self.store_requests_total = counter("store_requests", ["operation", "outcome"])
+        self.store_request_seconds = histogram("store_request_seconds", ["operation"])
+        self.poll_seconds = histogram("poll_seconds", ["outcome"])
+        self.handler_seconds = histogram("handler_seconds", ["topic", "outcome"])
+        self.topic_pending = gauge("topic_pending")
+        self.topic_in_flight = gauge("topic_in_flight")
+        self.topic_delayed = gauge("topic_delayed")
+        self.topic_dead_letters = gauge("topic_dead_letters")
+        self.topic_oldest_age = gauge("topic_oldest_age_seconds")
+        self._message_class = _observed_message_class(self)
+
+    # -- observation helpers ----------------------------------------------------------------
+
+    def published(self, topic: str, count: int = 1) -> None:
+        self.published_total.labels(topic).inc(count)
+
+    def observe_message(self, message: Message) -> Message:
+        """Count this message as delivered, and its ack/nack/lease loss from now on."""
+        self.delivered_total.labels(message.topic).inc()
+        # Same slots, no new state: only the settlement methods are overridden.
+        message.__class__ = self._message_class
+        return message
+
+    async def poll(self, consumer: Consumer, wait: float | None = None) -> list[Message]:
+        """``consumer.poll(wait)``, timed, with every message observed."""
+        started = time.perf_counter()
+        messages = await consumer.poll(wait=wait)
+        outcome = "messages" if messages else "empty"
+        self.poll_seconds.labels(outcome).observe(time.perf_counter() - started)
+        return [self.observe_message(m) for m in messages]
+
+    def handler(
+        self, handler: Callable[[Message], Awaitable[Any]]
+    ) -> Callable[[Message], Awaitable[Any]]:
+        """Wrap a ``listen()`` handler: delivered, settlements, duration by outcome."""
+
+        async def observed(message: Message) -> Any:
+            self.observe_message(message)
+            started = time.perf_counter()
+            outcome = "error"
+            try:
+                result = await handler(message)
+                outcome = "ok"
+                return result
+            finally:
+                elapsed = time.perf_counter() - started
+                self.handler_seconds.labels(message.topic, outcome).observe(elapsed)
+
+        return observed
+
+    def set_topic_stats(self, topic: str, stats: TopicStats) -> None:
+        self.topic_pending.labels(topic).set(stats.pending)
+        self.topic_in_flight.labels(topic).set(stats.in_flight)
+        self.topic_delayed.labels(topic).set(stats.delayed)
+        self.topic_dead_letters.labels(topic).set(stats.dead_letter)
+        self.topic_oldest_age.labels(topic).set(stats.oldest_age_seconds or 0.0)
+
+    def wrap_store(self, store: Store) -> MetricsStore:
+        return MetricsStore(store, self)
+
+
+def _observed_message_class(metrics: QueueMetrics) -> type[Message]:
+    class ObservedMessage(Message):
+        __slots__ = ()
+
+        async def ack(self) -> None:
+            if self.settled:
+                return
+            try:
+                await super().ack()
+            except LeaseLostError:
+                metrics.lease_lost_total.labels(self.topic).inc()
+                raise
+            metrics.acked_total.labels(self.topic).inc()
+
+        async def nack(self, requeue: bool = False, delay: float = 0) -> None:
+            if self.settled:
+                return
+            try:
+                await super().nack(requeue=requeue, delay=delay)
+            except LeaseLostError:
+                metrics.lease_lost_total.labels(self.topic).inc()
+                raise
+            metrics.nacked_total.labels(self.topic, "true" if requeue else "false").inc()
+
+    return ObservedMessage
+
+
+class MetricsStore:
+    """Delegates to ``inner``; counts and times every request (a failure counts too)."""
+
+    def __init__(self, inner: Store, metrics: QueueMetrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+
+    async def _timed(self, operation: str, call: Awaitable[Any]) -> Any:
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            return await call
+        except BaseException as exc:
+            outcome = _outcome(exc)
+            raise
+        finally:
+            self.metrics.store_request_seconds.labels(operation).observe(
+                time.perf_counter() - started
+            )
+            self.metrics.store_requests_total.labels(operation, outcome).inc()
+
+    async def get(self, key: str) -> StoredObject:
+        result: StoredObject = await self._timed("get", self.inner.get(key))
+        return result
+
+    async def head(self, key: str) -> ObjectMeta:
+        result: ObjectMeta = await self._timed("head", self.inner.head(key))
+        return result
+
+    async def put(
+        self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
+    ) -> str:
+        if isinstance(mode, IfMatch):
+            operation = "put_if_match"
+        else:
+            operation = "put_create" if mode == "create" else "put"
+        etag: str = await self._timed(operation, self.inner.put(key, data, mode, durable=durable))
+        topic = _topic_of(key)
+        if key.startswith(layout.dead_letter_prefix(topic)):
+            self.metrics.dead_lettered_total.labels(topic).inc()
+        return etag
+
+    async def list(
+        self, prefix: str = "", start_after: str | None = None, limit: int | None = None
+    ) -> list[ObjectMeta]:
+        result: list[ObjectMeta] = await self._timed(
+            "list", self.inner.list(prefix, start_after, limit)
+        )
+        return result
+
+    async def delete(self, key: str) -> None:
+        await self._timed("delete", self.inner.delete(key))
+
+    async def delete_many(self, keys: Sequence[str]) -> None:
+        await self._timed("delete_many", self.inner.delete_many(keys))
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def __repr__(self) -> str:
+        return f"MetricsStore({self.inner!r})"
+
+
+_default: QueueMetrics | None = None
+
+
+def default_metrics() -> QueueMetrics:
+    """One :class:`QueueMetrics` on prometheus' global registry, per process (a metric can
+    be registered there only once)."""
+    global _default
+    if _default is None:
+        _default = QueueMetrics()
+    return _default
+
+
+def start_exporter(
+    port: int,
+    addr: str = "0.0.0.0",  # noqa: S104 - an exporter is meant to be scraped
+    registry: CollectorRegistry | None = None,
+) -> None:
+    """Serve ``/metrics`` on ``addr:port`` from a daemon thread (prometheus' HTTP server)."""
+    from prometheus_client import REGISTRY, start_http_server
+
+    start_http_server(port, addr=addr, registry=registry if registry is not None else REGISTRY)

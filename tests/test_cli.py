@@ -1,0 +1,545 @@
+"""The ``pawn-queue`` command line: every command through Typer's CliRunner, the main paths
+as real subprocesses on a local directory and on SeaweedFS, errors, and secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from pawn_queue import PawnQueue
+from pawn_queue.cli import app
+from pawn_queue.config import S3Config
+
+SECRET = "pq-SeCrEt-7f3a9c1e-do-not-print"
+ACCESS = "pq-AcCeSs-55e1b2"
+SUBCOMMANDS = [
+    "topics",
+    "publish",
+    "consume",
+    "peek",
+    "dlq",
+    "consumers",
+    "producers",
+    "doctor",
+    "demo",
+    "metrics",
+]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("PAWNQUEUE_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"file://{tmp_path / 'queue'}"
+
+
+def cli(url: str | None, *args: str, input: str | None = None, code: int | None = 0) -> Result:
+    argv = (["--url", url] if url else []) + list(args)
+    result = CliRunner().invoke(app, argv, input=input)
+    if code is not None:
+        assert result.exit_code == code, (argv, result.stdout, result.stderr, result.exception)
+    return result
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def dead_letter_some(url: str, topic: str, count: int) -> list[str]:
+    """Publish ``count`` messages and nack them all (dead letters, reason nack)."""
+
+    async def main() -> list[str]:
+        async with PawnQueue.from_url(url) as pq:
+            producer = await pq.register_producer("p")
+            for i in range(count):
+                await producer.publish(topic, {"n": i})
+            consumer = await pq.register_consumer("nacker", topics=[topic])
+            ids = []
+            while len(ids) < count:
+                for msg in await consumer.poll(wait=2):
+                    await msg.nack()
+                    ids.append(msg.id)
+            return ids
+
+    return asyncio.run(main())
+
+
+# -- help -----------------------------------------------------------------------------------
+
+
+def test_help_lists_every_command() -> None:
+    result = cli(None, "--help")
+    for name in SUBCOMMANDS:
+        assert name in result.stdout
+    for option in ("--url", "--config", "--json", "--debug", "--log-level"):
+        assert option in result.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["topics", "list"],
+        ["topics", "create"],
+        ["topics", "delete"],
+        ["topics", "stats"],
+        ["publish"],
+        ["consume"],
+        ["peek"],
+        ["dlq", "list"],
+        ["dlq", "show"],
+        ["dlq", "redrive"],
+        ["dlq", "purge"],
+        ["consumers"],
+        ["producers"],
+        ["doctor"],
+        ["demo"],
+        ["metrics"],
+    ],
+)
+def test_help_of_each_command(command: list[str]) -> None:
+    result = cli(None, *command, "--help")
+    assert "Usage" in result.stdout
+    assert len(result.stdout.splitlines()) > 3
+
+
+def test_publish_help_documents_invalid_lines() -> None:
+    text = " ".join(cli(None, "publish", "--help").stdout.split())
+    assert "line number" in text and "exit code is 1" in text
+
+
+def test_version() -> None:
+    assert "pawn-queue 0.2" in cli(None, "--version").stdout
+
+
+# -- topics ---------------------------------------------------------------------------------
+
+
+def test_topics_create_list_stats_delete(url: str) -> None:
+    cli(url, "topics", "create", "orders", "--max-receive-count", "3")
+    cli(url, "topics", "create", "jobs")
+    assert cli(url, "topics", "list").stdout.split() == ["jobs", "orders"]
+    assert json.loads(cli(url, "--json", "topics", "list").stdout) == ["jobs", "orders"]
+    cli(url, "publish", "orders", '{"a": 1}')
+    stats = json.loads(cli(url, "topics", "stats", "orders", "--json").stdout)
+    assert stats["pending"] == 1 and stats["dead_letter"] == 0
+    assert stats["oldest_age_seconds"] is not None
+    table = cli(url, "topics", "stats").stdout
+    for header in ("pending", "in flight", "delayed", "dead letters", "oldest age"):
+        assert header in table
+    assert "orders" in table and "jobs" in table
+    everything = json.loads(cli(url, "topics", "stats", "--json").stdout)
+    assert [row["topic"] for row in everything] == ["jobs", "orders"]
+    # Without --yes it asks; "n" deletes nothing.
+    refused = cli(url, "topics", "delete", "orders", input="n\n", code=1)
+    assert "not confirmed" in refused.stderr
+    cli(url, "topics", "delete", "orders", "--yes")
+    assert cli(url, "topics", "list").stdout.split() == ["jobs"]
+
+
+# -- publish / consume / peek ---------------------------------------------------------------
+
+
+def test_publish_one_and_consume(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    message_id = cli(url, "publish", "orders", '{"order": 1}', "-a", "source=cli").stdout.strip()
+    out = json_lines(cli(url, "consume", "orders", "--count", "1").stdout)
+    assert len(out) == 1
+    msg = out[0]
+    assert msg["id"] == message_id and msg["topic"] == "orders"
+    assert msg["payload"] == {"order": 1} and msg["attributes"] == {"source": "cli"}
+    assert msg["receive_count"] == 1
+    assert set(msg) >= {"id", "topic", "producer_id", "created_at", "receive_count"}
+    # Acked: nothing left.
+    assert cli(url, "consume", "orders", "--wait", "0").stdout == ""
+
+
+def test_publish_stdin_reports_invalid_line_and_publishes_the_rest(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    lines = '{"n": 1}\n{not json\n\n[2, 3]\n"four"\n'
+    result = cli(url, "publish", "orders", input=lines, code=1)
+    assert "line 2: invalid JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stdout.split()) == 3  # the ids
+    consumed = json_lines(cli(url, "consume", "orders", "--count", "10").stdout)
+    assert sorted(json.dumps(m["payload"]) for m in consumed) == sorted(
+        ['{"n": 1}', "[2, 3]", '"four"']
+    )
+
+
+def test_publish_concurrently(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    lines = "".join(json.dumps(i) + "\n" for i in range(40))
+    assert (
+        len(cli(url, "publish", "orders", "--concurrency", "8", input=lines).stdout.split()) == 40
+    )
+    consumed = json_lines(cli(url, "consume", "orders", "--count", "100").stdout)
+    assert sorted(m["payload"] for m in consumed) == list(range(40))
+
+
+def test_publish_batch_and_count(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    lines = "".join(json.dumps({"n": i}) + "\n" for i in range(7))
+    result = cli(url, "publish", "orders", "--batch", "3", input=lines)
+    assert len(result.stdout.split()) == 7
+    stats = json.loads(cli(url, "--json", "topics", "stats", "orders").stdout)
+    assert stats["pending"] == 3  # batch objects: 3 + 3 + 1
+    first = json_lines(cli(url, "consume", "orders", "--count", "4").stdout)
+    assert [m["payload"]["n"] for m in first] == [0, 1, 2, 3]
+    rest = json_lines(cli(url, "consume", "orders").stdout)
+    assert sorted(m["payload"]["n"] for m in rest) == [4, 5, 6]
+
+
+def test_consume_no_ack_releases(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    cli(url, "publish", "orders", '"x"')
+    first = json_lines(cli(url, "consume", "orders", "--no-ack").stdout)
+    again = json_lines(cli(url, "consume", "orders", "--count", "1").stdout)
+    assert first[0]["id"] == again[0]["id"]  # released on exit: available at once
+
+
+def test_peek_does_not_claim(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    for i in range(3):
+        cli(url, "publish", "orders", json.dumps({"n": i}))
+    cli(url, "publish", "orders", "--batch", "5", input='{"b": 1}\n{"b": 2}\n')
+    rows = json.loads(cli(url, "peek", "orders", "--json", "--limit", "4").stdout)
+    assert [r.get("payload") for r in rows] == [{"n": 0}, {"n": 1}, {"n": 2}, {"b": 1}]
+    assert {r["state"] for r in rows} == {"pending"}
+    table = cli(url, "peek", "orders").stdout
+    assert rows[0]["id"] in table
+    assert len(json_lines(cli(url, "consume", "orders", "--count", "10").stdout)) == 5
+
+
+# -- dead letters ---------------------------------------------------------------------------
+
+
+def test_dlq_list_show_redrive_purge(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    ids = dead_letter_some(url, "orders", 3)
+    listed = json.loads(cli(url, "dlq", "list", "orders", "--json").stdout)
+    assert sorted(d["id"] for d in listed) == sorted(ids)
+    assert {d["reason"] for d in listed} == {"nack"}
+    assert ids[0] in cli(url, "dlq", "list", "orders").stdout
+    shown = json.loads(cli(url, "dlq", "show", "orders", ids[0]).stdout)
+    assert shown["id"] == ids[0] and "payload" in shown
+    missing = cli(url, "dlq", "show", "orders", "nope", code=1)
+    assert "no dead letter" in missing.stderr
+    redriven = cli(url, "dlq", "redrive", "orders", "--id", ids[0], "--per-second", "100")
+    assert "redrove 1" in redriven.stdout
+    back = json_lines(cli(url, "consume", "orders").stdout)
+    assert [m["id"] for m in back] == [ids[0]]
+    assert json.loads(cli(url, "--json", "dlq", "redrive", "orders", "--limit", "1").stdout) == {
+        "topic": "orders",
+        "redriven": 1,
+    }
+    assert "purged 1" in cli(url, "dlq", "purge", "orders", "--yes").stdout
+    assert json.loads(cli(url, "dlq", "list", "orders", "--json").stdout) == []
+
+
+# -- registry, doctor, demo, metrics --------------------------------------------------------
+
+
+def test_consumers_and_producers(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    cli(url, "publish", "orders", "1", "--producer", "svc-a")
+    cli(url, "consume", "orders", "--consumer", "worker-1")
+    producers = json.loads(cli(url, "producers", "--json").stdout)
+    assert [p["name"] for p in producers] == ["svc-a"]
+    assert producers[0]["alive"] is True
+    consumers = json.loads(cli(url, "--json", "consumers").stdout)
+    assert [c["name"] for c in consumers] == ["worker-1"]
+    table = cli(url, "consumers").stdout
+    assert "worker-1" in table and "alive" in table
+
+
+def test_doctor_on_a_local_directory(url: str) -> None:
+    report = json.loads(cli(url, "doctor", "--json").stdout)
+    assert report["ok"] is True
+    assert report["strategy"] == "conditional_write"
+    names = {c["name"]: c["status"] for c in report["checks"]}
+    assert names["create-only race"] == "ok"
+    assert names["read-after-write"] == "ok"
+    assert set(report["latency_ms"]) == {"PUT", "GET", "HEAD"}
+    assert report["clock_skew_seconds"] is not None
+    text = cli(url, "doctor").stdout
+    assert "recommended strategy: conditional_write" in text
+
+
+def test_demo(tmp_path: Path) -> None:
+    result = cli(None, "demo", "--orders", "60", "--workers", "2", "--dir", str(tmp_path / "d"))
+    assert "processed (acked)" in result.stdout
+    assert "duplicates" in result.stdout
+
+
+def test_metrics_module_observes_from_outside() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from pawn_queue.config import PawnQueueConfig
+    from pawn_queue.metrics import METRIC_NAMES, QueueMetrics
+    from pawn_queue.store.memory import MemoryStore
+
+    registry = CollectorRegistry()
+    metrics = QueueMetrics(registry)
+
+    async def main() -> None:
+        config = PawnQueueConfig.from_url("memory://")
+        async with PawnQueue(config, store=metrics.wrap_store(MemoryStore())) as pq:
+            await pq.create_topic("t")
+            producer = await pq.register_producer("p")
+            for i in range(3):
+                await producer.publish("t", i)
+            metrics.published("t", 3)
+            consumer = await pq.register_consumer("c", topics=["t"])
+            messages = await metrics.poll(consumer, wait=1)
+            assert len(messages) == 3
+            await messages[0].ack()
+            await messages[1].nack()
+            await messages[2].nack(requeue=True)
+            handled = asyncio.Event()
+
+            async def handler(msg: Any) -> None:
+                await msg.ack()
+                handled.set()
+
+            task = asyncio.create_task(consumer.listen(metrics.handler(handler)))
+            await asyncio.wait_for(handled.wait(), 5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    assert value("pawnqueue_messages_published_total", topic="t") == 3
+    assert value("pawnqueue_messages_delivered_total", topic="t") == 4
+    assert value("pawnqueue_messages_acked_total", topic="t") == 2
+    assert value("pawnqueue_messages_nacked_total", topic="t", requeue="false") == 1
+    assert value("pawnqueue_messages_nacked_total", topic="t", requeue="true") == 1
+    assert value("pawnqueue_messages_dead_lettered_total", topic="t") == 1
+    assert value("pawnqueue_store_requests_total", operation="put_create", outcome="ok") >= 1
+    assert value("pawnqueue_poll_seconds_count", outcome="messages") == 1
+    assert value("pawnqueue_handler_seconds_count", topic="t", outcome="ok") == 1
+    exported = {m.name for m in registry.collect()}
+    for name in METRIC_NAMES:
+        assert name.removesuffix("_total") in exported
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_bad_url_is_one_line_without_traceback() -> None:
+    result = cli("ftp://nowhere", "topics", "list", code=None)
+    assert result.exit_code != 0
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_debug_shows_the_traceback() -> None:
+    result = cli("ftp://nowhere", "--debug", "topics", "list", code=1)
+    assert "Traceback" in result.stderr
+
+
+def test_no_store_given() -> None:
+    result = cli(None, "topics", "list", code=2)
+    assert "--url" in result.stderr and "PAWNQUEUE_URL" in result.stderr
+
+
+def test_store_from_environment(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAWNQUEUE_URL", url)
+    cli(None, "topics", "create", "envtopic")
+    assert cli(None, "topics", "list").stdout.split() == ["envtopic"]
+
+
+def test_store_from_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "pq.yaml"
+    config.write_text(f"backend: filesystem\nfilesystem:\n  path: {tmp_path / 'q'}\n")
+    cli(None, "--config", str(config), "topics", "create", "fromfile")
+    assert cli(None, "-c", str(config), "topics", "list").stdout.split() == ["fromfile"]
+    missing = cli(None, "--config", str(tmp_path / "nope.yaml"), "topics", "list", code=2)
+    assert "config file not found" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["consume", "nope"],
+        ["publish", "nope", "1"],
+        ["peek", "nope"],
+        ["dlq", "list", "nope"],
+        ["topics", "stats", "nope"],
+        ["topics", "delete", "nope", "--yes"],
+    ],
+)
+def test_unknown_topic(url: str, command: list[str]) -> None:
+    result = cli(url, *command, code=1)
+    assert result.stderr.strip() == "error: topic 'nope' does not exist"
+
+
+def test_invalid_single_message(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    result = cli(url, "publish", "orders", "{oops", code=2)
+    assert result.stderr.startswith("error: invalid JSON message")
+
+
+def test_bad_log_level(url: str) -> None:
+    result = cli(url, "--log-level", "loud", "topics", "list", code=2)
+    assert "--log-level" in result.stderr
+
+
+def test_log_level_debug_shows_library_events(url: str) -> None:
+    result = cli(url, "--log-level", "debug", "topics", "create", "orders")
+    assert "topic created topic=orders" in result.stderr
+
+
+# -- real subprocesses: local directory and SeaweedFS --------------------------------------
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAWNQUEUE_")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(params=["filesystem", "s3"])
+def store_target(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[str, dict[str, str]]]:
+    if request.param == "filesystem":
+        # A secret in the environment that the local store does not even use.
+        yield f"file://{tmp_path / 'queue'}", _env(PAWNQUEUE_S3_SECRET_KEY=SECRET)
+        return
+    s3: S3Config = request.getfixturevalue("s3_config")
+    yield (
+        f"s3://{s3.bucket_name}/cli?endpoint_url={s3.endpoint_url}",
+        _env(PAWNQUEUE_S3_ACCESS_KEY=ACCESS, PAWNQUEUE_S3_SECRET_KEY=SECRET),
+    )
+
+
+class Proc:
+    def __init__(self, url: str, env: dict[str, str]) -> None:
+        self.url, self.env = url, env
+        self.outputs: list[str] = []
+
+    def __call__(
+        self, *args: str, input: str | None = None, code: int = 0
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "pawn_queue", "--url", self.url, "--log-level", "debug"]
+        done = subprocess.run(
+            [*argv, *args], input=input, capture_output=True, text=True, env=self.env, timeout=120
+        )
+        self.outputs += [done.stdout, done.stderr]
+        assert done.returncode == code, (args, done.stdout, done.stderr)
+        return done
+
+
+def test_main_paths_as_subprocesses(store_target: tuple[str, dict[str, str]]) -> None:
+    run = Proc(*store_target)
+    run("topics", "create", "orders")
+    lines = "".join(json.dumps({"n": i}) + "\n" for i in range(5)) + "oops\n"
+    published = run("publish", "orders", input=lines, code=1)
+    assert "line 6: invalid JSON" in published.stderr
+    assert len(published.stdout.split()) == 5
+    stats = json.loads(run("--json", "topics", "stats", "orders").stdout)
+    assert stats["pending"] == 5
+    assert "pending" in run("topics", "stats").stdout
+    consumed = json_lines(run("consume", "orders", "--count", "3").stdout)
+    assert [m["payload"]["n"] for m in consumed] == [0, 1, 2]
+    assert json.loads(run("dlq", "list", "orders", "--json").stdout) == []
+    report = json.loads(run("doctor", "--json").stdout)
+    assert report["ok"] is True and report["strategy"] == "conditional_write"
+    run("consume", "nope", code=1)
+    bad = run("--url", "s3://", "topics", "list", code=1)  # the later --url wins: invalid
+    assert "Traceback" not in bad.stderr
+    everything = "\n".join(run.outputs)
+    assert "topic created" in everything  # the debug log reached stderr
+    assert SECRET not in everything
+    assert ACCESS not in everything
+
+
+def test_secret_never_in_output_of_a_failing_s3_connection(tmp_path: Path) -> None:
+    # Nothing listens on this port: the store error must not echo the credentials.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = _env(
+        PAWNQUEUE_URL=f"s3://bucket-x?endpoint_url=http://127.0.0.1:{port}&max_retries=0",
+        PAWNQUEUE_S3_ACCESS_KEY=ACCESS,
+        PAWNQUEUE_S3_SECRET_KEY=SECRET,
+    )
+    for debug in ([], ["--debug"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "pawn_queue", *debug, "--log-level", "debug", "topics", "list"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert done.returncode != 0
+        assert SECRET not in done.stdout + done.stderr
+        assert ACCESS not in done.stdout + done.stderr
+        if not debug:
+            assert done.stderr.strip().count("\n") == 0, done.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_consume_with_metrics_port(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    cli(url, "publish", "orders", "1")
+    for _ in range(2):  # twice in one process: the metrics are registered once
+        cli(url, "publish", "orders", "2")
+        out = cli(url, "consume", "orders", "--count", "1", "--metrics-port", str(free_port()))
+        assert len(json_lines(out.stdout)) == 1
+    from prometheus_client import REGISTRY
+
+    acked = REGISTRY.get_sample_value("pawnqueue_messages_acked_total", {"topic": "orders"})
+    assert acked is not None and acked >= 2
+
+
+def test_metrics_exporter_subprocess(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    cli(url, "publish", "orders", "1")
+    port = free_port()
+    argv = [sys.executable, "-m", "pawn_queue", "--url", url, "metrics", "orders"]
+    argv += ["--port", str(port), "--addr", "127.0.0.1", "--interval", "0.2", "--duration", "20"]
+    proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        body = ""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    body = r.read().decode()
+                if 'pawnqueue_topic_pending{topic="orders"} 1.0' in body:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert 'pawnqueue_topic_pending{topic="orders"} 1.0' in body
+        assert "pawnqueue_store_requests_total" in body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
