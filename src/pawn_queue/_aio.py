@@ -18,8 +18,3 @@ async def gather_limited(limit: int, aws: Iterable[Awaitable[T]]) -> list[T | Ba
             return await aw
 
     return await asyncio.gather(*(run(aw) for aw in aws), return_exceptions=True)
-
-
-def cancel_and_forget(task: asyncio.Task[object] | None) -> None:
-    if task is not None and not task.done():
-        task.cancel()

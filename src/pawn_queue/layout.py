@@ -143,12 +143,6 @@ def parse_pending_key(key: str) -> PendingKey | None:
     return PendingKey(candidate, kind, group_hash)  # type: ignore[arg-type]
 
 
-def parse_message_key(key: str) -> tuple[str, bool] | None:
-    """``(object id, is_batch)`` for a message, batch or group-message key, else None."""
-    parsed = parse_pending_key(key)
-    return None if parsed is None else (parsed.object_id, parsed.kind == "batch")
-
-
 def group_hash(group: str) -> str:
     """A fixed-length name for a message group (any string is a valid group)."""
     return hashlib.sha256(group.encode()).hexdigest()[:32]

@@ -139,9 +139,6 @@ class Topics:
         logger.info("topic deleted topic=%s objects=%d", name, deleted)
         return deleted
 
-    def forget(self, name: str) -> None:
-        self._cache.pop(name, None)
-
 
 @dataclass(frozen=True, slots=True)
 class TopicStats:
