@@ -6,12 +6,12 @@ COMPAT_VENV := .venv-pq013
 VSQS_VENV := .venv-vsqs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench bench-store bench-queue clean
+.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-spark clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,cli,metrics]"
+	$(PY) -m pip install --quiet -e ".[dev,cli,metrics,spark]"
 	touch $(STAMP)
 
 # pawn-queue 0.1.3 from PyPI, in its own venv (same import name), for the compatibility tests.
@@ -20,8 +20,15 @@ $(COMPAT_VENV)/.installed:
 	$(COMPAT_VENV)/bin/python -m pip install --quiet "pawn-queue==0.1.3"
 	touch $(COMPAT_VENV)/.installed
 
-demo: $(STAMP)
+# The main job on the embedded default (a local directory, local Spark): the queue, then the
+# Spark pipeline over it.
+demo: demo-queue demo-spark
+
+demo-queue: $(STAMP)
 	$(PY) examples/demo.py
+
+demo-spark: $(STAMP)
+	$(PY) examples/orders_pipeline.py --reset --url file://./pipeline-demo --out ./pipeline-demo-out
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
@@ -47,7 +54,10 @@ bench-store: $(STAMP)
 bench-queue: $(STAMP) $(COMPAT_VENV)/.installed $(VSQS_VENV)/.installed
 	$(PY) -m bench.queue
 
-bench: bench-store bench-queue
+bench-spark: $(STAMP)
+	$(PY) -m bench.spark
+
+bench: bench-store bench-queue bench-spark
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(VSQS_VENV) .pytest_cache .mypy_cache .ruff_cache bench/results

@@ -1,0 +1,219 @@
+"""Spark throughput: rows/s through the pawnqueue streaming source and sink, beside
+``spark.read.json`` over the same objects (the native baseline), on local[2].
+
+Every case runs on the local-directory store (``spark.read.json`` reads those files
+directly). Messages are small orders (~150 bytes of JSON). Cases:
+
+- ``source``: a streaming query (Trigger.AvailableNow into the ``noop`` sink) that claims,
+  reads and acks every message: one message per object, and batch objects of 1,000.
+  ``rows_per_s`` includes starting and stopping the query; ``micro_batch_rows_per_s`` is
+  what its micro-batches sustain (Spark's triggerExecution time), i.e. a running query.
+- ``read.json``: ``spark.read.json`` over the same objects before the query consumes them
+  (batch objects: ``multiLine`` and an explode of their members), with the schema given.
+- ``snapshot``: the pawnqueue batch read of the same objects (claims nothing).
+- ``sink``: ``df.write.format("pawnqueue")`` with ``messagesPerObject`` 1 and 1,000.
+
+Run from the repository root (JSON to bench/results/spark.json)::
+
+    python -m bench.spark
+    python bench/spark.py --singles 5000 --batched 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO / "src") not in sys.path:
+    sys.path.insert(0, str(REPO / "src"))
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from pawn_queue import PawnQueue  # noqa: E402
+from pawn_queue.spark import register  # noqa: E402
+
+ENVELOPE = "id string, topic string, producer_id string, created_at string, payload string"
+BATCH = "id string, topic string, producer_id string, created_at string, batch array<string>"
+TARGET_SOURCE_BATCHED = 50_000.0
+
+
+def order(n: int) -> dict[str, Any]:
+    return {"order_id": n, "customer": f"c{n % 97:02d}", "item": "widget", "qty": 1 + n % 5}
+
+
+async def publish(url: str, topic: str, count: int, per_object: int) -> None:
+    async with PawnQueue.from_url(url) as pq:
+        await pq.create_topic(topic)
+        producer = await pq.register_producer("bench")
+        semaphore = asyncio.Semaphore(64)
+
+        async def one(start: int) -> None:
+            async with semaphore:
+                if per_object == 1:
+                    await producer.publish(topic, order(start))
+                else:
+                    end = min(start + per_object, count)
+                    await producer.publish_batch(topic, [order(n) for n in range(start, end)])
+
+        await asyncio.gather(*(one(start) for start in range(0, count, per_object)))
+
+
+def timed(action: Callable[..., int], *args: Any) -> dict[str, float]:
+    started = time.perf_counter()
+    rows = action(*args)
+    seconds = time.perf_counter() - started
+    return {"rows": rows, "seconds": round(seconds, 3), "rows_per_s": round(rows / seconds, 1)}
+
+
+def read_json(spark: SparkSession, root: Path, topic: str, batched: bool) -> int:
+    if not batched:
+        path = str(root / topic / "messages" / "*.json")
+        return spark.read.schema(ENVELOPE).json(path).count()
+    path = str(root / topic / "messages" / "*.batch")
+    df = spark.read.schema(BATCH).option("multiLine", True).json(path)
+    return df.select(F.explode("batch")).count()
+
+
+def snapshot(spark: SparkSession, url: str, topic: str) -> int:
+    return spark.read.format("pawnqueue").option("url", url).option("topic", topic).load().count()
+
+
+def stream(spark: SparkSession, url: str, topic: str, checkpoint: Path) -> int:
+    df = spark.readStream.format("pawnqueue").option("url", url).option("topic", topic).load()
+    query = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    rows = sum(int(p["numInputRows"]) for p in progress)
+    seconds = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+    # Without the query's start and stop: what a running query sustains per micro-batch.
+    STEADY[topic] = round(rows / seconds, 1) if seconds else 0.0
+    return rows
+
+
+STEADY: dict[str, float] = {}
+
+
+def sink(spark: SparkSession, url: str, topic: str, rows: int, per_object: int) -> int:
+    df = spark.range(0, rows, 1, 2).select(
+        F.to_json(
+            F.struct(
+                F.col("id").alias("order_id"), F.lit("widget").alias("item"), F.lit(1).alias("qty")
+            )
+        ).alias("payload")
+    )
+    df.write.format("pawnqueue").option("url", url).option("topic", topic).option(
+        "messagesPerObject", str(per_object)
+    ).mode("append").save()
+    return rows
+
+
+def run(singles: int, batched: int, workdir: Path) -> list[dict[str, Any]]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    url = f"file://{workdir / 'queue'}"
+    results: list[dict[str, Any]] = []
+    # Warm up: the first job of a session pays for starting Python workers.
+    asyncio.run(publish(url, "warmup", 100, 1))
+    stream(spark, url, "warmup", workdir / "ck-warmup")
+
+    kinds = (("one message per object", singles, 1), ("batch objects of 1000", batched, 1000))
+    for name, count, per_object in kinds:
+        topic = f"t{per_object}"
+        asyncio.run(publish(url, topic, count, per_object))
+        cases: list[tuple[str, Callable[..., int], tuple[Any, ...]]] = [
+            ("read.json", read_json, (spark, workdir / "queue", topic, per_object > 1)),
+            ("snapshot", snapshot, (spark, url, topic)),
+            ("source", stream, (spark, url, topic, workdir / f"ck-{topic}")),
+        ]
+        for case, action, args in cases:
+            result: dict[str, Any] = timed(action, *args)
+            if case == "source":
+                result["micro_batch_rows_per_s"] = STEADY[topic]
+            results.append({"case": case, "objects": name, **result})
+            print(json.dumps(results[-1]), flush=True)
+            if result["rows"] != count:
+                raise SystemExit(f"{case}: {result['rows']} rows, expected {count}")
+    for name, count, per_object in kinds:
+        topic = f"sink{per_object}"
+        asyncio.run(_create(url, topic))
+        result = timed(sink, spark, url, topic, count, per_object)
+        results.append({"case": "sink", "objects": name, **result})
+        print(json.dumps(results[-1]), flush=True)
+    spark.stop()
+    return results
+
+
+async def _create(url: str, topic: str) -> None:
+    async with PawnQueue.from_url(url) as pq:
+        await pq.create_topic(topic)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--singles", type=int, default=5_000, help="one-message objects")
+    parser.add_argument("--batched", type=int, default=200_000, help="messages in batch objects")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "spark.json")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="pq-bench-spark-", dir=REPO / "bench") as tmp:
+        results = run(args.singles, args.batched, Path(tmp))
+    by = {(r["case"], r["objects"]): r for r in results}
+    batched = by[("source", "batch objects of 1000")]
+    singles = by[("source", "one message per object")]
+    targets = {
+        "source on batch objects >= 50,000 rows/s (per micro-batch)": batched[
+            "micro_batch_rows_per_s"
+        ]
+        >= TARGET_SOURCE_BATCHED,
+        "source on batch objects >= 50,000 rows/s (with query start and stop)": batched[
+            "rows_per_s"
+        ]
+        >= TARGET_SOURCE_BATCHED,
+        "source on one message per object >= spark.read.json": singles["rows_per_s"]
+        >= by[("read.json", "one message per object")]["rows_per_s"],
+    }
+    report = {
+        "benchmark": "spark",
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
+        "master": "local[2]",
+        "store": "filesystem",
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "results": results,
+        "targets": targets,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(targets, indent=2))
+
+
+if __name__ == "__main__":
+    main()

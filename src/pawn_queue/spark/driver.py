@@ -1,0 +1,468 @@
+"""The driver side of a streaming read: claims, micro-batch manifests, acks.
+
+It lives in Spark's long-lived stream-reader process (one per query run) on that process's
+event loop, and keeps state for the run: the leases the query holds (refreshed in the
+background), the manifests it created or loaded, and when it last looked for messages.
+
+A micro-batch ``n`` is the manifest ``_spark/{query}/batches/{n}.json``: the objects it owns,
+written before Spark logs offset ``n``. Spark calls ``latestOffset(start=n)`` only once batch
+``n`` is in its commit log, and ``commit(n)`` a moment later; either one acks every manifest up
+to ``n`` (objects deleted, then their leases, then the manifest). A restart replays the
+manifest of an unfinished batch and takes its leases back; manifests after the checkpoint that
+Spark never logged are discarded (leases given back) and rebuilt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+
+from pawn_queue import layout
+from pawn_queue._aio import gather_limited
+from pawn_queue.envelope import CorruptObject, LeaseBody, decode_batch, now_utc
+from pawn_queue.exceptions import LeaseLostError, NotFound, PawnQueueError
+from pawn_queue.leases import Lease, LeaseManager, probe_strategy
+from pawn_queue.notify import ChangeSignals
+from pawn_queue.spark import runtime
+from pawn_queue.spark.manifests import Budget, Limit, Manifest
+from pawn_queue.spark.options import SourceOptions
+from pawn_queue.spark.reading import DataLossError, ObjectRef
+from pawn_queue.store import open_store
+from pawn_queue.store.base import ObjectMeta, Store
+
+logger = logging.getLogger(__name__)
+
+_NAMESPACE = uuid.UUID("0b5c8f0e-3f52-4b8e-9d0c-7a1f2e6d4c10")
+_LIST_PAGE = 1000
+_IO_CONCURRENCY = 64
+
+
+def _topic_of(key: str) -> str:
+    return key.split("/", 1)[0]
+
+
+def _lease_key(ref: ObjectRef) -> str:
+    pending = layout.parse_pending_key(ref.key)
+    if pending is None:
+        raise PawnQueueError(f"manifest names {ref.key!r}, which is not a message key")
+    return layout.lease_key(_topic_of(ref.key), pending.lease_id())
+
+
+class StreamDriver:
+    """One query run's claims, manifests and acks. Create with :meth:`open` (on the loop)."""
+
+    def __init__(
+        self, options: SourceOptions, query: str, store: Store, leases: LeaseManager
+    ) -> None:
+        config = options.config()
+        self.query = query
+        self.consumer_id = str(uuid.uuid5(_NAMESPACE, query))
+        self._options = options
+        self._store = store
+        self._leases = leases
+        self._signals = ChangeSignals(store, config.notify)
+        self._poll_interval = self._signals.idle_wait(config.polling.interval_seconds)
+        self._timeout = options.lease_timeout
+        self._held: dict[str, Lease] = {}  # lease key -> a lease of a live manifest
+        self._manifests: dict[int, Manifest] = {}  # loaded or created in this run, not acked
+        self._stored: set[int] = set()  # in the store at start, not loaded yet
+        self._cleaned = False
+        self._last_scan = 0.0
+        self._signalled = False
+        self._backlog = False
+        self._bound: datetime | None = None  # Trigger.AvailableNow: admit keys up to this
+        self._next_topic = 0
+        self._rows_per_batch_object = 100.0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def open(
+        cls, options: SourceOptions, query: str, store: Store | None = None
+    ) -> StreamDriver:
+        """Check the store and the topics, resolve the lease strategy, start background work.
+
+        ``store`` replaces the one the options select (tests, request counting).
+        """
+        layout.validate_name(query, "pawnqueue query id")
+        config = options.config()
+        store = store or open_store(config)
+        await runtime.check_store(store, options.topics)
+        strategy = config.concurrency.strategy
+        resolved = await probe_strategy(store) if strategy == "auto" else strategy
+        driver = cls(options, query, store, LeaseManager(store, resolved, config.concurrency))
+        prefix = layout.spark_manifests_prefix(query)
+        for meta in await store.list(prefix):
+            batch = layout.spark_manifest_batch(meta.key)
+            if batch is not None:
+                driver._stored.add(batch)
+        driver._tasks = [
+            asyncio.create_task(driver._refresh_loop()),
+            asyncio.create_task(driver._watch_loop()),
+        ]
+        logger.info(
+            "pawnqueue stream query=%s topics=%s strategy=%s manifests=%s",
+            query,
+            ",".join(options.topics),
+            resolved,
+            sorted(driver._stored),
+        )
+        return driver
+
+    async def stop(self) -> None:
+        """Stop background work. Leases stay until they expire: a restart takes them back."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- Spark's calls ----------------------------------------------------------------------
+
+    async def latest(self, start: int, limit: Limit) -> int:
+        """The end of the next micro-batch after ``start`` (``start`` itself: nothing new)."""
+        await self.ack_through(start)
+        if not self._cleaned:
+            await self._discard_after(start)
+            self._cleaned = True
+        following = start + 1
+        if following in self._manifests:
+            return following  # built by an earlier call that Spark did not log
+        if not self._due():
+            return start
+        refs = await self._scan(limit)
+        if not refs:
+            return start
+        manifest = Manifest(following, tuple(refs))
+        try:
+            await self._store.put(
+                layout.spark_manifest_key(self.query, following), manifest.encode(self.query)
+            )
+        except BaseException:
+            await self._release([self._held.pop(_lease_key(ref)) for ref in refs])
+            raise
+        self._manifests[following] = manifest
+        return following
+
+    async def plan(self, start: int, end: int) -> list[Manifest]:
+        """The manifests of micro-batches ``start+1 .. end``; after a restart, load them and
+        take their leases back."""
+        manifests = []
+        for batch in range(start + 1, end + 1):
+            manifest = self._manifests.get(batch)
+            if manifest is None:
+                manifest = await self._load(batch)
+                if manifest is None:
+                    message = (
+                        f"the manifest of micro-batch {batch} "
+                        f"({layout.spark_manifest_key(self.query, batch)}) is gone"
+                    )
+                    if self._options.fail_on_data_loss:
+                        raise DataLossError(f"{message}; set failOnDataLoss=false to skip it")
+                    logger.warning("%s; skipping the micro-batch", message)
+                    continue
+                await self._adopt_all(manifest.refs)
+                self._manifests[batch] = manifest
+                self._stored.discard(batch)
+            manifests.append(manifest)
+        return manifests
+
+    async def ack_through(self, end: int) -> None:
+        """Ack every manifest up to ``end``: Spark committed those micro-batches."""
+        for batch in sorted(n for n in self._stored | self._manifests.keys() if n <= end):
+            manifest = self._manifests.get(batch) or await self._load(batch)
+            if manifest is not None:
+                await self._ack(manifest)
+            await self._store.delete(layout.spark_manifest_key(self.query, batch))
+            self._manifests.pop(batch, None)
+            self._stored.discard(batch)
+
+    def prepare_available_now(self, at: datetime) -> None:
+        """Trigger.AvailableNow: admit only messages due by ``at``, and look on every call."""
+        self._bound = at
+
+    # -- looking for messages ---------------------------------------------------------------
+
+    def _due(self) -> bool:
+        """Whether to look at the store now: on a change signal, a backlog, AvailableNow, or
+        once every backfill interval (``notify.backfill_interval_seconds``, or
+        ``polling.interval_seconds`` without signals), so nothing depends on a signal."""
+        if self._backlog or self._signalled or self._bound is not None:
+            return True
+        return time.monotonic() - self._last_scan >= self._poll_interval
+
+    async def _scan(self, limit: Limit) -> list[ObjectRef]:
+        self._last_scan = time.monotonic()
+        self._signalled = self._backlog = False
+        budget = Budget(limit)
+        refs: list[ObjectRef] = []
+        topics = self._options.topics
+        start, self._next_topic = self._next_topic, (self._next_topic + 1) % len(topics)
+        for i in range(len(topics)):
+            if budget.full():
+                break
+            await self._scan_topic(topics[(start + i) % len(topics)], budget, refs)
+        if budget.full():
+            self._backlog = True  # more may be waiting: look again at the next call
+        return refs
+
+    async def _scan_topic(self, topic: str, budget: Budget, refs: list[ObjectRef]) -> None:
+        """Claim the topic's messages in key order (FIFO) while the budget allows."""
+        due_by = self._bound if self._bound is not None else now_utc() + self._leases.margin
+        start_after: str | None = None
+        groups_seen: set[str] = set()
+        while not budget.full():
+            page = await self._store.list(
+                layout.messages_prefix(topic), start_after=start_after, limit=_LIST_PAGE
+            )
+            candidates, finished = self._candidates(topic, page, due_by, groups_seen)
+            excess: list[Lease] = []
+            while candidates and not budget.full():
+                chunk, candidates = self._next_chunk(candidates, budget)
+                results = await gather_limited(
+                    _IO_CONCURRENCY, (self._claim(topic, *c, budget.counts_rows) for c in chunk)
+                )
+                for result in results:
+                    if isinstance(result, asyncio.CancelledError):
+                        raise result
+                    if isinstance(result, BaseException):
+                        logger.warning("claim failed topic=%s error=%s", topic, result)
+                    elif result is not None:
+                        ref, lease, rows = result
+                        if budget.admits(ref.size, rows) or not refs:
+                            budget.take(ref.size, rows)
+                            refs.append(ref)
+                            self._held[lease.key] = lease
+                        else:
+                            excess.append(lease)
+            if excess or candidates:
+                self._backlog = True
+            await self._release(excess)
+            if finished:
+                return
+            start_after = page[-1].key
+
+    def _next_chunk(
+        self, candidates: list[tuple[layout.PendingKey, ObjectMeta]], budget: Budget
+    ) -> tuple[
+        list[tuple[layout.PendingKey, ObjectMeta]], list[tuple[layout.PendingKey, ObjectMeta]]
+    ]:
+        """The next candidates to claim together: of one kind (message or batch object), and
+        as many as the budget probably admits."""
+        batch = candidates[0][0].kind == "batch"
+        size = budget.chunk(self._rows_per_batch_object if batch else 1.0)
+        count = 0
+        while (
+            count < min(size, len(candidates)) and (candidates[count][0].kind == "batch") == batch
+        ):
+            count += 1
+        return candidates[:count], candidates[count:]
+
+    def _candidates(
+        self, topic: str, page: list[ObjectMeta], due_by: datetime, groups_seen: set[str]
+    ) -> tuple[list[tuple[layout.PendingKey, ObjectMeta]], bool]:
+        """The claimable objects of a listing page, and whether the listing ends here."""
+        out: list[tuple[layout.PendingKey, ObjectMeta]] = []
+        for meta in page:
+            pending = layout.parse_pending_key(meta.key)
+            if pending is None:
+                continue
+            due = layout.due_from_key(meta.key)
+            if due is not None and due > due_by:
+                return out, True  # keys are in due order: nothing after this one is due
+            if pending.kind == "group":
+                # One message of a group at a time, the oldest first.
+                if pending.group_hash in groups_seen:
+                    continue
+                groups_seen.add(pending.group_hash)
+            lease_id = pending.lease_id()
+            if layout.lease_key(topic, lease_id) in self._held:
+                continue
+            if self._leases.worth_claiming(topic, lease_id, meta.key):
+                out.append((pending, meta))
+        return out, len(page) < _LIST_PAGE
+
+    async def _claim(
+        self, topic: str, pending: layout.PendingKey, meta: ObjectMeta, count_rows: bool
+    ) -> tuple[ObjectRef, Lease, int] | None:
+        """Claim one object and check that it is still there (rule 4); count its messages
+        when the limit is in rows."""
+        lease = await self._leases.claim(
+            topic,
+            pending.object_id,
+            meta.key,
+            self.consumer_id,
+            self._timeout,
+            lease_id=pending.lease_id(),
+        )
+        if lease is None:
+            return None
+        rows = 1
+        try:
+            if pending.kind == "batch" and count_rows:
+                data = (await self._store.get(meta.key)).data
+                try:
+                    rows = max(len(decode_batch(data)) - len(lease.settled), 1)
+                except CorruptObject:
+                    rows = 1
+                self._rows_per_batch_object = 0.8 * self._rows_per_batch_object + 0.2 * rows
+            else:
+                await self._store.head(meta.key)
+        except NotFound:
+            await self._leases.release(lease, message_gone=True)
+            return None
+        except BaseException:
+            await self._leases.release(lease)
+            raise
+        ref = ObjectRef(meta.key, meta.size, tuple(sorted(lease.settled)), lease.body.receive_count)
+        return ref, lease, rows
+
+    # -- acking and taking leases back ------------------------------------------------------
+
+    async def _ack(self, manifest: Manifest) -> None:
+        """Delete the objects whose leases the query holds, then those leases (rule 4)."""
+        leases = await self._leases_for(manifest.refs)
+        checks = await gather_limited(
+            _IO_CONCURRENCY, (self._leases.ensure_held(lease) for _, lease in leases)
+        )
+        held = []
+        for (ref, lease), check in zip(leases, checks, strict=True):
+            if isinstance(check, BaseException):
+                logger.warning("not acking key=%s: lease lost (%s)", ref.key, check)
+                self._held.pop(lease.key, None)
+            else:
+                held.append((ref, lease))
+        if held:
+            await self._store.delete_many([ref.key for ref, _ in held])
+        results = await gather_limited(
+            _IO_CONCURRENCY,
+            (self._leases.release(lease, message_gone=True) for _, lease in held),
+        )
+        for (ref, lease), result in zip(held, results, strict=True):
+            self._held.pop(lease.key, None)
+            if isinstance(result, BaseException):
+                logger.warning("lease release failed key=%s error=%s", ref.key, result)
+        logger.info(
+            "pawnqueue acked query=%s batch=%d objects=%d of %d",
+            self.query,
+            manifest.batch,
+            len(held),
+            len(manifest.refs),
+        )
+
+    async def _leases_for(self, refs: Iterable[ObjectRef]) -> list[tuple[ObjectRef, Lease]]:
+        """Our lease of each ref (taken back from an earlier run where needed); refs whose
+        lease is someone else's are left out."""
+        refs = list(refs)
+        results = await gather_limited(_IO_CONCURRENCY, (self._lease_for(ref) for ref in refs))
+        out = []
+        for ref, result in zip(refs, results, strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            if result is not None:
+                out.append((ref, result))
+        return out
+
+    async def _lease_for(self, ref: ObjectRef) -> Lease | None:
+        lease = self._held.get(_lease_key(ref))
+        if lease is not None and not lease.lost:
+            return lease
+        return await self._adopt(ref)
+
+    async def _adopt_all(self, refs: Iterable[ObjectRef]) -> None:
+        await self._leases_for(refs)
+
+    async def _adopt(self, ref: ObjectRef) -> Lease | None:
+        """Hold ``ref``'s lease again. A lease of this query from an earlier run is refreshed
+        with if-match on its etag (rule 3: only its holder writes it, and the holder is the
+        query); a free or expired one is claimed. None if someone else holds it."""
+        pending = layout.parse_pending_key(ref.key)
+        if pending is None:
+            return None
+        topic, key = _topic_of(ref.key), _lease_key(ref)
+        try:
+            current = await self._store.get(key)
+            body: LeaseBody | None = LeaseBody.decode(current.data)
+        except (NotFound, CorruptObject):
+            body = None
+        lease: Lease | None
+        if body is not None and body.consumer_id == self.consumer_id:
+            if body.message_key not in ("", ref.key):
+                return None  # a group's lease, on a later message of the group
+            lease = Lease(topic, pending.object_id, ref.key, key, current.meta.etag, body, 0.0)
+            try:
+                await self._leases.refresh(lease, self._timeout)
+            except LeaseLostError:
+                return None
+        else:
+            lease = await self._leases.claim(
+                topic,
+                pending.object_id,
+                ref.key,
+                self.consumer_id,
+                self._timeout,
+                lease_id=pending.lease_id(),
+            )
+            if lease is None:
+                return None
+        self._held[key] = lease
+        return lease
+
+    async def _discard_after(self, start: int) -> None:
+        """Manifests after ``start`` from an earlier run were never logged by Spark: give
+        their leases back and delete them, so the next micro-batch is built afresh."""
+        for batch in sorted(n for n in self._stored if n > start):
+            manifest = await self._load(batch)
+            if manifest is not None:
+                leases = await self._leases_for(manifest.refs)
+                await self._release([lease for _, lease in leases])
+            await self._store.delete(layout.spark_manifest_key(self.query, batch))
+            self._stored.discard(batch)
+            logger.info(
+                "pawnqueue discarded unlogged manifest query=%s batch=%d", self.query, batch
+            )
+
+    async def _release(self, leases: list[Lease]) -> None:
+        """Give leases back (their objects stay pending)."""
+        results = await gather_limited(
+            _IO_CONCURRENCY, (self._leases.release(lease) for lease in leases)
+        )
+        for lease, result in zip(leases, results, strict=True):
+            self._held.pop(lease.key, None)
+            if isinstance(result, BaseException):
+                logger.warning("lease release failed key=%s error=%s", lease.key, result)
+
+    async def _load(self, batch: int) -> Manifest | None:
+        try:
+            stored = await self._store.get(layout.spark_manifest_key(self.query, batch))
+        except NotFound:
+            return None
+        return Manifest.decode(batch, stored.data)
+
+    # -- background -------------------------------------------------------------------------
+
+    async def _refresh_loop(self) -> None:
+        """Keep every lease of a live manifest: refresh each a third of the timeout."""
+        while True:
+            await asyncio.sleep(self._timeout / 3)
+            held = [lease for lease in self._held.values() if not (lease.lost or lease.released)]
+            results = await gather_limited(
+                _IO_CONCURRENCY, (self._leases.refresh(lease) for lease in held)
+            )
+            for lease, result in zip(held, results, strict=True):
+                if isinstance(result, BaseException):
+                    logger.warning("lease refresh failed key=%s error=%s", lease.key, result)
+
+    async def _watch_loop(self) -> None:
+        """Note change signals of the topics (one HEAD of ``_notify/_`` per check)."""
+        topics = list(self._options.topics)
+        while True:
+            seen = self._signals.snapshot(topics)
+            if await self._signals.wait(topics, self._poll_interval, seen):
+                self._signalled = True
+
+
+def new_query_id(name: str) -> str:
+    """A fresh id for a query started on an empty checkpoint: ``{name}-{12 hex}``."""
+    return f"{name}-{uuid.uuid4().hex[:12]}"

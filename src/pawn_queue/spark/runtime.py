@@ -1,0 +1,68 @@
+"""The async core inside Spark's Python processes: one event loop per process.
+
+Spark calls the data source synchronously, from processes it starts (the driver-side stream
+reader, planners, executors' workers). Each process gets one event loop in a daemon thread;
+:func:`run` waits for a coroutine on it, :func:`submit` does not. Stores are opened lazily in
+the process that uses them and kept for its lifetime (Spark reuses its Python workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from pawn_queue.spark.options import SourceOptions
+from pawn_queue.store import open_store
+from pawn_queue.store.base import Store
+from pawn_queue.topics import Topics
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid = 0
+_stores: dict[str, Store] = {}
+
+
+def _running_loop() -> asyncio.AbstractEventLoop:
+    """This process's loop thread (a forked child starts its own)."""
+    global _loop, _loop_pid
+    with _lock:
+        if _loop is None or _loop_pid != os.getpid():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="pawn-queue-spark", daemon=True)
+            thread.start()
+            _loop, _loop_pid = loop, os.getpid()
+            _stores.clear()
+        return _loop
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on this process's loop and return its result (or raise its error)."""
+    return asyncio.run_coroutine_threadsafe(coro, _running_loop()).result()
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start ``coro`` on this process's loop; the caller collects the future later."""
+    return asyncio.run_coroutine_threadsafe(coro, _running_loop())
+
+
+async def shared_store(options: SourceOptions) -> Store:
+    """The store ``options`` select, opened once per process on first use (call on the loop)."""
+    key = f"{options.url}|{options.config_path}"
+    store = _stores.get(key)
+    if store is None:
+        store = _stores[key] = open_store(options.config())
+    return store
+
+
+async def check_store(store: Store, topics: tuple[str, ...]) -> None:
+    """Fail now with the store's or the topic's error: access denied, no bucket, no topic."""
+    await store.list("", limit=1)
+    registry = Topics(store)
+    for topic in topics:
+        await registry.settings(topic)

@@ -1,0 +1,337 @@
+"""Writes, batch and streaming: rows become messages, packed into batch objects.
+
+Keys are deterministic: message and object ids are UUIDv5 of (write, micro-batch, partition,
+row position), and the FIFO timestamp in the key is recorded once per write (the batch
+writer's creation time; for a stream, the first task of a micro-batch records it in
+``_spark/{query}/sink/{batch}.json``). A retried task, or a micro-batch run again after a
+restart, overwrites its own objects instead of adding copies. Once a micro-batch's commit
+marked it committed, running it again writes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from itertools import chain
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import MapType, StringType, StructType
+
+from pawn_queue import layout
+from pawn_queue.envelope import Envelope, encode_batch, encode_json, now_utc, parse_time
+from pawn_queue.exceptions import AlreadyExists, ConfigError, PawnQueueError, PayloadError
+from pawn_queue.notify import ChangeSignals
+from pawn_queue.spark import runtime
+from pawn_queue.spark.options import SourceOptions
+
+logger = logging.getLogger(__name__)
+
+_NAMESPACE = uuid.UUID("5d0f6a3e-8c1b-4f7a-a2e9-3b6c1d4e8f20")
+_PUTS_IN_FLIGHT = 16
+
+
+@dataclass(frozen=True, slots=True)
+class RowShape:
+    """Which columns make a message.
+
+    ``payload``: the column holding it (a string is JSON text, any other type is converted
+    to JSON); None: all columns but ``attributes`` form a JSON object. ``attributes``: an
+    optional ``map<string,string>`` column.
+    """
+
+    payload: str | None
+    payload_is_text: bool
+    attributes: str | None
+
+    @classmethod
+    def of(cls, schema: StructType) -> RowShape:
+        names = schema.fieldNames()
+        attributes = None
+        if "attributes" in names:
+            kind = schema["attributes"].dataType
+            if not (
+                isinstance(kind, MapType)
+                and isinstance(kind.keyType, StringType)
+                and isinstance(kind.valueType, StringType)
+            ):
+                raise ConfigError(
+                    f"pawnqueue: column 'attributes' must be map<string,string>, "
+                    f"not {kind.simpleString()}"
+                )
+            attributes = "attributes"
+        if "payload" in names:
+            return cls("payload", isinstance(schema["payload"].dataType, StringType), attributes)
+        if all(name == "attributes" for name in names):
+            raise ConfigError("pawnqueue: nothing to publish: give a 'payload' column")
+        return cls(None, False, attributes)
+
+    def messages(self, batch: pa.RecordBatch) -> Iterator[tuple[Any, dict[str, str]]]:
+        """``(payload, attributes)`` of each row."""
+        if self.payload is None:
+            columns = [name for name in batch.schema.names if name != self.attributes]
+            rows = batch.select(columns)
+            kind = pa.struct(list(rows.schema))
+            payloads = [_jsonable(row, kind) for row in rows.to_pylist()]
+        else:
+            column = batch.column(self.payload)
+            values = column.to_pylist()
+            if self.payload_is_text:
+                payloads = [_parse(text, i) for i, text in enumerate(values)]
+            else:
+                payloads = [_jsonable(value, column.type) for value in values]
+        if self.attributes is None:
+            for payload in payloads:
+                yield payload, {}
+            return
+        for payload, pairs in zip(payloads, batch.column(self.attributes).to_pylist(), strict=True):
+            yield payload, {k: v for k, v in pairs or () if v is not None}
+
+
+def _parse(text: str | None, row: int) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise PayloadError(
+            f"pawnqueue: row {row} of a record batch: 'payload' is not JSON text: {exc}"
+        ) from None
+
+
+def _jsonable(value: Any, kind: pa.DataType) -> Any:
+    """A value of Arrow type ``kind`` (as ``to_pylist`` gives it) as a JSON value."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        raise PayloadError(f"pawnqueue: {value} cannot be a JSON value")
+    if pa.types.is_map(kind):
+        return {str(k): _jsonable(v, kind.item_type) for k, v in value}
+    if pa.types.is_struct(kind):
+        return {f.name: _jsonable(value.get(f.name), f.type) for f in kind}
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return [_jsonable(v, kind.value_type) for v in value]
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    raise PayloadError(f"pawnqueue: cannot convert {type(value).__name__} to JSON")
+
+
+@dataclass
+class WriteResult(WriterCommitMessage):
+    """What one task wrote."""
+
+    topic: str
+    write: str
+    at: str
+    messages: int
+    objects: int
+    skipped: bool = False
+
+
+class _Publisher:
+    """Packs one task's messages into objects and writes them, a few at a time."""
+
+    def __init__(
+        self, options: SourceOptions, shape: RowShape, ident: str, write: str, at: datetime
+    ) -> None:
+        self._options = options
+        self._shape = shape
+        self._topic = options.topic
+        self._ident = ident
+        self._at = at
+        self._created = at.isoformat()
+        self._producer = str(uuid.uuid5(_NAMESPACE, f"spark-writer/{write}"))
+        self._pending: list[Envelope] = []
+        self._in_flight: deque[Future[str]] = deque()
+        self.messages = 0
+        self.objects = 0
+
+    def publish(self, batches: Iterator[pa.RecordBatch]) -> None:
+        per_object = self._options.messages_per_object
+        for batch in batches:
+            for payload, attributes in self._shape.messages(batch):
+                message_id = self._id(f"m{self.messages}")
+                self._pending.append(
+                    Envelope(
+                        message_id, self._topic, self._producer, self._created, payload, attributes
+                    )
+                )
+                self.messages += 1
+                if len(self._pending) >= per_object:
+                    self._flush()
+        if self._pending:
+            self._flush()
+        while self._in_flight:
+            self._in_flight.popleft().result()
+
+    def _flush(self) -> None:
+        members, self._pending = self._pending, []
+        at = self._at + timedelta(microseconds=self.objects)  # FIFO within the partition
+        if len(members) == 1 and self._options.messages_per_object == 1:
+            key = layout.message_key(self._topic, members[0].id, at)
+            body = members[0].encode()
+        else:
+            object_id = self._id(f"o{self.objects}")
+            key = layout.message_key(self._topic, object_id, at, batch=True)
+            body = encode_batch(object_id, members)
+        self.objects += 1
+        if len(self._in_flight) >= _PUTS_IN_FLIGHT:
+            self._in_flight.popleft().result()
+        self._in_flight.append(runtime.submit(_put(self._options, key, body)))
+
+    def _id(self, position: str) -> str:
+        return str(uuid.uuid5(_NAMESPACE, f"{self._ident}/{position}"))
+
+
+async def _put(options: SourceOptions, key: str, body: bytes) -> str:
+    store = await runtime.shared_store(options)
+    return await store.put(key, body, "overwrite")
+
+
+def _task() -> TaskContext:
+    context = TaskContext.get()
+    if context is None:
+        raise PawnQueueError("pawnqueue: write() must run in a Spark task")
+    return context
+
+
+class PawnQueueWriter(DataSourceArrowWriter):
+    """Batch write (``df.write.format("pawnqueue").mode("append")``).
+
+    With option ``writeId`` (and ``batchId``), the write is idempotent across jobs: the same
+    pair writes its rows once, like a micro-batch of a streaming write (for ``foreachBatch``).
+    """
+
+    def __init__(self, options: SourceOptions, shape: RowShape) -> None:
+        self._options = options
+        self._shape = shape
+        # Made once on the driver and pickled into every task: retries reuse them.
+        self._write = options.write_id or uuid.uuid4().hex
+        self._at = now_utc().isoformat()
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        partition = _task().partitionId()
+        options, batch = self._options, self._options.batch_id
+        if options.write_id is None:
+            at = parse_time(self._at)
+        else:
+            first = next((b for b in iterator if b.num_rows), None)
+            if first is None:
+                return WriteResult(options.topic, self._write, "", 0, 0)
+            at, committed = runtime.run(_batch_time(options, self._write, batch))
+            if committed:
+                return _skip(iterator, options.topic, self._write, at)
+            iterator = chain([first], iterator)
+        publisher = _Publisher(
+            options, self._shape, f"{self._write}/{batch}/{partition}", self._write, at
+        )
+        publisher.publish(iterator)
+        return WriteResult(
+            options.topic, self._write, at.isoformat(), publisher.messages, publisher.objects
+        )
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        written = [m for m in messages if isinstance(m, WriteResult) and m.messages]
+        if written and self._options.write_id is not None:
+            runtime.run(
+                _mark_committed(self._options, self._write, self._options.batch_id, written[0].at)
+            )
+        if written:
+            runtime.run(_signal(self._options))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        logger.warning("pawnqueue write %s aborted; a retry overwrites its objects", self._write)
+
+
+def _skip(iterator: Iterator[pa.RecordBatch], topic: str, write: str, at: datetime) -> WriteResult:
+    """A committed batch runs again: read its input, write nothing."""
+    for _ in iterator:
+        pass
+    return WriteResult(topic, write, at.isoformat(), 0, 0, skipped=True)
+
+
+class PawnQueueStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming write: every micro-batch's rows, exactly once per micro-batch."""
+
+    def __init__(self, options: SourceOptions, shape: RowShape) -> None:
+        self._options = options
+        self._shape = shape
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        context = _task()
+        query = context.getLocalProperty("sql.streaming.queryId") or ""
+        batch = int(context.getLocalProperty("streaming.sql.batchId") or 0)
+        topic = self._options.topic
+        first = next((b for b in iterator if b.num_rows), None)
+        if first is None:
+            return WriteResult(topic, query, "", 0, 0)
+        at, committed = runtime.run(_batch_time(self._options, query, batch))
+        if committed:
+            return _skip(iterator, topic, query, at)
+        ident = f"{query}/{batch}/{context.partitionId()}"
+        publisher = _Publisher(self._options, self._shape, ident, query, at)
+        publisher.publish(chain([first], iterator))
+        return WriteResult(topic, query, at.isoformat(), publisher.messages, publisher.objects)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        written = [m for m in messages if isinstance(m, WriteResult) and m.messages]
+        if written:
+            runtime.run(_mark_committed(self._options, written[0].write, batchId, written[0].at))
+            runtime.run(_signal(self._options))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        logger.warning("pawnqueue micro-batch %d aborted; a retry overwrites its objects", batchId)
+
+
+async def _batch_time(options: SourceOptions, query: str, batch: int) -> tuple[datetime, bool]:
+    """The message time of a micro-batch (recorded by its first task), and whether the
+    micro-batch was committed already."""
+    store = await runtime.shared_store(options)
+    key = layout.spark_sink_key(layout.validate_name(query, "streaming query id"), batch)
+    now = now_utc()
+    try:
+        await store.put(key, encode_json({"at": now.isoformat(), "committed": False}), "create")
+        return now, False
+    except AlreadyExists:
+        stored = json.loads((await store.get(key)).data)
+        return parse_time(stored["at"]), bool(stored.get("committed"))
+
+
+async def _mark_committed(options: SourceOptions, query: str, batch: int, at: str) -> None:
+    """Mark the micro-batch committed; the previous one's marker is not needed any more."""
+    store = await runtime.shared_store(options)
+    body = encode_json({"at": at, "committed": True})
+    await store.put(layout.spark_sink_key(query, batch), body)
+    if batch > 0:
+        await store.delete(layout.spark_sink_key(query, batch - 1))
+
+
+async def _signal(options: SourceOptions) -> None:
+    """Wake idle consumers of the topic (the change signal a producer gives)."""
+    config = options.config()
+    signals = ChangeSignals(await runtime.shared_store(options), config.notify)
+    signals.published(options.topic)
+    await signals.close()

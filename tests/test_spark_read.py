@@ -1,0 +1,70 @@
+"""Batch reads: snapshots of pending messages and of dead letters, claiming nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import DataFrame, SparkSession
+
+from tests.spark_helpers import SparkQueue, publish, remaining
+
+pytest_plugins = ["tests.spark_support"]
+
+
+async def _take(sq: SparkQueue, topic: str, ack: int, nack: int) -> list[str]:
+    """A consumer polls 10 messages, acks and nacks some and keeps the rest leased (it
+    releases them on teardown, which the snapshot taken before does not care about)."""
+    async with sq.queue() as pq:
+        consumer = await pq.register_consumer("reader", topics=[topic])
+        messages = await consumer.poll()
+        for message in messages[:ack]:
+            await message.ack()
+        for message in messages[ack : ack + nack]:
+            await message.nack()
+        return [m.id for m in messages[:ack]]
+
+
+def test_snapshots(spark: SparkSession, spark_queue: SparkQueue) -> None:
+    ids = asyncio.run(publish(spark_queue, "jobs", 30, batches=[25]))
+    acked = asyncio.run(_take(spark_queue, "jobs", ack=2, nack=3))
+
+    def reader(**options: str) -> DataFrame:
+        return spark.read.format("pawnqueue").options(**spark_queue.options, **options).load()
+
+    rows = reader(topic="jobs").collect()
+    assert len(rows) == len(ids) - 5
+    assert {r.id for r in rows} <= set(ids) - set(acked)
+    assert all(r.topic == "jobs" and r.attributes == {} for r in rows)
+    assert sorted(json.loads(r.payload)["n"] for r in rows if r.key.endswith(".batch")) == list(
+        range(30, 55)
+    )
+
+    dead = reader(topic="jobs", state="dead_letter").collect()
+    assert len(dead) == 3 and {r.reason for r in dead} == {"nack"}
+    assert all(r.dead_lettered_at is not None and r.receive_count == 1 for r in dead)
+
+    # Reading claimed nothing: every pending message is still there and free.
+    assert len(asyncio.run(remaining(spark_queue, "jobs/messages/"))) == 30 - 5 + 1
+    assert asyncio.run(remaining(spark_queue, "jobs/leases/")) == []
+
+
+def test_snapshot_of_several_topics_and_empty_ones(
+    spark: SparkSession, fs_queue: SparkQueue
+) -> None:
+    asyncio.run(publish(fs_queue, "a", 3))
+    asyncio.run(publish(fs_queue, "b", 0, batches=[4]))
+    asyncio.run(publish(fs_queue, "c", 0))
+
+    def reader(**options: str) -> DataFrame:
+        return spark.read.format("pawnqueue").options(**fs_queue.options, **options).load()
+
+    counts = reader(topics="a, b,c").groupBy("topic").count().collect()
+    assert {row.topic: row["count"] for row in counts} == {"a": 3, "b": 4}
+    assert reader(topic="c").count() == 0
+    with pytest.raises(Exception, match="topic 'd' does not exist"):
+        reader(topics="a,d")
