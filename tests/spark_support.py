@@ -1,8 +1,8 @@
 """Fixtures of the Spark tests: one local SparkSession per test session, a store per test.
 
-Test modules load this as a plugin, after skipping when PySpark is missing::
+Test modules load this as a plugin (PySpark is part of the test install: ``make test``
+installs the ``spark`` extra, and a missing PySpark fails the tests)::
 
-    pytest.importorskip("pyspark")
     pytest_plugins = ["tests.spark_support"]
 
 The session is ``local[2,2]``: two worker threads, and two attempts per task, so a task that

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyspark")
-
 from pawn_queue import PawnQueue, PawnQueueConfig
 from pawn_queue.exceptions import ConfigError
 from pawn_queue.spark.driver import StreamDriver

@@ -6,9 +6,6 @@ import asyncio
 import json
 
 import pytest
-
-pytest.importorskip("pyspark")
-
 from pyspark.sql import DataFrame, SparkSession
 
 from tests.spark_helpers import SparkQueue, publish, remaining

@@ -14,9 +14,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("pyspark")
-
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession, functions
 from pyspark.sql.types import StringType

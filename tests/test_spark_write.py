@@ -8,9 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("pyspark")
-
 from pyspark import TaskContext
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession, functions
