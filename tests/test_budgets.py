@@ -58,6 +58,34 @@ async def test_poll_of_ten_is_one_list_plus_claims_and_reads(
     assert store.reset() == Counter()
 
 
+async def test_later_polls_claim_what_the_first_listing_found(
+    counted: tuple[PawnQueue, CountingStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slow machine must not outlast the memory between two polls of this test.
+    monkeypatch.setattr("pawn_queue.consumer._REMEMBER_SECONDS", 60.0)
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    published = [await producer.publish("t", {"n": n}) for n in range(25)]
+    consumer = await pq.register_consumer("c", topics=["t"])
+    store.reset()
+    received: list[str] = []
+    costs = []
+    for _ in range(4):
+        messages = await consumer.poll()
+        received += [m.id for m in messages]
+        costs.append(store.reset())
+        await asyncio.gather(*(m.ack() for m in messages))
+        store.reset()
+    assert received == published  # FIFO, each once
+    assert costs == [
+        Counter({"LIST": 1, "PUT create": 10, "GET": 10}),
+        Counter({"PUT create": 10, "GET": 10}),  # no LIST: the first one listed all 25
+        # The rest of what was listed, then a LIST for the 5 more it wants (finding none).
+        Counter({"PUT create": 5, "GET": 5, "LIST": 1}),
+        Counter({"LIST": 1}),
+    ]
+
+
 async def test_nack_costs_a_put_and_two_deletes(counted: tuple[PawnQueue, CountingStore]) -> None:
     pq, store = counted
     await (await pq.register_producer("p")).publish("t", {"n": 1})

@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 
 from pawn_queue import ConfigError, PawnQueue, TopicNotFoundError
+from pawn_queue.config import load_config
+from pawn_queue.exceptions import StoreUnavailable
+from pawn_queue.store import open_store
+from tests.faults import FaultyStore
 
 
 async def test_dead_letters_carry_why_and_redrive_restores_them(pq: PawnQueue) -> None:
@@ -68,3 +72,38 @@ async def test_topic_stats(pq: PawnQueue) -> None:
     stats = await pq.topic_stats("t")
     assert (stats.pending, stats.in_flight) == (4, 0)
     assert stats.oldest_age_seconds is not None and stats.oldest_age_seconds >= 0
+
+
+async def test_redrive_cut_short_and_run_again_leaves_one_copy(
+    queue_config: dict[str, object],
+) -> None:
+    """A redrive that died between writing the message and deleting its dead letter, run
+    again, rewrites the same message object: one pending copy, no dead letter."""
+    config = load_config(queue_config)
+    store = FaultyStore(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("t")
+        message_id = await (await pq.register_producer("p")).publish("t", {"n": 1})
+        [message] = await (await pq.register_consumer("c", topics=["t"])).poll()
+        await message.nack()
+
+        async def fail_dead_letter_delete(operation: str, key: str) -> None:
+            if operation == "delete" and "/dead-letter/" in key:
+                raise StoreUnavailable("injected: the process died here")
+
+        store.hooks.append(fail_dead_letter_delete)
+        with pytest.raises(StoreUnavailable):
+            await pq.redrive("t")
+        store.hooks.clear()
+        assert [d.id for d in await pq.dead_letters("t")] == [message_id]  # both exist now
+        assert len(await pq.store.list("t/messages/")) == 1
+
+        assert await pq.redrive("t") == 1
+        assert await pq.dead_letters("t") == []
+        [pending] = await pq.store.list("t/messages/")
+        assert message_id in pending.key
+        consumer = await pq.register_consumer("c2", topics=["t"])
+        [again] = await consumer.poll()
+        assert again.id == message_id
+        await again.ack()
+        assert await consumer.poll() == []

@@ -422,3 +422,92 @@ async def test_non_durable_put_is_still_atomic_and_conditional(tmp_path: Path) -
         assert (tmp_path / "r" / "t" / "leases" / "x.lease").read_bytes() == b"3"
     finally:
         await store.close()
+
+
+# -- symbolic links, FIFOs and the umask ----------------------------------------------------
+
+
+@pytest.mark.parametrize("linked", ["t", "t/messages"])
+async def test_never_follows_a_linked_directory_out_of_the_root(
+    tmp_path: Path, linked: str
+) -> None:
+    outside = tmp_path / "outside"
+    (outside / "messages").mkdir(parents=True)
+    (outside / "x.json").write_bytes(b"outside")
+    (outside / "messages" / "x.json").write_bytes(b"outside")
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    store = FilesystemStore(tmp_path / "root")
+    try:
+        await store.put("t/.topic", b"marker") if linked != "t" else await store.list()
+        (tmp_path / "root" / linked).symlink_to(outside)
+        for mode in ("overwrite", "create", IfMatch('"x"')):
+            with pytest.raises(StoreError, match="symbolic link"):
+                await store.put("t/messages/x.json", b"written through a link", mode=mode)
+            with pytest.raises(StoreError, match="symbolic link"):
+                await store.put("t/messages/new/deeper.json", b"x", mode=mode)
+        with pytest.raises(NotFound):
+            await store.get("t/messages/x.json")
+        with pytest.raises(NotFound):
+            await store.head("t/messages/x.json")
+        assert await store.list("t/messages/") == []
+        assert await store.list("t/messages/x") == []
+        await store.delete("t/messages/x.json")
+        await store.delete_many(["t/messages/x.json", "t/x.json"])
+        assert [m.key for m in await store.list()] == (["t/.topic"] if linked != "t" else [])
+    finally:
+        await store.close()
+    assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before
+
+
+async def test_linked_reserved_directory_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "root" / ".pawnqueue").mkdir(parents=True)
+    (tmp_path / "root" / ".pawnqueue" / "tmp").symlink_to(outside)
+    store = FilesystemStore(tmp_path / "root")
+    with pytest.raises(StoreError, match="symbolic link"):
+        await store.put("k", b"x")
+    await store.close()
+    assert list(outside.iterdir()) == []
+
+
+async def test_a_fifo_at_a_key_never_blocks(fs: FilesystemStore) -> None:
+    await fs.put("_registry/names/producers/other.json", b"{}")
+    fifo = Path(fs.root) / "_registry" / "names" / "producers" / "p.json"
+    os.mkfifo(fifo)
+    async with asyncio.timeout(10):  # a blocking open would hang a worker thread forever
+        with pytest.raises(NotFound):
+            await fs.get("_registry/names/producers/p.json")
+        with pytest.raises(NotFound):
+            await fs.head("_registry/names/producers/p.json")
+        with pytest.raises(StoreError, match="collides"):
+            await fs.put("_registry/names/producers/p.json", b"{}", mode="create")
+        listed = await fs.list("_registry/")
+    assert [m.key for m in listed] == ["_registry/names/producers/other.json"]
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o077], ids=["umask-000", "umask-077"])
+async def test_files_0600_and_directories_0700_under_any_umask(tmp_path: Path, umask: int) -> None:
+    from pawn_queue import PawnQueue
+
+    root = tmp_path / "queue"
+    previous = os.umask(umask)
+    try:
+        async with PawnQueue.from_url(f"file://{root}") as pq:
+            await pq.create_topic("t")
+            producer = await pq.register_producer("p")
+            consumer = await pq.register_consumer("c", topics=["t"])
+            await producer.publish("t", {"n": 1}, group="g")
+            await producer.publish_batch("t", [1, 2])
+            await producer.publish("t", b"bytes", delay=3600, dedup_id="d")
+            for message in await consumer.poll(wait=10):
+                await (message.nack() if message.payload == 1 else message.ack())
+            await pq.registry.heartbeat()
+    finally:
+        os.umask(previous)
+    paths = [root, *root.rglob("*")]
+    assert len(paths) > 20
+    for path in paths:
+        expected = 0o700 if path.is_dir() else 0o600
+        assert mode_of(path) == expected, (oct(mode_of(path)), path)
+    assert {p.parent.name for p in paths} >= {"dead-letter", "messages", "dedup", "locks"}

@@ -115,7 +115,7 @@ async def test_topics_create_list_delete(pq: PawnQueue) -> None:
         await producer.publish("b-topic", {"x": 1})
     with pytest.raises(TopicNotFoundError):
         await pq.delete_topic("b-topic")
-    for bad in ("", "../x", "a/b", "_reserved", ".hidden", "x" * 200, "naïve"):
+    for bad in ("", "../x", "a/b", "_reserved", ".hidden", "x" * 200, "a\u202eb"):
         with pytest.raises(ConfigError):
             await pq.create_topic(bad)
 

@@ -178,6 +178,7 @@ def publish(
             fail(f"invalid JSON message: {exc}", code=2)
 
     async def main() -> tuple[int, int]:
+        layout.validate_name(topic, "topic name")  # before registering: a refusal writes nothing
         async with open_queue(opts) as pq:
             producer = await pq.register_producer(producer_name)
             if message is not None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import reprlib
 from collections.abc import Collection
 from types import TracebackType
 from typing import Any
@@ -200,8 +201,10 @@ class PawnQueue:
         ``visibility_timeout`` (seconds) overrides ``polling.visibility_timeout_seconds`` for
         this consumer's leases; it must exceed the lease refresh interval and the skew margin.
         """
-        if isinstance(topics, str) or not topics:
-            raise ConfigError("topics must be a non-empty list of topic names")
+        if not isinstance(topics, list | tuple) or not topics:
+            raise ConfigError(
+                f"topics must be a non-empty list of topic names, got {reprlib.repr(topics)}"
+            )
         if visibility_timeout is not None:
             floor = max(
                 self.config.polling.lease_refresh_interval_seconds,

@@ -57,7 +57,8 @@ _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 class _Section(BaseModel):
     """Strict, immutable, and failing with ConfigError however it is built."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a ValidationError (kept as __context__) must not carry secrets.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
     section_path: ClassVar[str] = ""
 
     def __init__(self, **data: Any) -> None:

@@ -20,7 +20,7 @@ from pawn_queue.envelope import (
     CorruptObject,
     DeadLetterInfo,
     Envelope,
-    decode_batch,
+    decode_pending,
     encode_unreadable,
     now_utc,
 )
@@ -38,9 +38,12 @@ MessageHandler = Callable[[Message], Awaitable[Any]]
 
 _LIST_PAGE = 1000  # one S3 LIST request
 _MIN_PAGE = 100
+_CONTENDED_WIDTH = 30  # page size under contention, in claims per poll
 _CONTENTION_MEMORY_SECONDS = 30.0
 _MIN_PATIENCE_SECONDS = 0.05
 _DUE_SLACK = 0.01
+_REMEMBER_SECONDS = 1.0
+_SWEEP_SECONDS = 600.0  # how often a consumer looks for orphan leases in each topic
 _IO_CONCURRENCY = 32
 
 
@@ -102,12 +105,13 @@ class Consumer:
         self._refresher_stop = asyncio.Event()
         self._next_topic = 0
         self._contended_until: dict[str, float] = {}
-        self._late_claims: set[asyncio.Task[None]] = set()
+        # topic -> candidates left by the last listing, and until when to trust them
+        self._remembered: dict[str, tuple[list[tuple[layout.PendingKey, str]], float]] = {}
+        self._late_claims: set[asyncio.Task[Any]] = set()  # and orphan-lease sweeps
+        self._sweep_after: dict[str, float] = {}
         self._io_slots = asyncio.Semaphore(_IO_CONCURRENCY)
         self._claim_seconds = _MIN_PATIENCE_SECONDS  # moving average of a claim's latency
-        self._next_due: datetime | None = (
-            None  # first delayed message seen by the last poll  # topic -> when to poll alone again
-        )
+        self._next_due: datetime | None = None  # first delayed message seen by the last poll
         self._refresh_paused = False  # lets tests stand in for a stalled process
 
     @property
@@ -166,7 +170,25 @@ class Consumer:
             topic = self._topics[(start + i) % count]
             messages += await self._poll_topic(topic, wanted - len(messages))
         self._buffer.extend(messages[wanted:])
-        return messages[:wanted]
+        return await self._still_held(messages[:wanted])
+
+    async def _still_held(self, messages: list[Message]) -> list[Message]:
+        """The messages whose lease stays ours a while. A slow poll, or a wait in the buffer
+        (a stalled process), can leave little of a lease or none: it is renewed first, and
+        a message taken over meanwhile is dropped (its new holder has it). One that cannot
+        be checked now waits in the buffer."""
+        results = await gather_limited(
+            _IO_CONCURRENCY, (message._claimed.ensure_held() for message in messages)
+        )
+        held = []
+        for message, result in zip(messages, results, strict=True):
+            if result is None:
+                held.append(message)
+            elif isinstance(result, StoreError):
+                self._buffer.append(message)
+            elif not isinstance(result, LeaseLostError):
+                raise result
+        return held
 
     def _take_buffered(self, wanted: int) -> list[Message]:
         taken: list[Message] = []
@@ -177,19 +199,37 @@ class Consumer:
         return taken
 
     async def _poll_topic(self, topic: str, wanted: int) -> list[Message]:
+        self._maybe_sweep(topic)
         claimed: list[Message] = []
+        contended = self._contended(topic)
+        remembered, until = self._remembered.pop(topic, ([], 0.0))
+        remembered = [
+            (pending, key)
+            for pending, key in remembered
+            if self._leases.worth_claiming(topic, pending.lease_id(), key)
+        ]
+        if remembered and not contended and time.monotonic() < until:
+            # What the last listing found beyond its claims: claiming it spares a LIST. Kept
+            # briefly, so a message released meanwhile waits at most that long to come first.
+            claimed, rest, conflicts = await self._claim_candidates(topic, remembered, wanted)
+            if conflicts:
+                self._contended_until[topic] = time.monotonic() + _CONTENTION_MEMORY_SECONDS
+            elif rest:
+                self._remembered[topic] = (rest, until)
+            if len(claimed) >= wanted or conflicts:
+                return claimed
         start_after: str | None = None
         recently_leased = await self._recently_leased(topic)
         groups_seen: set[str] = set()
-        # Alone, the head of the listing is enough (FIFO). Competing, a whole page: each
+        # Alone, the head of the listing is enough (FIFO). Competing, a wider page: each
         # consumer then claims a block at a random place in it, so blocks rarely overlap.
-        contended = self._contended(topic)
-        page_size = _LIST_PAGE if contended else min(_LIST_PAGE, max(_MIN_PAGE, wanted * 2))
+        # Not wider than that: every key of a page costs CPU to look at.
+        page_size = min(_LIST_PAGE, max(_MIN_PAGE, wanted * (_CONTENDED_WIDTH if contended else 2)))
         while len(claimed) < wanted:
             page = await self._store.list(
                 layout.messages_prefix(topic), start_after=start_after, limit=page_size
             )
-            candidates = []
+            candidates: list[tuple[layout.PendingKey, str]] = []
             # Keys sort by the time messages become due: the first one not due yet ends the
             # scan (the skew margin keeps a producer's fast clock from hiding its messages).
             due_by = now_utc() + self._leases.margin
@@ -220,27 +260,43 @@ class Consumer:
             if contended and len(candidates) > wanted:
                 offset = random.randrange(len(candidates))
                 candidates = candidates[offset:] + candidates[:offset]
-            conflicts = 0
-            while candidates and len(claimed) < wanted:
-                # Batch objects hold many messages: one claim may be enough.
-                take = wanted - len(claimed)
-                chunk, candidates = candidates[:take], candidates[take:]
-                results = await self._claim_all(topic, chunk)
-                for result in results:
-                    if isinstance(result, list):
-                        claimed += result
-                    elif result is None:
-                        conflicts += 1
-                    elif isinstance(result, asyncio.CancelledError):
-                        raise result
-                    elif isinstance(result, BaseException):
-                        logger.warning("claim failed topic=%s error=%s", topic, result)
+            won, rest, conflicts = await self._claim_candidates(
+                topic, candidates, wanted - len(claimed)
+            )
+            claimed += won
             if conflicts:
                 self._contended_until[topic] = time.monotonic() + _CONTENTION_MEMORY_SECONDS
+            elif rest and not contended:
+                # Only the group heads of this page are in ``rest``: the next of a group is
+                # found by a later listing, once the one before it is settled.
+                self._remembered[topic] = (rest, time.monotonic() + _REMEMBER_SECONDS)
             if not_due or len(page) < page_size:
                 break
             start_after = page[-1].key
         return claimed
+
+    async def _claim_candidates(
+        self, topic: str, candidates: list[tuple[layout.PendingKey, str]], wanted: int
+    ) -> tuple[list[Message], list[tuple[layout.PendingKey, str]], int]:
+        """Claim candidates in order until ``wanted`` messages are won: the messages, the
+        candidates not tried, and how many claims other consumers won."""
+        claimed: list[Message] = []
+        conflicts = 0
+        while candidates and len(claimed) < wanted:
+            # Batch objects hold many messages: one claim may be enough.
+            take = wanted - len(claimed)
+            chunk, candidates = candidates[:take], candidates[take:]
+            results = await self._claim_all(topic, chunk)
+            for result in results:
+                if isinstance(result, list):
+                    claimed += result
+                elif result is None:
+                    conflicts += 1
+                elif isinstance(result, asyncio.CancelledError):
+                    raise result
+                elif isinstance(result, BaseException):
+                    logger.warning("claim failed topic=%s error=%s", topic, result)
+        return claimed, candidates, conflicts
 
     async def _claim_all(
         self, topic: str, chunk: list[tuple[layout.PendingKey, str]]
@@ -308,6 +364,23 @@ class Consumer:
         except StoreError as exc:
             logger.warning("claim failed topic=%s error=%s", topic, exc)
 
+    def _maybe_sweep(self, topic: str) -> None:
+        """Now and then, delete orphan leases of ``topic`` in the background."""
+        now = time.monotonic()
+        due = self._sweep_after.setdefault(topic, now + _SWEEP_SECONDS)
+        if now < due:
+            return
+        self._sweep_after[topic] = now + _SWEEP_SECONDS
+        sweep = asyncio.create_task(self._sweep(topic))
+        self._late_claims.add(sweep)
+        sweep.add_done_callback(self._late_claims.discard)
+
+    async def _sweep(self, topic: str) -> None:
+        try:
+            await self._leases.sweep_orphans(topic, self.id, self._visibility)
+        except StoreError as exc:
+            logger.warning("orphan lease sweep failed topic=%s error=%s", topic, exc)
+
     def _contended(self, topic: str) -> bool:
         """Whether other consumers competed for this topic's messages lately."""
         return time.monotonic() < self._contended_until.get(topic, 0.0)
@@ -340,7 +413,7 @@ class Consumer:
             await self._leases.release(lease)
             raise
         try:
-            envelopes = decode_batch(obj.data) if is_batch else [Envelope.decode(obj.data)]
+            envelopes = decode_pending(obj.data, topic, object_id, batch=is_batch)
         except CorruptObject as exc:
             await self._quarantine(topic, object_id, key, obj.data, str(exc), lease)
             return []
@@ -469,22 +542,35 @@ class Consumer:
 
     async def _refresh_loop(self, stop: asyncio.Event) -> None:
         interval = self._polling.lease_refresh_interval_seconds
-        while self._held:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
-            if stop.is_set():
-                return
-            if self._refresh_paused:
-                continue
-            held = list(self._held.values())
-            results = await gather_limited(
-                _IO_CONCURRENCY, (self._leases.refresh(lease) for lease in held)
-            )
-            for lease, result in zip(held, results, strict=True):
-                if isinstance(result, LeaseLostError):
-                    self._held.pop(lease.key, None)
-                elif isinstance(result, BaseException):
-                    logger.warning("lease refresh failed key=%s error=%s", lease.key, result)
+        # Each lease is refreshed on its own: a slow or stalled request must not hold back
+        # the refreshes of the others (their leases would run out meanwhile).
+        running: dict[str, asyncio.Task[None]] = {}
+        slots = asyncio.Semaphore(_IO_CONCURRENCY)
+        try:
+            while self._held:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), interval)
+                if stop.is_set():
+                    return
+                if self._refresh_paused:
+                    continue
+                for key in [k for k in running if running[k].done()]:
+                    del running[key]
+                for lease in list(self._held.values()):
+                    if lease.key not in running:
+                        running[lease.key] = asyncio.create_task(self._refresh(lease, slots))
+        finally:
+            # Never stop mid-write: a cancelled request can still land after the release.
+            await asyncio.gather(*running.values(), return_exceptions=True)
+
+    async def _refresh(self, lease: Lease, slots: asyncio.Semaphore) -> None:
+        async with slots:
+            try:
+                await self._leases.refresh(lease)
+            except LeaseLostError:
+                self._held.pop(lease.key, None)
+            except Exception as exc:
+                logger.warning("lease refresh failed key=%s error=%s", lease.key, exc)
 
     async def release_all(self) -> None:
         """Release every lease this consumer holds and stop refreshing."""

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import reprlib
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pawn_queue import layout
-from pawn_queue.envelope import CorruptObject, decode_dead_letter, now_utc
-from pawn_queue.exceptions import ConfigError, NotFound
+from pawn_queue.envelope import (
+    CorruptObject,
+    DeadLetterInfo,
+    decode_dead_letter,
+    encode_dead_letter,
+    now_utc,
+)
+from pawn_queue.exceptions import ConfigError, NotFound, PreconditionFailed, StoreError
 from pawn_queue.message import write_message
 from pawn_queue.notify import ChangeSignals
-from pawn_queue.store.base import Store
+from pawn_queue.store.base import IfMatch, Store
 from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
 
 _PAGE = 1000
+_MARK_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,9 @@ class DeadLetters:
         message_id = key.rsplit("/", 1)[-1].removesuffix(".json")
         try:
             envelope, info = decode_dead_letter(data)
+            if not layout.is_uuid(envelope.id):
+                # A redrive writes the message under this id: it must make a message key.
+                raise CorruptObject(f"dead letter id {envelope.id[:40]!r} is not a UUID")
         except CorruptObject as exc:
             return DeadLetter(message_id, "", "", "", None, {}, "corrupt", str(exc), "", 0, key)
         return DeadLetter(
@@ -93,27 +104,57 @@ class DeadLetters:
         """Publish dead letters back to their topic (same id, payload and attributes) and
         delete them; return how many. ``ids`` selects some, ``limit`` caps the number,
         ``per_second`` paces the writes. Each message is written before its dead letter is
-        deleted, so a crash in between leaves a duplicate, never a loss."""
+        deleted, so a crash in between leaves both, never neither; running the redrive again
+        then rewrites the same message object and deletes the dead letter."""
         if per_second is not None and per_second <= 0:
             raise ConfigError(f"per_second: got {per_second!r}, must be > 0")
-        wanted = set(ids) if ids is not None else None
+        wanted = None if ids is None else _id_set(ids)
         moved = 0
         for letter in await self.list(topic):
             if limit is not None and moved >= limit:
                 break
             if (wanted is not None and letter.id not in wanted) or not letter.redrivable:
                 continue
-            data = (await self._store.get(letter.key)).data
-            envelope, _ = decode_dead_letter(data)
-            await write_message(
-                self._store, replace(envelope, topic=topic), now_utc(), self._signals
-            )
-            await self._store.delete(letter.key)
-            moved += 1
+            moved += await self._move(topic, letter.key)
             if per_second is not None:
                 await asyncio.sleep(1 / per_second)
         logger.info("redrove topic=%s messages=%d", topic, moved)
         return moved
+
+    async def _move(self, topic: str, key: str) -> int:
+        """Write the dead letter at ``key`` back as a pending message, then delete it; return
+        1, or 0 if it is gone.
+
+        The message's new key is first written into the dead letter (if-match), so a redrive
+        re-run after a crash between the two steps rewrites that same object instead of adding
+        a second copy of the message.
+        """
+        for _ in range(_MARK_ATTEMPTS):
+            try:
+                stored = await self._store.get(key)
+            except NotFound:
+                return 0  # redriven or purged meanwhile
+            envelope, info = decode_dead_letter(stored.data)
+            target = info.redrive_key if info is not None else ""
+            pending = layout.parse_pending_key(target)
+            if (
+                pending is None
+                or pending.kind != "message"
+                or pending.object_id != envelope.id
+                or not target.startswith(layout.messages_prefix(topic))
+            ):
+                target = layout.message_key(topic, envelope.id, now_utc())
+                marked = replace(info or DeadLetterInfo("nack", None, "", ""), redrive_key=target)
+                body = encode_dead_letter(envelope, marked)
+                try:
+                    await self._store.put(key, body, IfMatch(stored.meta.etag))
+                except PreconditionFailed:
+                    continue  # rewritten meanwhile, or our own retried write landed: read again
+            message = replace(envelope, topic=topic)
+            await write_message(self._store, message, now_utc(), self._signals, key=target)
+            await self._store.delete(key)
+            return 1
+        raise StoreError(f"dead letter {key} kept changing while it was being redriven")
 
     async def purge(self, topic: str) -> int:
         """Delete every dead letter of the topic; return how many."""
@@ -124,3 +165,18 @@ class DeadLetters:
             purged += len(page)
         logger.info("purged dead letters topic=%s count=%d", topic, purged)
         return purged
+
+
+def _id_set(ids: Collection[str]) -> set[str]:
+    """``ids`` as a set, or ConfigError (a lone string would otherwise be read as its letters)."""
+    try:
+        if isinstance(ids, str | bytes):
+            raise TypeError
+        wanted = set(ids)
+        if not all(isinstance(i, str) for i in wanted):
+            raise TypeError
+    except TypeError:
+        raise ConfigError(
+            f"ids: got {reprlib.repr(ids)}, must be a collection of message id strings"
+        ) from None
+    return wanted

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from pawn_queue.exceptions import PayloadError
+from pawn_queue.layout import is_uuid
 
 BINARY_MAGIC = b"PQB1\n"  # starts a body whose payload is raw bytes (not JSON)
 
@@ -177,6 +178,24 @@ def decode_batch(data: bytes) -> list[Envelope]:
     return out
 
 
+def decode_pending(data: bytes, topic: str, object_id: str, *, batch: bool) -> list[Envelope]:
+    """The messages of the object ``object_id`` found among ``topic``'s pending messages.
+
+    Where the object lies decides where its messages belong: a body that names another topic
+    is delivered as this topic's, so its dead letter or redrive stays here. A message id that
+    is not the key's (in a batch: not a UUID, or repeated) makes the object corrupt, since
+    dead-letter keys are built from it.
+    """
+    envelopes = decode_batch(data) if batch else [Envelope.decode(data)]
+    ids = [e.id for e in envelopes]
+    if batch:
+        if not all(is_uuid(i) for i in ids) or len(set(ids)) != len(ids):
+            raise CorruptObject("batch has a member whose id is not a UUID or is repeated")
+    elif ids != [object_id]:
+        raise CorruptObject(f"message id {ids[0][:40]!r} is not the id in its key")
+    return [e if e.topic == topic else replace(e, topic=topic) for e in envelopes]
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetterInfo:
     """Why and when a message was dead-lettered."""
@@ -186,6 +205,7 @@ class DeadLetterInfo:
     dead_lettered_at: str
     source_key: str
     receive_count: int = 0
+    redrive_key: str = ""  # where a redrive under way writes the message back
 
 
 def _dead_letter_body(envelope: Envelope, info: DeadLetterInfo) -> dict[str, Any]:
@@ -197,6 +217,8 @@ def _dead_letter_body(envelope: Envelope, info: DeadLetterInfo) -> dict[str, Any
         "source_key": info.source_key,
         "receive_count": info.receive_count,
     }
+    if info.redrive_key:
+        body["dead_letter"]["redrive_key"] = info.redrive_key
     return body
 
 
@@ -226,6 +248,7 @@ def decode_dead_letter(data: bytes) -> tuple[Envelope, DeadLetterInfo | None]:
         dead_lettered_at=str(meta.get("dead_lettered_at", "")),
         source_key=str(meta.get("source_key", "")),
         receive_count=_positive_int(meta.get("receive_count"), 0),
+        redrive_key=str(meta.get("redrive_key", "")),
     )
 
 
@@ -277,9 +300,16 @@ class LeaseBody:
             expires_at=expires_at,
             nonce=str(obj.get("nonce", "")),
             message_key=str(obj.get("message_key", "")),
-            settled=tuple(i for i in obj.get("settled") or () if isinstance(i, int)),
+            settled=_settled(obj.get("settled")),
             receive_count=_positive_int(obj.get("receive_count"), 1),
         )
+
+
+def _settled(value: Any) -> tuple[int, ...]:
+    """A lease's settled batch members; anything but a list of indexes counts as none."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(i for i in value if isinstance(i, int) and not isinstance(i, bool) and i >= 0)
 
 
 def _positive_int(value: Any, default: int) -> int:

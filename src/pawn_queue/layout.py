@@ -17,13 +17,24 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     _spark/{query}/batches/{n}.json             a streaming query's micro-batch manifest
     _spark/{query}/sink/{n}.json                a streaming write's micro-batch marker
 
-Names starting with ``_`` or ``.`` are reserved for the library.
+Names of topics, producers and consumers (:func:`validate_name`) are safe as a key segment
+and a file name on every store, and cannot pass for another name on screen: 1-128
+characters (at most 240 bytes of UTF-8) that are letters and digits of any script
+(``orders``, ``заказы``, ``注文``), combining marks after them, and ASCII ``.``, ``_``, ``-``;
+the first is a letter or digit, ``..`` does not occur, and NFKC normalisation leaves the name
+unchanged. So slashes and their lookalikes (fullwidth solidus U+FF0F, division slash
+U+2215), dot lookalikes (one-dot leader U+2024), backslashes, spaces, control and format
+characters (such as the right-to-left override U+202E), overlay marks and blank letters
+(Hangul fillers) are refused. Letters of different scripts that look alike (Latin and
+Cyrillic "o") still make different names. Names starting with ``_`` or ``.`` are reserved
+for the library.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import reprlib
 import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,7 +46,9 @@ Role = Literal["producers", "consumers"]
 ROLES: tuple[Role, ...] = ("producers", "consumers")
 
 MAX_NAME_LENGTH = 128
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+MAX_NAME_BYTES = 240  # one file name (255 bytes) with room for a suffix such as ".json"
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]*")  # with fullmatch: "$" would allow "\n"
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")  # Hangul fillers: letters that show nothing
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 TOPIC_MARKER = ".topic"
@@ -50,16 +63,18 @@ MESSAGE_SUFFIX = ".json"
 BATCH_SUFFIX = ".batch"
 GROUP_SUFFIX = ".group"
 _GROUP_HASH_RE = re.compile(r"^[0-9a-f]{32}$")
+_STAMP_RE = re.compile(r"[0-9]{8}T[0-9]{6}_[0-9]{6}")  # message_key's timestamp, UTC
 
 
 def validate_name(name: object, what: str = "name") -> str:
     """Return ``name`` if it is a valid topic, producer or consumer name, else raise ConfigError.
 
-    Allowed: 1-128 ASCII letters, digits, ``.``, ``_`` and ``-``, starting with a letter or
-    digit; no ``..``. This keeps names safe as key segments and as file names on every store.
+    The rules are in the module docstring; the error names the first offending character.
     """
     if not isinstance(name, str):
-        raise ConfigError(f"{what} must be a string, got {type(name).__name__}")
+        raise ConfigError(
+            f"{what} must be a string, got {type(name).__name__} {reprlib.repr(name)}"
+        )
     shown = repr(name if len(name) <= 40 else name[:40] + "...")
     if not name:
         raise ConfigError(f"{what} must not be empty")
@@ -69,12 +84,43 @@ def validate_name(name: object, what: str = "name") -> str:
         )
     if name.startswith(RESERVED_PREFIXES):
         raise ConfigError(f"{what} {shown} starts with '_' or '.', which are reserved")
-    if ".." in name or not _NAME_RE.match(unicodedata.normalize("NFC", name)) or not name.isascii():
+    rules = (
+        "use letters and digits of any script, '.', '_' and '-', starting with a letter or "
+        "digit, without '..'"
+    )
+    if ".." in name:
+        raise ConfigError(f"{what} {shown} is invalid: {rules}")
+    if name.isascii():
+        if not _NAME_RE.fullmatch(name):
+            raise ConfigError(f"{what} {shown} is invalid: {rules}")
+        return name
+    for position, char in enumerate(name):
+        if not _name_char_allowed(char, first=position == 0):
+            label = unicodedata.name(char, f"U+{ord(char):04X}")
+            raise ConfigError(
+                f"{what} {shown} is invalid: character {char!r} ({label}) is not allowed; {rules}"
+            )
+    normal = unicodedata.normalize("NFKC", name)
+    if normal != name:
         raise ConfigError(
-            f"{what} {shown} is invalid: use ASCII letters, digits, '.', '_' and '-', "
-            "starting with a letter or digit, without '..'"
+            f"{what} {shown} is invalid: it has compatibility characters (fullwidth, ligature, "
+            f"dot leader...) that look like {normal!r}"
         )
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise ConfigError(f"{what} {shown} is longer than {MAX_NAME_BYTES} bytes in UTF-8")
     return name
+
+
+def _name_char_allowed(char: str, *, first: bool) -> bool:
+    if char.isascii():
+        return char.isalnum() or (not first and char in "._-")
+    category = unicodedata.category(char)
+    if category[0] in "LN":
+        return char not in _BLANK_LETTERS
+    if category in ("Mn", "Mc"):
+        # A mark joins the character before it; overlay marks can draw a slash through it.
+        return not first and "OVERLAY" not in unicodedata.name(char, "")
+    return False
 
 
 def is_uuid(value: str) -> bool:
@@ -104,8 +150,20 @@ def message_key(topic: str, message_id: str, at: datetime, *, batch: bool = Fals
 def due_from_key(key: str) -> datetime | None:
     """When the message at ``key`` becomes visible: the UTC timestamp its name starts with."""
     name = key.rsplit("/", 1)[-1]
+    if not _STAMP_RE.match(name):
+        return None
+    # By hand: strptime costs ~20 µs a key, and polls look at every key of a page.
     try:
-        return datetime.strptime(name[:22], "%Y%m%dT%H%M%S_%f").replace(tzinfo=UTC)
+        return datetime(
+            int(name[0:4]),
+            int(name[4:6]),
+            int(name[6:8]),
+            int(name[9:11]),
+            int(name[11:13]),
+            int(name[13:15]),
+            int(name[16:22]),
+            tzinfo=UTC,
+        )
     except ValueError:
         return None
 
@@ -124,8 +182,12 @@ class PendingKey:
 
 
 def parse_pending_key(key: str) -> PendingKey | None:
-    """The message, batch or group message at ``key``; None for anything else."""
-    name = key.rsplit("/", 1)[-1]
+    """The message, batch or group message at ``key``; None for anything else (including
+    keys nested deeper than ``{topic}/messages/``, which listings also return)."""
+    parent, _, name = key.rpartition("/")
+    topic, _, kind_dir = parent.partition("/")
+    if not topic or f"{kind_dir}/" != MESSAGES:
+        return None
     if name.endswith(MESSAGE_SUFFIX):
         kind, stem, group_hash = "message", name[: -len(MESSAGE_SUFFIX)], ""
     elif name.endswith(BATCH_SUFFIX):

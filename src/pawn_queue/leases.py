@@ -10,7 +10,8 @@ Two strategies (see docs/protocol.md):
 
 A lease is expired for a taker only when ``now > expires_at + clock_skew_margin``, and its
 holder treats it as safe only while ``now < expires_at - clock_skew_margin``: clocks that
-differ by less than the margin never see a live lease as expired.
+differ by less than the margin never see a live lease as expired. Every one of these
+decisions reads :attr:`LeaseManager.clock`, the host's UTC wall clock.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
@@ -87,6 +88,8 @@ class LeaseManager:
         self.strategy = strategy
         self._csprng = concurrency.csprng_verify
         self.margin = timedelta(seconds=concurrency.clock_skew_margin_seconds)
+        # The wall clock behind every expiry decision (a skewed one simulates another host).
+        self.clock: Callable[[], datetime] = now_utc
         # What this process knows without asking the store: lease keys held here, lease keys
         # seen live elsewhere (until when), and message keys settled here a moment ago.
         self._held_here: set[str] = set()
@@ -101,7 +104,7 @@ class LeaseManager:
         if key in self._held_here or message_key in self._settled_here:
             return False
         until = self._busy_until.get(key)
-        return until is None or until <= now_utc()
+        return until is None or until <= self.clock()
 
     def expiry_known(self, topic: str, lease_id: str) -> bool:
         """Whether a look at this lease told when it may be taken over (then that time, not a
@@ -110,7 +113,7 @@ class LeaseManager:
 
     def next_expiry(self) -> datetime | None:
         """The earliest time a lease known to be held elsewhere may be taken over."""
-        now = now_utc()
+        now = self.clock()
         if len(self._busy_until) > _SETTLED_MEMORY:
             stale = now - timedelta(seconds=_SETTLED_SECONDS)
             self._busy_until = {k: t for k, t in self._busy_until.items() if t > stale}
@@ -242,13 +245,53 @@ class LeaseManager:
             lease.released = True
             await self.deleter.delete(lease.key)
 
+    async def sweep_orphans(self, topic: str, consumer_id: str, older_than: float) -> int:
+        """Delete the leases of ``topic`` whose message is gone; return how many.
+
+        A crash between the two deletes of an ack leaves such a lease. It blocks nothing, but
+        would count as in flight forever. Only leases not written for ``older_than`` seconds
+        and expired are looked at (a live holder rewrites its lease at every refresh); each
+        is taken over like any expired lease and then deleted (rule 3). Messages are never
+        touched. Costs a LIST of the leases, and a GET and a HEAD per old lease.
+        """
+        cutoff = self.clock() - timedelta(seconds=older_than)
+        swept = 0
+        for meta in await self._store.list(layout.leases_prefix(topic)):
+            if meta.last_modified > cutoff or meta.key in self._held_here:
+                continue
+            try:
+                stored = await self._store.get(meta.key)
+                body = LeaseBody.decode(stored.data)
+            except (NotFound, CorruptObject):
+                continue  # gone, or a lease that does not say which message it covers
+            if (
+                not body.message_key
+                or self._expired_lease(meta.key, stored.data, stored.meta.last_modified) is None
+            ):
+                continue
+            try:
+                await self._store.head(body.message_key)
+                continue  # the message is there: a consumer claims it as usual
+            except NotFound:
+                pass
+            lease_id = meta.key.rsplit("/", 1)[-1].removesuffix(".lease")
+            lease = await self.claim(
+                topic, body.message_id, body.message_key, consumer_id, older_than, lease_id=lease_id
+            )
+            if lease is not None:
+                await self.release(lease, message_gone=True)
+                swept += 1
+        if swept:
+            logger.info("deleted orphan leases topic=%s count=%d", topic, swept)
+        return swept
+
     def _safe_for(self, lease: Lease, windows: int) -> bool:
         """Whether the lease stays ours for ``windows`` safety windows on every clock.
 
         A window is the skew margin plus time for a request to land (at most 1 s).
         """
         window = self.margin + timedelta(seconds=min(1.0, lease.visibility / 4))
-        return lease.expires - now_utc() > windows * window
+        return lease.expires - self.clock() > windows * window
 
     async def _renew(self, lease: Lease, seconds: float, *, released: bool = False) -> None:
         """Write our lease again, expiring ``seconds`` from now (``released``: long ago)."""
@@ -278,7 +321,7 @@ class LeaseManager:
         message_key: str,
         visibility: float,
     ) -> LeaseBody:
-        now = now_utc()
+        now = self.clock()
         return LeaseBody(
             consumer_id=consumer_id,
             message_id=message_id,
@@ -293,13 +336,13 @@ class LeaseManager:
         live). A corrupt lease counts as expiring at its write time."""
         try:
             previous = LeaseBody.decode(data)
-            expires = previous.expires
-        except CorruptObject:
+            free_at = previous.expires + self.margin
+        except (CorruptObject, OverflowError):  # overflow: an expiry at the end of time
             previous = LeaseBody("", "", "", last_modified.isoformat(), "")
-            expires = last_modified
-        if now_utc() > expires + self.margin:
+            free_at = last_modified + self.margin
+        if self.clock() > free_at:
             return previous
-        self._busy_until[key] = expires + self.margin
+        self._busy_until[key] = free_at
         return None
 
     async def _replace(self, lease: Lease, body: LeaseBody) -> str | None:
@@ -316,20 +359,30 @@ class LeaseManager:
     ) -> tuple[str | None, StoredObject | None]:
         """``(etag, None)`` once ``body`` is stored; else ``(None, what is stored)``, where
         None means nothing. A retried request can fail on its own earlier success, so a
-        refusal is checked against the stored nonce before it counts as lost (rule 6)."""
+        refusal is checked against the stored nonce before it counts as lost (rule 6).
+
+        A transient failure is checked the same way: S3 clients do not resend a conditional
+        write whose connection broke or timed out, though the server may have applied it.
+        If the stored lease is not ours then, the failure is raised (the outcome is unknown).
+        """
+        unknown: StoreUnavailable | None = None
         try:
             return await self._store.put(key, body.encode(), mode, durable=False), None
         except (AlreadyExists, PreconditionFailed):
             pass
+        except StoreUnavailable as exc:
+            unknown = exc
         try:
             current = await self._store.get(key)
         except NotFound:
-            return None, None
+            current = None
         try:
-            if LeaseBody.decode(current.data).nonce == body.nonce:
+            if current is not None and LeaseBody.decode(current.data).nonce == body.nonce:
                 return current.meta.etag, None
         except CorruptObject:
             pass
+        if unknown is not None:
+            raise unknown
         return None, current
 
     async def _etag_is(self, key: str, etag: str) -> bool:

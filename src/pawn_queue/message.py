@@ -25,6 +25,8 @@ from pawn_queue.store.base import Store
 
 logger = logging.getLogger(__name__)
 
+_MAX_SECONDS = 100 * 365 * 86400.0  # a lease expiry must stay a datetime (NaN, inf refused)
+
 
 async def write_message(
     store: Store,
@@ -213,7 +215,7 @@ class Message:
     async def extend(self, seconds: float) -> None:
         """Keep the message for ``seconds`` from now (SQS's ChangeMessageVisibility); the
         background refresh then keeps renewing it by that much."""
-        if seconds <= 0:
+        if not 0 < seconds < _MAX_SECONDS:
             raise ConfigError(f"extend: got {seconds!r}, must be a number of seconds > 0")
         async with self._lock:
             if not self._settled:
@@ -225,8 +227,8 @@ class Message:
         if not requeue:
             await self.dead_letter("nack")
             return
-        if delay < 0:
-            raise ConfigError(f"delay: got {delay!r}, must be >= 0")
+        if not 0 <= delay < _MAX_SECONDS:
+            raise ConfigError(f"delay: got {delay!r}, must be a number of seconds >= 0")
         async with self._lock:
             if self._settled:
                 return

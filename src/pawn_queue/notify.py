@@ -163,7 +163,12 @@ class ChangeSignals:
             if new:
                 # A signal between the caller's poll and our first look at the signals would
                 # go unseen: look now, and have the caller poll once more.
-                await self._take_baseline()
+                try:
+                    await self._take_baseline()
+                except StoreError as exc:
+                    # Transient: the caller polls on, and the next wait looks again.
+                    logger.warning("change-signal look failed error=%s", exc)
+                    return await self.local.wait(names, min(within, self._gap), since)
                 self._recent.update(new)
                 self._start_watcher()
                 return True

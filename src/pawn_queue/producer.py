@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -100,7 +101,7 @@ class Producer:
             group=group,
         )
         envelope.encode()  # a payload that cannot be encoded fails before anything is written
-        due = now + _delay(delay)
+        due = _due(now, delay)
         if group is None:
             key = layout.message_key(topic, envelope.id, due)
         else:
@@ -187,12 +188,17 @@ class Producer:
         return [m.id for m in members]
 
 
-def _delay(seconds: float | None) -> timedelta:
+def _due(now: datetime, seconds: float | None) -> datetime:
+    """When a message published ``now`` with ``delay=seconds`` becomes visible."""
     if seconds is None:
-        return timedelta(0)
-    if not isinstance(seconds, int | float) or seconds < 0 or seconds != seconds:
-        raise ConfigError(f"delay: got {seconds!r}, must be a number of seconds >= 0")
-    return timedelta(seconds=seconds)
+        return now
+    error = ConfigError(f"delay: got {seconds!r}, must be a number of seconds >= 0 (< 9999 years)")
+    if not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
+        raise error
+    try:
+        return now + timedelta(seconds=seconds)
+    except OverflowError:
+        raise error from None
 
 
 def _check_attributes(attributes: Mapping[str, str] | None) -> dict[str, str]:

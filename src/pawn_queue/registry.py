@@ -11,9 +11,15 @@ from dataclasses import asdict, dataclass
 from pawn_queue import layout
 from pawn_queue._aio import gather_limited
 from pawn_queue.envelope import encode_json, now_utc
-from pawn_queue.exceptions import AlreadyExists, ConfigError, NotFound, StoreError
+from pawn_queue.exceptions import (
+    AlreadyExists,
+    ConfigError,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+)
 from pawn_queue.layout import ROLES, Role
-from pawn_queue.store.base import Store
+from pawn_queue.store.base import IfMatch, Store
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +41,7 @@ def _decode(data: bytes) -> RegistryEntry | None:
         return RegistryEntry(
             **{k: str(raw[k]) for k in ("role", "name", "entity_id", "registered_at", "last_seen")}
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
@@ -56,11 +62,17 @@ class Registry:
         if entity_id is None:
             entity_id = await self._scan_legacy(role, name) or str(uuid.uuid4())
             index = encode_json({"name": name, "entity_id": entity_id})
+            name_key = layout.registry_name_key(role, name)
             try:
-                await self._store.put(layout.registry_name_key(role, name), index, "create")
+                await self._store.put(name_key, index, "create")
             except AlreadyExists:
-                # Another process registered the same name first: use its id.
-                entity_id = await self._lookup(role, name) or entity_id
+                # Another process registered the same name first: use its id. An index that
+                # cannot be read is replaced first (if-match: one repair wins).
+                found = await self._lookup(role, name)
+                if found is None:
+                    await self._replace_unreadable(name_key, index)
+                    found = await self._lookup(role, name)
+                entity_id = found or entity_id
         registered_at = now_utc().isoformat()
         try:
             existing = _decode((await self._store.get(layout.registry_key(role, entity_id))).data)
@@ -114,11 +126,16 @@ class Registry:
             data = (await self._store.get(layout.registry_name_key(role, name))).data
         except NotFound:
             return None
+        return _index_id(data)
+
+    async def _replace_unreadable(self, key: str, index: bytes) -> None:
         try:
-            entity_id = json.loads(data)["entity_id"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        return entity_id if isinstance(entity_id, str) and layout.is_uuid(entity_id) else None
+            current = await self._store.get(key)
+            if _index_id(current.data) is None:
+                await self._store.put(key, index, IfMatch(current.meta.etag))
+                logger.warning("replaced an unreadable registry name index key=%s", key)
+        except (NotFound, PreconditionFailed):
+            pass  # changed meanwhile: the lookup that follows reads what is there now
 
     async def _scan_legacy(self, role: Role, name: str) -> str | None:
         """An id registered for ``name`` by pawn-queue 0.1.x, which keeps no name index."""
@@ -126,6 +143,15 @@ class Registry:
             if entry.name == name and layout.is_uuid(entry.entity_id):
                 return entry.entity_id
         return None
+
+
+def _index_id(data: bytes) -> str | None:
+    """The id a name index holds; None if it is unreadable."""
+    try:
+        entity_id = json.loads(data)["entity_id"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return entity_id if isinstance(entity_id, str) and layout.is_uuid(entity_id) else None
 
 
 def _check_role(role: str) -> None:

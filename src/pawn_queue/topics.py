@@ -56,7 +56,7 @@ class TopicSettings:
             raw = json.loads(data).get("settings") or {}
             known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
             return cls(**known)
-        except (ValueError, TypeError, AttributeError, ConfigError):
+        except (ValueError, TypeError, AttributeError, RecursionError, ConfigError):
             logger.warning("topic marker has unreadable settings; using defaults")
             return cls()
 
@@ -77,9 +77,9 @@ class Topics:
             logger.info("topic created topic=%s", name)
         except AlreadyExists:
             current = await self._store.get(key)
-            if TopicSettings.from_marker(current.data) != settings:
-                existing = json.loads(current.data)
-                body["created_at"] = existing.get("created_at", body["created_at"])
+            created_at = _created_at(current.data)  # None: unreadable, rewritten below
+            if created_at is None or TopicSettings.from_marker(current.data) != settings:
+                body["created_at"] = created_at or body["created_at"]
                 try:
                     await self._store.put(key, encode_json(body), IfMatch(current.meta.etag))
                     logger.info("topic settings updated topic=%s", name)
@@ -89,10 +89,10 @@ class Topics:
 
     async def settings(self, name: str) -> TopicSettings:
         """The topic's settings; raise TopicNotFoundError if it does not exist."""
+        layout.validate_name(name, "topic name")  # first: a name may not even be hashable
         cached = self._cache.get(name)
         if cached and cached[0] > time.monotonic():
             return cached[1]
-        layout.validate_name(name, "topic name")
         try:
             marker = await self._store.get(layout.topic_marker_key(name))
         except NotFound:
@@ -138,6 +138,15 @@ class Topics:
             deleted += len(page)
         logger.info("topic deleted topic=%s objects=%d", name, deleted)
         return deleted
+
+
+def _created_at(marker: bytes) -> str | None:
+    """The creation time recorded in a marker; None if the marker is unreadable."""
+    try:
+        value = json.loads(marker).get("created_at")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True, slots=True)

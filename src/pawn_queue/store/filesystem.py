@@ -21,6 +21,11 @@ Guarantees, across threads and processes on one host (not across NFS clients):
   cleanup of its parent. A key cannot be both an object and a prefix of other keys (``a`` and
   ``a/b``): the second put raises StoreError.
 - Only regular files are objects: symlinks and stray files no key could name are ignored.
+  The store never follows a symbolic link inside the root (only the root itself may be
+  one): a key under a linked directory is missing to reads, lists and deletes and refused
+  to writes, so nothing is read, written or deleted outside the root through a link planted
+  in it. This is checked before each operation; the root is private (``0o700``), so only
+  its owner could swap a directory for a link during one.
 - As with any store, a put whose caller is cancelled may still complete.
 """
 
@@ -244,6 +249,9 @@ class FilesystemStore:
             try:
                 os.makedirs(self._root, mode=0o700, exist_ok=True)
                 self._make_internal_dirs()
+                for path in (self._tmp, self._locks):
+                    if self._linked_dir(path[len(self._root) + 1 :], last=True):
+                        raise StoreError(f"{path} is a symbolic link; the store does not follow")
                 self._sweep_stale_tmp()
             except (FileExistsError, NotADirectoryError) as exc:
                 raise BucketNotFound(f"store root {self._root} is not a directory") from exc
@@ -253,6 +261,31 @@ class FilesystemStore:
 
     def _path(self, key: str) -> str:
         return self._root + "/" + key
+
+    def _linked_dir(self, key: str, *, last: bool = False) -> str | None:
+        """The first directory on the way to ``key`` (with ``last``: to and including it) that
+        is a symbolic link, or None: the store follows none, they may lead out of the root."""
+        segments = key.split("/")
+        path = self._root
+        for segment in segments if last else segments[:-1]:
+            path = path + "/" + segment
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                return None  # missing (or unreadable: the operation itself reports that)
+            if stat.S_ISLNK(mode):
+                return path
+            if not stat.S_ISDIR(mode):
+                return None
+        return None
+
+    def _refuse_links(self, key: str) -> None:
+        link = self._linked_dir(key)
+        if link is not None:
+            raise StoreError(
+                f"cannot write {key!r}: {link} is a symbolic link, and the store does not "
+                "follow links inside its root"
+            )
 
     def _make_internal_dirs(self) -> None:
         for path in (os.path.join(self._root, RESERVED), self._tmp, self._locks):
@@ -299,9 +332,12 @@ class FilesystemStore:
 
     def _get(self, key: str) -> StoredObject:
         path = self._path(key)
+        if self._linked_dir(key):
+            raise self._missing(key)
         try:
             # O_NOFOLLOW: only regular files the store wrote are objects, as in listings.
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            # O_NONBLOCK: opening a FIFO planted at the key must not wait for a writer.
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except (FileNotFoundError, NotADirectoryError):
             raise self._missing(key) from None
         except OSError as exc:
@@ -321,6 +357,8 @@ class FilesystemStore:
 
     def _head(self, key: str) -> ObjectMeta:
         path = self._path(key)
+        if self._linked_dir(key):
+            raise self._missing(key)
         try:
             st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -334,6 +372,7 @@ class FilesystemStore:
     def _put(self, key: str, data: bytes, mode: PutMode, durable: bool) -> str:
         path = self._path(key)
         tmp = os.path.join(self._tmp, f"{uuid.uuid4().hex}.tmp")
+        self._refuse_links(key)
         try:
             if mode != "overwrite":
                 # Fail a doomed conditional put before paying for a temp file and an fsync;
@@ -438,6 +477,8 @@ class FilesystemStore:
 
     def _delete(self, key: str) -> None:
         path = self._path(key)
+        if self._linked_dir(key):
+            return  # nothing the store could have written
         lock = self._lock(key)
         try:
             before = _fs_listing.directory_mtime(os.path.dirname(path))
@@ -468,6 +509,8 @@ class FilesystemStore:
             segments = dir_part.split("/")
             if segments[0] == RESERVED or any(_segment_problem(s) for s in segments):
                 return []  # no valid key can start with this prefix
+            if self._linked_dir(dir_part, last=True):
+                return []  # the store never follows a link: nothing it wrote is there
             directory, base = self._path(dir_part), dir_part + "/"
         else:
             directory, base = self._root, ""

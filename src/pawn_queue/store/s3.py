@@ -21,6 +21,7 @@ characters. A backslash is also rejected: SeaweedFS turns it into ``/``. Keys ar
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import re
@@ -65,6 +66,7 @@ _T = TypeVar("_T")
 
 _MAX_KEY_BYTES = 1024
 _LIST_PAGE = 1000  # S3's own page size; obstore always asks for it
+_RESEND_BACKOFF_SECONDS = 0.1  # obstore's initial backoff
 
 _ACCESS_CODES = frozenset(
     {
@@ -93,6 +95,10 @@ class S3ErrorDetail(Exception):
     Holds the client's exception type, HTTP status, S3 error code and message only: never the
     request URL, headers or response body (an error body can echo the access key).
     """
+
+
+class _NoAnswer(S3ErrorDetail):
+    """The connection broke or timed out before an answer: the request may have landed."""
 
 
 def _check_key(key: str, prefix: str) -> None:
@@ -167,6 +173,7 @@ class S3Store:
     def __init__(self, config: S3Config) -> None:
         self._bucket = config.bucket_name
         self._prefix = _normalise_prefix(config.prefix)
+        self._max_retries = config.max_retries
         endpoint, plain_http = _endpoint(config)
         self._endpoint = _redact_url(endpoint) if endpoint else "(AWS)"
         # SeaweedFS lists in directory-tree order; S3 proper in byte order (see list()).
@@ -338,10 +345,19 @@ class S3Store:
         store = self._live()
         paths = list(keys)
         where = paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more)"
-        # S3 reports a missing key as deleted; some servers answer 404 instead.
-        with contextlib.suppress(NotFound):
-            # obstore sends DeleteObjects requests of up to 1,000 keys.
-            await self._call("delete", where, lambda: obstore.delete_async(store, paths))
+        for attempt in range(self._max_retries + 1):
+            try:
+                # S3 reports a missing key as deleted; some servers answer 404 instead.
+                with contextlib.suppress(NotFound):
+                    # obstore sends DeleteObjects requests of up to 1,000 keys.
+                    await self._call("delete", where, lambda: obstore.delete_async(store, paths))
+                return
+            except StoreUnavailable as exc:
+                # obstore resends a DeleteObjects POST after a 5xx but not after a broken
+                # connection or a timeout (POST is not idempotent to it). A delete is: resend.
+                if attempt == self._max_retries or not isinstance(exc.__cause__, _NoAnswer):
+                    raise
+            await asyncio.sleep(_RESEND_BACKOFF_SECONDS * 2**attempt)
 
     async def close(self) -> None:
         # obstore has no close: dropping the last reference frees the connection pool.
@@ -459,7 +475,9 @@ class S3Store:
         if message_match:
             detail += f": {message_match.group(1).strip()}"
         error = cls(f"S3 {op} failed for {where} at {self._endpoint}: {summary}")
-        error.__cause__ = S3ErrorDetail(detail)
+        # The failures obstore resends only for requests it deems idempotent.
+        no_answer = status is None and bool(kinds & {"Interrupted", "Timeout"})
+        error.__cause__ = (_NoAnswer if no_answer else S3ErrorDetail)(detail)
         return error
 
 
