@@ -6,7 +6,7 @@ COMPAT_VENV := .venv-pq013
 VSQS_VENV := .venv-vsqs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-spark clean
+.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-spark bench-soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ bench-spark: $(STAMP)
 	$(PY) -m bench.spark
 
 bench: bench-store bench-queue bench-spark
+
+# Soak (not in `make bench` or `make test`): SOAK_MINUTES of producers and consumers on S3
+# through injected network faults, then a drain and an audit; fails if a message was lost.
+SOAK_MINUTES ?= 10
+bench-soak: $(STAMP)
+	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) --out bench/results/soak.json
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(VSQS_VENV) .pytest_cache .mypy_cache .ruff_cache bench/results
