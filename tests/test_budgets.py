@@ -62,7 +62,7 @@ async def test_later_polls_claim_what_the_first_listing_found(
     counted: tuple[PawnQueue, CountingStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A slow machine must not outlast the memory between two polls of this test.
-    monkeypatch.setattr("pawn_queue.consumer._REMEMBER_SECONDS", 60.0)
+    monkeypatch.setattr("pawn_queue.claiming._REMEMBER_SECONDS", 60.0)
     pq, store = counted
     producer = await pq.register_producer("p")
     published = [await producer.publish("t", {"n": n}) for n in range(25)]
