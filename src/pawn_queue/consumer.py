@@ -152,11 +152,17 @@ class Consumer:
         (a stalled process), can leave little of a lease or none: it is renewed first, and
         a message taken over meanwhile is dropped (its new holder has it). One that cannot
         be checked now waits in the buffer."""
-        results = await gather_limited(
-            IO_CONCURRENCY, (message._claimed.ensure_held() for message in messages)
-        )
+        # One check per lease (a batch object's members share one), and none that needs a
+        # request while a lease is far from expiry: the common case stays cheap.
+        objects = {id(m._claimed): m._claimed for m in messages}
+        unsure = [o for o in objects.values() if not self._leases.comfortably_held(o.lease)]
+        results = await gather_limited(IO_CONCURRENCY, (o.ensure_held() for o in unsure))
+        outcome: dict[int, BaseException | None] = {
+            id(o): r for o, r in zip(unsure, results, strict=True)
+        }
         held = []
-        for message, result in zip(messages, results, strict=True):
+        for message in messages:
+            result = outcome.get(id(message._claimed))
             if result is None:
                 held.append(message)
             elif isinstance(result, StoreError):

@@ -203,6 +203,10 @@ class LeaseManager:
                 return
             await self._renew(lease, lease.visibility if visibility is None else visibility)
 
+    def comfortably_held(self, lease: Lease) -> bool:
+        """Whether :meth:`ensure_held` would pass without a request."""
+        return not (lease.lost or lease.released) and self._safe_for(lease, windows=2)
+
     async def ensure_held(self, lease: Lease) -> None:
         """Make sure the lease stays ours for a while; raise LeaseLostError if it is not ours."""
         if lease.lost or lease.released:
