@@ -31,6 +31,7 @@ from pawn_queue.exceptions import (
 )
 from pawn_queue.store.base import IfMatch
 from pawn_queue.store.s3 import S3Store
+from tests.conftest import queue_config_dict
 from tests.seaweedfs import SeaweedFS
 
 ACCESS_KEY = "PQTESTACCESSKEY0001"
@@ -495,20 +496,11 @@ asyncio.run(main())
 """
 
 
-async def test_scripts_exit_cleanly(s3_config: S3Config) -> None:
+async def test_scripts_exit_cleanly(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """A process that used the S3 store and closed its queue exits with status 0. The client
     library can abort the process (SIGABRT) if it exits just after a request; closing the
     store waits that moment out (without it, 3-7 runs in 40 aborted)."""
-    config = {
-        "backend": "s3",
-        "s3": {
-            "endpoint_url": s3_config.endpoint_url,
-            "bucket_name": s3_config.bucket_name,
-            "aws_access_key_id": "test-access-key",
-            "aws_secret_access_key": "test-secret-key",
-            "use_ssl": False,
-        },
-    }
+    config = queue_config_dict("s3", request, tmp_path)
     slots = asyncio.Semaphore(4)
 
     async def run() -> int:
