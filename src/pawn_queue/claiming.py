@@ -26,7 +26,7 @@ from pawn_queue.envelope import (
     encode_unreadable,
     now_utc,
 )
-from pawn_queue.exceptions import NotFound, StoreError
+from pawn_queue.exceptions import StoreError
 from pawn_queue.leases import Lease, LeaseManager
 from pawn_queue.message import ClaimedObject, Message
 from pawn_queue.notify import ChangeSignals
@@ -293,15 +293,9 @@ class Claimer:
         """Read a claimed object into messages; None if another consumer just settled it."""
         is_batch = pending.kind == "batch"
         object_id = pending.object_id
-        try:
-            obj = await self._store.get(key)
-        except NotFound:
-            # Acked by another consumer while we claimed (rule 4): give the lease back.
-            await self._leases.release(lease, message_gone=True)
-            return None
-        except BaseException:
-            await self._leases.release(lease)
-            raise
+        obj = await self._leases.read_claimed(lease, lambda: self._store.get(key))
+        if obj is None:
+            return None  # acked by another consumer while we claimed
         try:
             envelopes = decode_pending(obj.data, topic, object_id, batch=is_batch)
         except CorruptObject as exc:

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pawn_queue import layout
 from pawn_queue.config import ConcurrencyConfig
@@ -42,6 +42,8 @@ from pawn_queue.store.base import IfMatch, PutMode, Store, StoredObject
 from pawn_queue.store.coalesce import DeleteCoalescer
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 _SETTLED_SECONDS = 60.0  # longer than any listing stays in use
 _SETTLED_MEMORY = 10_000
@@ -202,6 +204,19 @@ class LeaseManager:
             if lease.released and not lease.lost:
                 return
             await self._renew(lease, lease.visibility if visibility is None else visibility)
+
+    async def read_claimed(self, lease: Lease, read: Callable[[], Awaitable[_T]]) -> _T | None:
+        """Rule 4: read the claimed object (``read``: its GET or HEAD) only after the claim.
+        None if it is gone (acked meanwhile): the lease is given back. If the read fails, the
+        lease is given back too and the error raised."""
+        try:
+            return await read()
+        except NotFound:
+            await self.release(lease, message_gone=True)
+            return None
+        except BaseException:
+            await self.release(lease)
+            raise
 
     def comfortably_held(self, lease: Lease) -> bool:
         """Whether :meth:`ensure_held` would pass without a request."""

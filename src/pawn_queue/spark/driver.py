@@ -15,6 +15,7 @@ Spark never logged are discarded (leases given back) and rebuilt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -299,22 +300,15 @@ class StreamDriver:
         if lease is None:
             return None
         rows = 1
-        try:
-            if pending.kind == "batch" and count_rows:
-                data = (await self._store.get(meta.key)).data
-                try:
-                    rows = max(len(decode_batch(data)) - len(lease.settled), 1)
-                except CorruptObject:
-                    rows = 1
-                self._rows_per_batch_object = 0.8 * self._rows_per_batch_object + 0.2 * rows
-            else:
-                await self._store.head(meta.key)
-        except NotFound:
-            await self._leases.release(lease, message_gone=True)
+        if pending.kind == "batch" and count_rows:
+            obj = await self._leases.read_claimed(lease, lambda: self._store.get(meta.key))
+            if obj is None:
+                return None
+            with contextlib.suppress(CorruptObject):
+                rows = max(len(decode_batch(obj.data)) - len(lease.settled), 1)
+            self._rows_per_batch_object = 0.8 * self._rows_per_batch_object + 0.2 * rows
+        elif await self._leases.read_claimed(lease, lambda: self._store.head(meta.key)) is None:
             return None
-        except BaseException:
-            await self._leases.release(lease)
-            raise
         ref = ObjectRef(meta.key, meta.size, tuple(sorted(lease.settled)), lease.body.receive_count)
         return ref, lease, rows
 
