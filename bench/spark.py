@@ -40,9 +40,9 @@ if str(REPO / "src") not in sys.path:
 
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
+from tests.spark_helpers import local_spark  # noqa: E402
 
 from pawn_queue import PawnQueue  # noqa: E402
-from pawn_queue.spark import register  # noqa: E402
 
 ENVELOPE = "id string, topic string, producer_id string, created_at string, payload string"
 BATCH = "id string, topic string, producer_id string, created_at string, batch array<string>"
@@ -125,16 +125,7 @@ def sink(spark: SparkSession, url: str, topic: str, rows: int, per_object: int) 
 
 
 def run(singles: int, batched: int, workdir: Path) -> list[dict[str, Any]]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = local_spark()
     url = f"file://{workdir / 'queue'}"
     results: list[dict[str, Any]] = []
     # Warm up: the first job of a session pays for starting Python workers.

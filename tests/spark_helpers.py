@@ -4,7 +4,9 @@ and reading a query's Parquet output back."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,27 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pawn_queue import PawnQueue
 from pawn_queue.config import S3Config, load_config
+from pawn_queue.spark import register
 from pawn_queue.spark.rows import message_schema
+
+
+def local_spark(master: str = "local[2]", config: Mapping[str, str] | None = None) -> SparkSession:
+    """A quiet local SparkSession with the ``pawnqueue`` format registered. Its Python
+    workers run this interpreter (pyarrow, pawn_queue), not python3 from PATH."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    builder = (
+        SparkSession.builder.master(master)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+    )
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    return session
 
 
 @dataclass

@@ -14,25 +14,16 @@ import os
 import sys
 import threading
 
-from pyspark.sql import SparkSession, functions
+from pyspark.sql import functions
 from pyspark.sql.types import StringType
 
-from pawn_queue.spark import register
+from tests.spark_helpers import local_spark
 
 
 def main() -> None:
     args = json.loads(sys.argv[1])
     fifo, started = args["fifo"], args["fifo"] + ".started"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = local_spark()
 
     def stall(payload):  # type: ignore[no-untyped-def]  # hints would make a pandas UDF
         try:

@@ -11,38 +11,28 @@ fails once is retried as it would be on a cluster.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
-from pawn_queue.spark import register
-from tests.spark_helpers import SparkQueue, filesystem_queue, s3_queue
+from tests.spark_helpers import SparkQueue, filesystem_queue, local_spark, s3_queue
 
 SPARK_BACKENDS = ["filesystem", "s3"]
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    # Python workers must run this interpreter (pyarrow, pawn_queue), not python3 from PATH.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2,2]")
-        .appName("pawn-queue-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.execution.pythonUDF.arrow.enabled", "false")  # pandas not needed
-        .getOrCreate()
+    session = local_spark(
+        "local[2,2]",
+        {
+            "spark.app.name": "pawn-queue-tests",
+            "spark.sql.streaming.stopTimeout": "30s",
+            "spark.driver.memory": "1g",
+            "spark.sql.execution.pythonUDF.arrow.enabled": "false",  # pandas not needed
+        },
     )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
     try:
         yield session
     finally:
