@@ -58,6 +58,9 @@ WORKER_TIMEOUT = 60.0
 DRAIN_TIMEOUT = 90.0
 
 
+_STATUS_LOST = 255  # what asyncio reports for a child whose exit status another waiter took
+
+
 @dataclass
 class Trial:
     index: int
@@ -187,6 +190,7 @@ async def run_trial(trial: Trial, config: dict[str, Any], slots: asyncio.Semapho
         "ids": trial.ids,
         "kill": trial.kill,
     }
+    killed_by_test = False
     async with slots:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -203,6 +207,7 @@ async def run_trial(trial: Trial, config: dict[str, Any], slots: asyncio.Semapho
                         await asyncio.sleep(trial.delay)
                         with contextlib.suppress(ProcessLookupError):
                             process.kill()
+                            killed_by_test = True
                 _, stderr = await process.communicate()
         except TimeoutError:
             stderr = f"still running after {WORKER_TIMEOUT:g} s".encode()
@@ -215,6 +220,15 @@ async def run_trial(trial: Trial, config: dict[str, Any], slots: asyncio.Semapho
     trial.stderr = stderr.decode(errors="replace")[-3000:]
     if trial.journal.exists():
         trial.events = [json.loads(line) for line in trial.journal.read_text().splitlines()]
+    if trial.returncode == _STATUS_LOST and not trial.stderr:
+        # asyncio reports 255 when the child was reaped by another waiter first (CPython's
+        # subprocess._cleanup can reap a reused pid). How the worker ended is then known from
+        # its journal, written just before its SIGKILL or its exit, or from the test's kill.
+        last = trial.events[-1]["e"] if trial.events else ""
+        if last == "kill" or killed_by_test:
+            trial.returncode = -9
+        elif last == "done":
+            trial.returncode = 0
 
 
 async def drain(pq: PawnQueue) -> list[tuple[str, str, str, str]]:
