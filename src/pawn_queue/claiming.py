@@ -1,9 +1,13 @@
 """Claiming: how a consumer finds messages in a listing, claims them and reads them.
 
 Alone, a consumer claims the head of the listing (FIFO) and remembers the rest of the page
-for its next polls. Once it met a competitor, it lists the leases too and claims a block at a
-random place in a wider page, so competing consumers rarely collide. Claims run concurrently;
-stragglers are not waited for long (their messages go to the buffer, for the next poll).
+for its next polls. Once it met a competitor, it works one lane: messages are split into
+``_LANES`` lanes by a hash of their lease id, and a consumer claims only in its lane (oldest
+first) until it loses a claim there or the lane runs dry, then moves to another lane, chosen
+at random among those it did not see crowded lately. Competing consumers thus spread over
+the lanes by themselves and seldom race for the same message, with no coordination. Claims
+run concurrently; stragglers are not waited for long (their messages go to the buffer, for
+the next poll).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import logging
 import random
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -39,11 +44,28 @@ IO_CONCURRENCY = 32  # requests in flight per consumer
 
 _LIST_PAGE = 1000  # one S3 LIST request
 _MIN_PAGE = 100
-_CONTENDED_WIDTH = 30  # page size under contention, in claims per poll
+_LANES = 8
+_LANE_WIDTH = 4  # page size under contention, in claims per poll and lane
 _CONTENTION_MEMORY_SECONDS = 30.0
+_CROWDED_SECONDS = 5.0  # how long a lane where a claim was lost is avoided
+_LANE_LAG = timedelta(seconds=1)  # how much longer another lane's oldest message may wait
 _MIN_PATIENCE_SECONDS = 0.05
 _REMEMBER_SECONDS = 1.0
 _SWEEP_SECONDS = 600.0  # how often a consumer looks for orphan leases in each topic
+
+
+def _lane_of(lease_id: str) -> int:
+    return zlib.crc32(lease_id.encode()) % _LANES
+
+
+def _lane(pending: layout.PendingKey) -> int:
+    return _lane_of(pending.lease_id())
+
+
+def _waits_longer(oldest_key: str, key: str) -> bool:
+    """Whether the message at ``oldest_key`` became due ``_LANE_LAG`` before the one at ``key``."""
+    oldest, due = layout.due_from_key(oldest_key), layout.due_from_key(key)
+    return oldest is not None and due is not None and due - oldest > _LANE_LAG
 
 
 def _expired(key: str, retention_seconds: float) -> bool:
@@ -78,6 +100,8 @@ class Claimer:
         self.next_due: datetime | None = None  # first delayed message the last listing saw
         self.background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
         self._contended_until: dict[str, float] = {}
+        self._lane: dict[str, int] = {}  # topic -> the lane claimed in while contended
+        self._crowded: dict[str, dict[int, float]] = {}  # topic -> lane -> avoided until
         # topic -> candidates left by the last listing, and until when to trust them
         self._remembered: dict[str, tuple[list[tuple[layout.PendingKey, str]], float]] = {}
         self._sweep_after: dict[str, float] = {}
@@ -85,12 +109,12 @@ class Claimer:
         self._claim_seconds = _MIN_PATIENCE_SECONDS  # moving average of a claim's latency
 
     async def claim(self, topic: str, wanted: int) -> list[Message]:
-        """Claim and read up to ``wanted`` messages of ``topic``, FIFO."""
+        """Claim and read up to ``wanted`` messages of ``topic``, FIFO (within a lane when
+        other consumers compete)."""
         self._maybe_sweep(topic)
         claimed: list[Message] = []
-        contended = self._contended(topic)
         remembered, until = self._remembered.pop(topic, ([], 0.0))
-        if remembered and not contended and time.monotonic() < until:
+        if remembered and time.monotonic() < until:
             # What the last listing found beyond its claims: claiming it spares a LIST. Kept
             # briefly, so a message released meanwhile waits at most that long to come first.
             remembered = [
@@ -98,20 +122,22 @@ class Claimer:
                 for pending, key in remembered
                 if self._leases.worth_claiming(topic, pending.lease_id(), key)
             ]
+            if self._contended(topic):
+                remembered = self._in_lane(topic, remembered) or []
             claimed, rest, conflicts = await self._claim_candidates(topic, remembered, wanted)
             if conflicts:
-                self._contended_until[topic] = time.monotonic() + _CONTENTION_MEMORY_SECONDS
+                self._met_competitor(topic)
             elif rest:
                 self._remembered[topic] = (rest, until)
             if len(claimed) >= wanted or conflicts:
                 return claimed
+        contended = self._contended(topic)
         start_after: str | None = None
-        recently_leased = await self._recently_leased(topic)
         groups_seen: set[str] = set()
-        # Alone, the head of the listing is enough (FIFO). Competing, a wider page: each
-        # consumer then claims a block at a random place in it, so blocks rarely overlap.
-        # Not wider than that: every key of a page costs CPU to look at.
-        page_size = min(_LIST_PAGE, max(_MIN_PAGE, wanted * (_CONTENDED_WIDTH if contended else 2)))
+        # Alone, the head of the listing is enough (FIFO). Competing, a page wide enough for
+        # a few polls in every lane. Not wider: every key of a page costs CPU to look at.
+        width = _LANES * _LANE_WIDTH if contended else 2
+        page_size = min(_LIST_PAGE, max(_MIN_PAGE, wanted * width))
         while len(claimed) < wanted:
             page = await self._store.list(
                 layout.messages_prefix(topic), start_after=start_after, limit=page_size
@@ -136,22 +162,17 @@ class Claimer:
                     if pending.group_hash in groups_seen:
                         continue
                     groups_seen.add(pending.group_hash)
-                lease_id = pending.lease_id()
-                lease_key = layout.lease_key(topic, lease_id)
-                if lease_key in recently_leased and not self._leases.expiry_known(topic, lease_id):
-                    continue
                 if self._leases.worth_claiming(topic, pending.lease_id(), meta.key):
                     candidates.append((pending, meta.key))
-            if contended and len(candidates) > wanted:
-                offset = random.randrange(len(candidates))
-                candidates = candidates[offset:] + candidates[:offset]
+            if contended:
+                candidates = await self._lane_candidates(topic, candidates)
             won, rest, conflicts = await self._claim_candidates(
                 topic, candidates, wanted - len(claimed)
             )
             claimed += won
             if conflicts:
-                self._contended_until[topic] = time.monotonic() + _CONTENTION_MEMORY_SECONDS
-            elif rest and not contended:
+                self._met_competitor(topic)
+            elif rest:
                 # Only the group heads of this page are in ``rest``: the next of a group is
                 # found by a later listing, once the one before it is settled.
                 self._remembered[topic] = (rest, time.monotonic() + _REMEMBER_SECONDS)
@@ -163,11 +184,12 @@ class Claimer:
     async def _claim_candidates(
         self, topic: str, candidates: list[tuple[layout.PendingKey, str]], wanted: int
     ) -> tuple[list[Message], list[tuple[layout.PendingKey, str]], int]:
-        """Claim candidates in order until ``wanted`` messages are won: the messages, the
-        candidates not tried, and how many claims other consumers won."""
+        """Claim candidates in order until ``wanted`` messages are won or one is lost: the
+        messages, the candidates not tried, and how many claims other consumers won."""
         claimed: list[Message] = []
         conflicts = 0
-        while candidates and len(claimed) < wanted:
+        # After a lost race, stop: the competitor is likely claiming the same candidates.
+        while candidates and len(claimed) < wanted and not conflicts:
             # Batch objects hold many messages: one claim may be enough.
             take = wanted - len(claimed)
             chunk, candidates = candidates[:take], candidates[take:]
@@ -275,17 +297,69 @@ class Claimer:
         """Whether other consumers competed for this topic's messages lately."""
         return time.monotonic() < self._contended_until.get(topic, 0.0)
 
-    async def _recently_leased(self, topic: str) -> set[str]:
-        """Lease keys written within one visibility timeout, listed only under contention.
+    def _met_competitor(self, topic: str) -> None:
+        """Another consumer won a claim here: this lane is crowded, the next poll moves."""
+        now = time.monotonic()
+        self._contended_until[topic] = now + _CONTENTION_MEMORY_SECONDS
+        lane = self._lane.pop(topic, None)
+        if lane is not None:
+            self._crowded.setdefault(topic, {})[lane] = now + _CROWDED_SECONDS
+        self._remembered.pop(topic, None)
 
-        One LIST of the lease prefix costs less than the create-only PUTs (and the GETs after
-        them) that competing consumers would otherwise waste on each other's messages.
-        """
-        if not self._contended(topic):
-            return set()
+    def _in_lane(
+        self, topic: str, candidates: list[tuple[layout.PendingKey, str]]
+    ) -> list[tuple[layout.PendingKey, str]] | None:
+        """The candidates in this consumer's lane; None if it has no lane or the lane ran dry."""
+        lane = self._lane.get(topic)
+        if lane is None:
+            return None
+        return [c for c in candidates if _lane(c[0]) == lane] or None
+
+    async def _lane_candidates(
+        self, topic: str, candidates: list[tuple[layout.PendingKey, str]]
+    ) -> list[tuple[layout.PendingKey, str]]:
+        """The candidates of this consumer's lane. It moves when the lane ran dry or another
+        lane's oldest message waits ``_LANE_LAG`` longer than its own (nobody works that
+        lane: it goes there, oldest first); otherwise to the lane with candidates that looks
+        least worked (not crowded for us lately, with the fewest fresh leases). One LIST of
+        the lease prefix shows that, and costs less than the create-only PUTs (and GETs) a
+        race with another consumer would waste."""
+        if not candidates:
+            return []
+        mine = self._in_lane(topic, candidates)
+        neglected = mine is not None and _waits_longer(candidates[0][1], mine[0][1])
+        if mine is not None and not neglected:
+            return mine
+        prefix = layout.leases_prefix(topic)
         fresh_after = now_utc() - timedelta(seconds=self._visibility)
-        leases = await self._store.list(layout.leases_prefix(topic))
-        return {m.key for m in leases if m.last_modified > fresh_after}
+        occupied: dict[int, int] = {}
+        leased: set[str] = set()
+        for meta in await self._store.list(prefix):
+            if meta.last_modified > fresh_after:
+                lease_id = meta.key[len(prefix) : -len(layout.LEASE_SUFFIX)]
+                leased.add(lease_id)
+                occupied[_lane_of(lease_id)] = occupied.get(_lane_of(lease_id), 0) + 1
+        candidates = [
+            (pending, key)
+            for pending, key in candidates
+            if pending.lease_id() not in leased
+            or self._leases.expiry_known(topic, pending.lease_id())
+        ]
+        if not candidates:
+            return []
+        if neglected:
+            self._lane[topic] = lane = _lane(candidates[0][0])
+            return [c for c in candidates if _lane(c[0]) == lane]
+        now = time.monotonic()
+        crowded = self._crowded.get(topic, {})
+        lanes = sorted({_lane(pending) for pending, _ in candidates})
+        score = {n: (crowded.get(n, 0.0) > now, occupied.get(n, 0)) for n in lanes}
+        best = min(score.values())
+        self._lane[topic] = lane = random.choice([n for n in lanes if score[n] == best])
+        mine = [c for c in candidates if _lane(c[0]) == lane]
+        # Start at a random place: another consumer that moved here too starts elsewhere.
+        start = random.randrange(len(mine))
+        return mine[start:] + mine[:start]
 
     async def _read(
         self, topic: str, pending: layout.PendingKey, key: str, lease: Lease

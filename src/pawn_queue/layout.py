@@ -54,6 +54,7 @@ _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 TOPIC_MARKER = ".topic"
 MESSAGES = "messages/"
 LEASES = "leases/"
+LEASE_SUFFIX = ".lease"
 DEAD_LETTER = "dead-letter/"
 DEDUP = "dedup/"
 REGISTRY = "_registry/"
@@ -228,7 +229,7 @@ def leases_prefix(topic: str) -> str:
 
 
 def lease_key(topic: str, message_id: str) -> str:
-    return f"{topic}/{LEASES}{message_id}.lease"
+    return f"{topic}/{LEASES}{message_id}{LEASE_SUFFIX}"
 
 
 def dead_letter_prefix(topic: str) -> str:

@@ -1,0 +1,82 @@
+"""Lanes: competing consumers claim in different lanes, and no lane is left behind."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from pawn_queue import PawnQueue
+from pawn_queue.claiming import _lane_of
+from pawn_queue.config import load_config
+from pawn_queue.consumer import Consumer
+from pawn_queue.store import open_store
+from pawn_queue.store.counting import CountingStore
+
+
+@pytest.fixture
+async def two_queues(
+    queue_config: dict[str, Any],
+) -> AsyncIterator[tuple[PawnQueue, CountingStore, PawnQueue, CountingStore]]:
+    """Two processes' worth of queue on one store, each counting its own requests."""
+    queue_config["polling"]["visibility_timeout_seconds"] = 60
+    queue_config["polling"]["lease_refresh_interval_seconds"] = 20
+    queue_config["notify"] = {"enabled": False}
+    config = load_config(queue_config)
+    store_a, store_b = CountingStore(open_store(config)), CountingStore(open_store(config))
+    async with PawnQueue(config, store=store_a) as a, PawnQueue(config, store=store_b) as b:
+        await a.create_topic("t")
+        yield a, store_a, b, store_b
+
+
+def _lanes_of(ids: list[str]) -> list[int]:
+    return [_lane_of(i) for i in ids]
+
+
+def _work_in_lane(consumer: Consumer, lane: int) -> None:
+    """Put a consumer in the state a lost claim race leaves: contended, working ``lane``."""
+    claimer = consumer._claimer
+    claimer._met_competitor("t")
+    claimer._lane["t"] = lane
+
+
+async def test_competing_consumers_in_different_lanes_never_race(
+    two_queues: tuple[PawnQueue, CountingStore, PawnQueue, CountingStore],
+) -> None:
+    a, store_a, b, store_b = two_queues
+    producer = await a.register_producer("p")
+    ids = [await producer.publish("t", {"n": n}) for n in range(40)]
+    lanes = _lanes_of(ids)
+    lane_a, lane_b = (lane for lane, _ in Counter(lanes).most_common(2))
+    first = await a.register_consumer("a", topics=["t"])
+    second = await b.register_consumer("b", topics=["t"])
+    _work_in_lane(first, lane_a)
+    _work_in_lane(second, lane_b)
+    store_a.reset(), store_b.reset()
+    got_a, got_b = await first.poll(), await second.poll()
+    # Each claimed only in its lane, oldest first, and lost no claim to the other.
+    assert [m.id for m in got_a] == [i for i, n in zip(ids, lanes, strict=True) if n == lane_a]
+    assert [m.id for m in got_b] == [i for i, n in zip(ids, lanes, strict=True) if n == lane_b]
+    assert store_a.reset()["PUT create"] == len(got_a)
+    assert store_b.reset()["PUT create"] == len(got_b)
+
+
+async def test_a_lane_nobody_works_is_not_left_behind(
+    two_queues: tuple[PawnQueue, CountingStore, PawnQueue, CountingStore],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Any wait counts as too long: the oldest message's lane must be taken up at once.
+    monkeypatch.setattr("pawn_queue.claiming._LANE_LAG", timedelta(0))
+    a = two_queues[0]
+    producer = await a.register_producer("p")
+    ids = [await producer.publish("t", {"n": n}) for n in range(40)]
+    lanes = _lanes_of(ids)
+    own = next(lane for lane in lanes if lane != lanes[0])
+    consumer = await a.register_consumer("c", topics=["t"])
+    _work_in_lane(consumer, own)
+    got = [m.id for m in await consumer.poll()]
+    assert got[0] == ids[0]
+    assert got == [i for i, n in zip(ids, lanes, strict=True) if n == lanes[0]][:10]
