@@ -83,7 +83,7 @@ class Sizes:
     drain_csprng: int = 100  # ~0.8 s per claim round of 10: ~8 s per run
     drain_013: int = 200  # 0.1.3 drains at ~60-90 msg/s
     drain_timeout: float = 120.0
-    batch_messages: int = 2000
+    batch_messages: int = 20000  # 200 objects: a run long enough to leave start-up behind
     batch_size: int = 100
     idle_seconds: float = 20.0
     idle_warmup: float = 1.5
