@@ -1,17 +1,20 @@
 """A local directory as the store (POSIX only: it relies on ``fcntl.flock`` and hard links).
 
 Layout: key ``a/b/c.json`` is the file ``ROOT/a/b/c.json``. ``ROOT/.pawnqueue/`` is reserved
-for temp files (``tmp/``) and lock files (``locks/``); it never shows in listings and keys
-cannot start with it. The root is created by the first operation, not the constructor. Files
-are created ``0o600`` and directories ``0o700``: the store is private to the user running it.
+for temp files (``tmp/``, which also holds deleted files until they are unlinked) and lock
+files (``locks/``); it never shows in listings and keys cannot start with it. The root is
+created by the first operation, not the constructor. Files are created ``0o600`` and
+directories ``0o700``: the store is private to the user running it.
 
 Guarantees, across threads and processes on one host (not across NFS clients):
 
-- ``put`` writes a temp file in the same filesystem, fsyncs it, commits it with a rename
-  (overwrite, if-match) or a hard link (create, so an existing key is never replaced), and
-  fsyncs the directory (and the parents of directories it created) before returning.
-  ``durable=False`` (leases, change signals) skips the two fsyncs of the file and its
-  directory: the write is as atomic and as visible, and a power loss may forget it.
+- ``put`` writes a temp file in the same filesystem (unnamed, ``O_TMPFILE``, where the OS
+  and filesystem support it; else named, in ``tmp/``), fsyncs it, commits it with a hard link
+  (create, so an existing key is never replaced; also an overwrite of a missing key when the
+  temp file is unnamed) or a rename (if-match, overwrite), and fsyncs the directory (and the
+  parents of directories it created) before returning. ``durable=False`` (leases, change
+  signals) skips the two fsyncs of the file and its directory: the write is as atomic and
+  as visible, and a power loss may forget it.
 - If-match, overwrite, create and delete on one key serialise on one of 256 striped lock files
   (``fcntl.flock`` on a freshly opened descriptor, so it excludes threads as well as processes).
 - An etag is derived from ``(inode, mtime_ns, size)``; every write stamps its temp file with a
@@ -26,6 +29,11 @@ Guarantees, across threads and processes on one host (not across NFS clients):
   to writes, so nothing is read, written or deleted outside the root through a link planted
   in it. This is checked before each operation; the root is private (``0o700``), so only
   its owner could swap a directory for a link during one.
+- Work that cannot wait on the disk or on another writer runs on the event loop's thread:
+  reads of objects up to 256 KiB, deletes of a few keys, and non-durable puts of up to
+  64 KiB into existing directories (a thread hop costs more than the work). There a stripe
+  lock is only tried: if another writer holds it, the operation moves to the thread pool.
+  Fsyncs, directory creation, listings and larger objects always run on the pool.
 - As with any store, a put whose caller is cancelled may still complete.
 """
 
@@ -36,133 +44,65 @@ import builtins
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
-import re
+import secrets
 import stat
 import threading
-import time
-import uuid
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import TypeVar
 
 from pawn_queue.exceptions import (
-    AccessDenied,
     AlreadyExists,
     BucketNotFound,
     ConfigError,
     NotFound,
-    PreconditionFailed,
     StoreError,
-    StoreUnavailable,
 )
 from pawn_queue.store import _fs_listing
+from pawn_queue.store._fs_support import (
+    RESERVED,
+    check_condition,
+    check_key,
+    collision,
+    etag_of,
+    fsync_dir,
+    make_parents,
+    meta_of,
+    read_all,
+    segment_problem,
+    sweep_stale_temps,
+    translate,
+    unique_ns,
+)
 from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, StoredObject
 
 T = TypeVar("T")
 
-RESERVED = ".pawnqueue"
 _LOCK_STRIPES = 256
-_MAX_KEY_BYTES = 1024  # S3's limit
-_MAX_SEGMENT_BYTES = 255  # NAME_MAX on every common filesystem
-_STALE_TMP_NS = 3600 * 10**9
-_FORBIDDEN_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")  # category Cc, and backslash
-_TRANSIENT = {errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ESTALE}
-
-_clock_lock = threading.Lock()
-_last_ns = 0
+_INLINE_PUT_BYTES = 64 * 1024
+_INLINE_GET_BYTES = 256 * 1024
+_INLINE_DELETES = 32
+_O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
+_temp_names = itertools.count()
+_TEMP_TOKEN = secrets.token_hex(4)  # with the pid: distinct across forks and pid namespaces
 
 
-def _unique_ns() -> int:
-    """A wall-clock nanosecond timestamp never handed out twice in this process."""
-    global _last_ns
-    with _clock_lock:
-        _last_ns = max(time.time_ns(), _last_ns + 1)
-        return _last_ns
+class _Offload(Exception):
+    """Raised by an operation tried on the event loop that would have to wait (a busy lock,
+    a directory to create, a large object): nothing was changed, run it on the pool."""
 
 
-def _segment_problem(segment: str) -> str | None:
-    if segment in ("", ".", ".."):
-        return f"segment {segment!r} is not allowed"
-    if _FORBIDDEN_CHARS.search(segment):
-        return "backslashes and control characters are not allowed"
-    try:
-        size = len(segment.encode("utf-8"))
-    except UnicodeEncodeError:
-        return "it is not valid UTF-8"
-    if size > _MAX_SEGMENT_BYTES:
-        return f"a segment is {size} bytes; the limit is {_MAX_SEGMENT_BYTES}"
-    return None
+class _Temp:
+    """A temp file being written: its descriptor and, unless it is unnamed, its path."""
 
+    __slots__ = ("fd", "path")
 
-def check_key(key: str) -> None:
-    """Raise ConfigError unless ``key`` maps to a path strictly inside the root."""
-    if not key:
-        raise ConfigError("store key must not be empty")
-    if key.startswith("/"):
-        raise ConfigError(f"store key {key!r} must not start with '/'")
-    segments = key.split("/")
-    if segments[0] == RESERVED:
-        raise ConfigError(f"store key {key!r} is in the reserved directory {RESERVED}/")
-    for segment in segments:
-        problem = _segment_problem(segment)
-        if problem is not None:
-            raise ConfigError(f"invalid store key {key!r}: {problem}")
-    if len(key.encode("utf-8")) > _MAX_KEY_BYTES:
-        raise ConfigError(f"store key {key[:40]!r}... is longer than {_MAX_KEY_BYTES} bytes")
-
-
-def _etag(st: os.stat_result) -> str:
-    return f'"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"'
-
-
-def _meta(key: str, st: os.stat_result) -> ObjectMeta:
-    return ObjectMeta(
-        key=key,
-        etag=_etag(st),
-        size=st.st_size,
-        last_modified=datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=UTC),
-    )
-
-
-def _translate(exc: OSError, action: str, path: str) -> StoreError:
-    message = f"{action} {path}: {exc.strerror or exc}"
-    if exc.errno == errno.ENOENT:
-        return NotFound(message)
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return AccessDenied(message)
-    if exc.errno in _TRANSIENT:
-        return StoreUnavailable(message)
-    return StoreError(message)
-
-
-def _read_all(fd: int, size: int) -> bytes:
-    # Objects are replaced, never modified in place, so the size from fstat is final.
-    chunks: list[bytes] = []
-    while size > 0:
-        chunk = os.read(fd, size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _collision(key: str) -> StoreError:
-    return StoreError(
-        f"key {key!r} collides with a directory or file of other keys on the filesystem store "
-        "(a key cannot be both an object and a prefix followed by '/')"
-    )
+    def __init__(self, fd: int, path: str | None) -> None:
+        self.fd = fd
+        self.path = path
 
 
 class FilesystemStore:
@@ -172,9 +112,11 @@ class FilesystemStore:
         self._root = os.path.abspath(os.fspath(root))
         self._tmp = os.path.join(self._root, RESERVED, "tmp")
         self._locks = os.path.join(self._root, RESERVED, "locks")
+        self._lock_paths = [f"{self._locks}/{n:02x}.lock" for n in range(_LOCK_STRIPES)]
         self._closed = False
         self._ready = False  # the root is prepared by the first operation: no I/O here
         self._ready_lock = threading.Lock()
+        self._unnamed_temps = False  # O_TMPFILE works here (probed when preparing)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pawnqueue-fs")
 
     @property
@@ -188,10 +130,15 @@ class FilesystemStore:
 
     async def get(self, key: str) -> StoredObject:
         check_key(key)
-        return await self._run(self._get, key)
+        if self._ready and not self._closed:
+            with contextlib.suppress(_Offload):
+                return self._get(key, True)
+        return await self._run(self._get, key, False)
 
     async def head(self, key: str) -> ObjectMeta:
         check_key(key)
+        if self._ready and not self._closed:
+            return self._head(key)  # a few lstat calls
         return await self._run(self._head, key)
 
     async def put(
@@ -200,7 +147,10 @@ class FilesystemStore:
         check_key(key)
         if not (mode in ("overwrite", "create") or isinstance(mode, IfMatch)):
             raise ConfigError(f"unknown put mode {mode!r}")
-        return await self._run(self._put, key, data, mode, durable)
+        if not durable and len(data) <= _INLINE_PUT_BYTES and self._ready and not self._closed:
+            with contextlib.suppress(_Offload):
+                return self._put(key, data, mode, durable, True)
+        return await self._run(self._put, key, data, mode, durable, False)
 
     async def list(
         self, prefix: str = "", start_after: str | None = None, limit: int | None = None
@@ -210,17 +160,24 @@ class FilesystemStore:
         return await self._run(self._list, prefix, start_after, limit)
 
     async def delete(self, key: str) -> None:
-        check_key(key)
-        await self._run(self._delete, key)
+        await self.delete_many([key])
 
     async def delete_many(self, keys: Sequence[str]) -> None:
         keys = list(keys)
         for key in keys:
             check_key(key)
+        if len(keys) <= _INLINE_DELETES and self._ready and not self._closed:
+            trash: builtins.list[str] = []
+            keys = keys[self._delete_batch(keys, trash) :]
+            if trash:
+                with contextlib.suppress(RuntimeError):  # shut down: a later start sweeps
+                    self._pool.submit(self._reap, trash)
+            if not keys:
+                return
         # A few large batches in parallel: each delete is a lock plus an unlink.
         chunk = max(64, -(-len(keys) // 8))
         batches = [keys[i : i + chunk] for i in range(0, len(keys), chunk)]
-        await asyncio.gather(*(self._run(self._delete_batch, batch) for batch in batches))
+        await asyncio.gather(*(self._run(self._delete_batch, batch, None) for batch in batches))
 
     async def close(self) -> None:
         if self._closed:
@@ -234,7 +191,7 @@ class FilesystemStore:
             raise StoreError(f"{self!r} is closed")
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, fn, *args)
 
-    # -- blocking helpers (run in the pool) -------------------------------------------------
+    # -- blocking helpers (on the pool, or on the loop when ``inline``) ---------------------
 
     def _call(self, fn: Callable[..., T], *args: object) -> T:
         if not self._ready:
@@ -252,56 +209,63 @@ class FilesystemStore:
                 for path in (self._tmp, self._locks):
                     if self._linked_dir(path[len(self._root) + 1 :], last=True):
                         raise StoreError(f"{path} is a symbolic link; the store does not follow")
-                self._sweep_stale_tmp()
+                sweep_stale_temps(self._tmp)
+                self._unnamed_temps = self._probe_unnamed_temps()
             except (FileExistsError, NotADirectoryError) as exc:
                 raise BucketNotFound(f"store root {self._root} is not a directory") from exc
             except OSError as exc:
-                raise _translate(exc, "prepare store root", self._root) from exc
+                raise translate(exc, "prepare store root", self._root) from exc
             self._ready = True
+
+    def _probe_unnamed_temps(self) -> bool:
+        """Whether an ``O_TMPFILE`` file can be written here and linked to a name (it needs
+        Linux, a filesystem that supports it, and /proc)."""
+        if not _O_TMPFILE:
+            return False
+        try:
+            temp = self._open_temp(True)
+        except OSError:
+            return False
+        probe = self._temp_name()
+        try:
+            self._link(temp, probe)
+            os.unlink(probe)
+        except OSError:
+            return False
+        finally:
+            os.close(temp.fd)
+        return True
 
     def _path(self, key: str) -> str:
         return self._root + "/" + key
 
-    def _linked_dir(self, key: str, *, last: bool = False) -> str | None:
+    def _parents(self, key: str, last: bool = False) -> tuple[str | None, bool]:
         """The first directory on the way to ``key`` (with ``last``: to and including it) that
-        is a symbolic link, or None: the store follows none, they may lead out of the root."""
+        is a symbolic link, or None: the store follows none, they may lead out of the root.
+        And whether every one of them exists as a real directory."""
         segments = key.split("/")
+        if not last:
+            segments.pop()
         path = self._root
-        for segment in segments if last else segments[:-1]:
+        for segment in segments:
             path = path + "/" + segment
             try:
                 mode = os.lstat(path).st_mode
             except OSError:
-                return None  # missing (or unreadable: the operation itself reports that)
+                return None, False  # missing (or unreadable: the operation itself reports that)
             if stat.S_ISLNK(mode):
-                return path
+                return path, False
             if not stat.S_ISDIR(mode):
-                return None
-        return None
+                return None, False
+        return None, True
 
-    def _refuse_links(self, key: str) -> None:
-        link = self._linked_dir(key)
-        if link is not None:
-            raise StoreError(
-                f"cannot write {key!r}: {link} is a symbolic link, and the store does not "
-                "follow links inside its root"
-            )
+    def _linked_dir(self, key: str, *, last: bool = False) -> str | None:
+        return self._parents(key, last)[0]
 
     def _make_internal_dirs(self) -> None:
         for path in (os.path.join(self._root, RESERVED), self._tmp, self._locks):
             with contextlib.suppress(FileExistsError):
                 os.mkdir(path, 0o700)
-
-    def _sweep_stale_tmp(self) -> None:
-        # Temp files of crashed writers; a live writer's temp file is seconds old at most.
-        cutoff = time.time_ns() - _STALE_TMP_NS
-        with os.scandir(self._tmp) as entries:
-            for entry in entries:
-                try:
-                    if entry.stat(follow_symlinks=False).st_mtime_ns < cutoff:
-                        os.unlink(entry.path)
-                except FileNotFoundError:
-                    pass
 
     def _open_internal(self, path: str, flags: int) -> int:
         """Open a temp or lock file, recreating the reserved directories if someone removed
@@ -314,23 +278,27 @@ class FilesystemStore:
             self._make_internal_dirs()
             return os.open(path, flags | os.O_CLOEXEC, 0o600)
 
-    def _lock(self, key: str) -> int:
-        stripe = zlib.crc32(key.encode("utf-8")) % _LOCK_STRIPES
-        path = os.path.join(self._locks, f"{stripe:02x}.lock")
+    def _lock(self, key: str, inline: bool) -> int:
+        """Take the key's stripe lock; return the descriptor whose closing releases it. On the
+        loop (``inline``) the lock is only tried: raise _Offload if someone holds it."""
+        path = self._lock_paths[zlib.crc32(key.encode("utf-8")) % _LOCK_STRIPES]
         fd = self._open_internal(path, os.O_RDWR | os.O_CREAT)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if inline else fcntl.LOCK_EX)
+        except BlockingIOError:
+            os.close(fd)
+            raise _Offload from None
         except BaseException:
             os.close(fd)
             raise
-        return fd  # closing the descriptor releases the lock
+        return fd
 
     def _missing(self, key: str) -> StoreError:
         if not os.path.isdir(self._root):
             return BucketNotFound(f"store root {self._root} does not exist")
         return NotFound(f"no object at {key!r}")
 
-    def _get(self, key: str) -> StoredObject:
+    def _get(self, key: str, inline: bool) -> StoredObject:
         path = self._path(key)
         if self._linked_dir(key):
             raise self._missing(key)
@@ -343,17 +311,19 @@ class FilesystemStore:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise self._missing(key) from exc
-            raise _translate(exc, "open", path) from exc
+            raise translate(exc, "open", path) from exc
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise self._missing(key)  # a directory: a prefix of other keys
-            data = _read_all(fd, st.st_size)
+            if inline and st.st_size > _INLINE_GET_BYTES:
+                raise _Offload
+            data = read_all(fd, st.st_size)
         except OSError as exc:
-            raise _translate(exc, "read", path) from exc
+            raise translate(exc, "read", path) from exc
         finally:
             os.close(fd)
-        return StoredObject(data=data, meta=_meta(key, st))
+        return StoredObject(data=data, meta=meta_of(key, st))
 
     def _head(self, key: str) -> ObjectMeta:
         path = self._path(key)
@@ -364,140 +334,155 @@ class FilesystemStore:
         except (FileNotFoundError, NotADirectoryError):
             raise self._missing(key) from None
         except OSError as exc:
-            raise _translate(exc, "stat", path) from exc
+            raise translate(exc, "stat", path) from exc
         if not stat.S_ISREG(st.st_mode):
             raise self._missing(key)
-        return _meta(key, st)
+        return meta_of(key, st)
 
-    def _put(self, key: str, data: bytes, mode: PutMode, durable: bool) -> str:
+    def _put(self, key: str, data: bytes, mode: PutMode, durable: bool, inline: bool) -> str:
         path = self._path(key)
-        tmp = os.path.join(self._tmp, f"{uuid.uuid4().hex}.tmp")
-        self._refuse_links(key)
+        directory, _, name = path.rpartition("/")
+        link, parents_exist = self._parents(key)
+        if link is not None:
+            raise StoreError(
+                f"cannot write {key!r}: {link} is a symbolic link, and the store does not "
+                "follow links inside its root"
+            )
+        if inline and not parents_exist:
+            raise _Offload  # creating directories means fsyncing them
+        temp: _Temp | None = None
         try:
             if mode != "overwrite":
                 # Fail a doomed conditional put before paying for a temp file and an fsync;
                 # the deciding check is repeated under the lock.
-                self._check_condition(key, path, mode)
-            etag = self._write_tmp(tmp, data, durable)
-            created = self._make_parents(key)
-            lock = self._lock(key)
+                check_condition(key, path, mode)
+            # An if-match put renames; create and overwrite try a link first (see _commit).
+            temp = self._open_temp(self._unnamed_temps and not isinstance(mode, IfMatch))
+            etag = self._write_temp(temp.fd, data, durable)
+            created = [] if parents_exist else make_parents(self._root, key)
+            lock = self._lock(key, inline)
             try:
-                before = _fs_listing.directory_mtime(os.path.dirname(path))
-                self._commit(key, tmp, path, mode)
-                _fs_listing.changed(
-                    os.path.dirname(path), os.path.basename(path), added=True, before_ns=before
-                )
+                before = _fs_listing.before_change(directory)
+                self._commit(key, temp, path, mode)
+                if before is not None:
+                    _fs_listing.changed(directory, name, added=True, before_ns=before)
             finally:
                 os.close(lock)
-            for directory in created:
-                _fsync_dir(directory)  # always: a directory lost in a crash loses later keys
+            for parent in created:
+                fsync_dir(parent)  # always: a directory lost in a crash loses later keys
             if durable:
-                _fsync_dir(os.path.dirname(path))
+                fsync_dir(directory)
         except OSError as exc:
-            raise _translate(exc, "write", path) from exc
+            raise translate(exc, "write", path) from exc
         finally:
-            # Still there after a link or a failure; a leftover is swept by a later start.
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if temp is not None:
+                os.close(temp.fd)
+                if temp.path is not None:
+                    # Still there after a link or a failure; a leftover is swept by a later start.
+                    with contextlib.suppress(OSError):
+                        os.unlink(temp.path)
         return etag
 
-    def _write_tmp(self, tmp: str, data: bytes, durable: bool) -> str:
-        fd = self._open_internal(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            ns = _unique_ns()
-            os.utime(fd, ns=(ns, ns))  # after the writes, which would bump mtime again
-            if durable:
-                os.fsync(fd)
-            return _etag(os.fstat(fd))  # rename and link keep the inode and mtime
-        finally:
-            os.close(fd)
-
-    def _make_parents(self, key: str) -> builtins.list[str]:
-        """Create the key's missing parent directories; return the directories whose entries
-        changed (to fsync)."""
-        missing: list[str] = []
-        parent = os.path.dirname(self._path(key))
-        while parent != self._root:
+    def _open_temp(self, unnamed: bool) -> _Temp:
+        if unnamed:  # no directory entry to create and remove, nothing left by a crash
+            return _Temp(self._open_internal(self._tmp, os.O_WRONLY | _O_TMPFILE), None)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        while True:
+            path = self._temp_name()
             try:
-                st = os.stat(parent)
-            except FileNotFoundError:
-                missing.append(parent)
-                parent = os.path.dirname(parent)
-                continue
-            except NotADirectoryError:
-                raise _collision(key) from None
-            if not stat.S_ISDIR(st.st_mode):
-                raise _collision(key)
-            break
-        changed: list[str] = []
-        for directory in reversed(missing):
-            try:
-                os.mkdir(directory, 0o700)
-                changed.append(os.path.dirname(directory))
+                return _Temp(self._open_internal(path, flags), path)
             except FileExistsError:
-                if not os.path.isdir(directory):
-                    raise _collision(key) from None
-            except NotADirectoryError:
-                raise _collision(key) from None
-        return changed
+                continue  # left by a crashed process
 
-    def _check_condition(self, key: str, path: str, mode: PutMode) -> None:
-        """Raise unless a ``create`` or ``IfMatch`` put may replace what is at ``path`` now."""
-        try:
-            st = os.lstat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            if isinstance(mode, IfMatch):
-                raise PreconditionFailed(f"no object at {key!r} to match {mode.etag}") from None
-            return
-        if not stat.S_ISREG(st.st_mode):
-            raise _collision(key)
-        if mode == "create":
-            raise AlreadyExists(f"an object already exists at {key!r}")
-        if isinstance(mode, IfMatch) and _etag(st) != mode.etag:
-            raise PreconditionFailed(f"object at {key!r} has etag {_etag(st)}, not {mode.etag}")
+    def _temp_name(self) -> str:
+        return f"{self._tmp}/{os.getpid()}-{_TEMP_TOKEN}-{next(_temp_names)}.tmp"
 
-    def _commit(self, key: str, tmp: str, path: str, mode: PutMode) -> None:
+    def _write_temp(self, fd: int, data: bytes, durable: bool) -> str:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        ns = unique_ns()
+        os.utime(fd, ns=(ns, ns))  # after the writes, which would bump mtime again
+        if durable:
+            os.fsync(fd)
+        return etag_of(os.fstat(fd))  # link and rename keep the inode and mtime
+
+    def _link(self, temp: _Temp, path: str) -> None:
+        if temp.path is not None:
+            os.link(temp.path, path)
+        else:
+            # linkat(AT_SYMLINK_FOLLOW) on /proc/self/fd/N names an O_TMPFILE file. os.link
+            # calls linkat only when given a dir fd; an absolute path ignores its value.
+            os.link(f"/proc/self/fd/{temp.fd}", path, src_dir_fd=temp.fd)
+
+    def _commit(self, key: str, temp: _Temp, path: str, mode: PutMode) -> None:
         """Move the temp file into place; the caller holds the key's stripe lock."""
-        if mode == "create":
+        if mode == "create" or temp.path is None:
             try:
-                os.link(tmp, path)  # fails if anything exists there, atomically
+                self._link(temp, path)  # fails if anything exists there, atomically
+                return
             except FileExistsError:
-                self._check_condition(key, path, mode)
-                raise AlreadyExists(f"an object already exists at {key!r}") from None
-            return
+                if mode == "create":
+                    check_condition(key, path, mode)
+                    raise AlreadyExists(f"an object already exists at {key!r}") from None
         if isinstance(mode, IfMatch):
-            self._check_condition(key, path, mode)
+            check_condition(key, path, mode)
+        if temp.path is None:  # an overwrite of an existing key: name the file to rename it
+            temp.path = self._temp_name()
+            self._link(_Temp(temp.fd, None), temp.path)
         try:
-            os.replace(tmp, path)
+            os.replace(temp.path, path)
         except IsADirectoryError:
-            raise _collision(key) from None
+            raise collision(key) from None
+        temp.path = None  # the name is no longer ours to remove
 
-    def _delete(self, key: str) -> None:
+    def _delete(self, key: str, trash: builtins.list[str] | None) -> None:
+        """Delete ``key``; on the loop (``trash`` given) move it into tmp/ and add the temp
+        path to ``trash`` instead of unlinking it: the key is gone just the same, and the
+        unlink (which frees disk blocks, ten times the cost of a rename) runs on the pool."""
         path = self._path(key)
         if self._linked_dir(key):
             return  # nothing the store could have written
-        lock = self._lock(key)
+        directory, _, name = path.rpartition("/")
+        lock = self._lock(key, trash is not None)
         try:
-            before = _fs_listing.directory_mtime(os.path.dirname(path))
-            os.unlink(path)
-            _fs_listing.changed(
-                os.path.dirname(path), os.path.basename(path), added=False, before_ns=before
-            )
+            before = _fs_listing.before_change(directory)
+            if trash is None:
+                os.unlink(path)
+            elif stat.S_ISDIR(os.lstat(path).st_mode):
+                return  # a prefix of other keys, not an object
+            else:
+                moved = self._temp_name()
+                try:
+                    os.rename(path, moved)
+                    trash.append(moved)
+                except OSError:
+                    os.unlink(path)  # tmp/ is gone or on another filesystem
+            if before is not None:
+                _fs_listing.changed(directory, name, added=False, before_ns=before)
         except (FileNotFoundError, NotADirectoryError):
             pass  # nothing stored at this key
         except OSError as exc:
             # A directory is a prefix of other keys, not an object (macOS says EPERM).
             if not os.path.isdir(path):
-                raise _translate(exc, "delete", path) from exc
+                raise translate(exc, "delete", path) from exc
         finally:
             os.close(lock)
 
-    def _delete_batch(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            self._delete(key)
+    def _delete_batch(self, keys: Sequence[str], trash: builtins.list[str] | None) -> int:
+        """Delete ``keys`` in order; return how many, fewer on the loop if a lock was busy."""
+        for done, key in enumerate(keys):
+            try:
+                self._delete(key, trash)
+            except _Offload:
+                return done
+        return len(keys)
+
+    @staticmethod
+    def _reap(paths: builtins.list[str]) -> None:
+        for path in paths:
+            with contextlib.suppress(OSError):  # a leftover is swept by a later start
+                os.unlink(path)
 
     # -- listing ----------------------------------------------------------------------------
 
@@ -507,7 +492,7 @@ class FilesystemStore:
         dir_part, slash, partial = prefix.rpartition("/")
         if slash:
             segments = dir_part.split("/")
-            if segments[0] == RESERVED or any(_segment_problem(s) for s in segments):
+            if segments[0] == RESERVED or any(segment_problem(s) for s in segments):
                 return []  # no valid key can start with this prefix
             if self._linked_dir(dir_part, last=True):
                 return []  # the store never follows a link: nothing it wrote is there
@@ -534,12 +519,12 @@ class FilesystemStore:
                 return  # every key here sorts before start_after
             relative = start_after[len(base) :]
         try:
-            keys = _fs_listing.sorted_entries(directory, self._nameable)
+            names = _fs_listing.entries(directory, self._nameable, partial, relative)
         except (FileNotFoundError, NotADirectoryError):
             return
         except OSError as exc:
-            raise _translate(exc, "list", directory) from exc
-        for name in _fs_listing.window(keys, partial, relative):
+            raise translate(exc, "list", directory) from exc
+        for name in names:
             path = os.path.join(directory, name.rstrip("/"))
             if name.endswith("/"):
                 if base or name != RESERVED + "/":
@@ -550,11 +535,11 @@ class FilesystemStore:
             except FileNotFoundError:
                 continue  # deleted since the scan
             except OSError as exc:
-                raise _translate(exc, "stat", path) from exc
+                raise translate(exc, "stat", path) from exc
             if stat.S_ISREG(st.st_mode):
-                yield _meta(base + name, st)
+                yield meta_of(base + name, st)
 
     @staticmethod
     def _nameable(name: str) -> bool:
         """Whether some key could name this entry (stray files are not objects)."""
-        return _segment_problem(name) is None
+        return segment_problem(name) is None

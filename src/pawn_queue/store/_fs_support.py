@@ -1,0 +1,188 @@
+"""Helpers of the filesystem store: key checks, etags, error mapping, small file chores."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import threading
+import time
+from datetime import UTC, datetime
+
+from pawn_queue.exceptions import (
+    AccessDenied,
+    AlreadyExists,
+    ConfigError,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+    StoreUnavailable,
+)
+from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode
+
+RESERVED = ".pawnqueue"
+MAX_KEY_BYTES = 1024  # S3's limit
+MAX_SEGMENT_BYTES = 255  # NAME_MAX on every common filesystem
+_STALE_TMP_NS = 3600 * 10**9
+_FORBIDDEN_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")  # category Cc, and backslash
+_TRANSIENT = {errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ESTALE}
+# The common case in one match: printable ASCII segments (no "/" or "\"), none of them empty,
+# "." or "..", at most 255 characters, and no reserved first segment. Anything else takes
+# the segment-by-segment path, which accepts other valid keys and explains the invalid ones.
+_SEGMENT = r"(?!\.\.?(?:/|\Z))[\x20-\x2e\x30-\x5b\x5d-\x7e]{1,255}"
+_PLAIN_KEY = re.compile(rf"(?!{re.escape(RESERVED)}(?:/|\Z)){_SEGMENT}(?:/{_SEGMENT})*")
+
+_clock_lock = threading.Lock()
+_last_ns = 0
+
+
+def unique_ns() -> int:
+    """A wall-clock nanosecond timestamp never handed out twice in this process."""
+    global _last_ns
+    with _clock_lock:
+        _last_ns = max(time.time_ns(), _last_ns + 1)
+        return _last_ns
+
+
+def segment_problem(segment: str) -> str | None:
+    if segment in ("", ".", ".."):
+        return f"segment {segment!r} is not allowed"
+    if _FORBIDDEN_CHARS.search(segment):
+        return "backslashes and control characters are not allowed"
+    try:
+        size = len(segment.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "it is not valid UTF-8"
+    if size > MAX_SEGMENT_BYTES:
+        return f"a segment is {size} bytes; the limit is {MAX_SEGMENT_BYTES}"
+    return None
+
+
+def check_key(key: str) -> None:
+    """Raise ConfigError unless ``key`` maps to a path strictly inside the root."""
+    if len(key) <= MAX_KEY_BYTES and _PLAIN_KEY.fullmatch(key):
+        return  # ASCII: as many bytes as characters
+    if not key:
+        raise ConfigError("store key must not be empty")
+    if key.startswith("/"):
+        raise ConfigError(f"store key {key!r} must not start with '/'")
+    segments = key.split("/")
+    if segments[0] == RESERVED:
+        raise ConfigError(f"store key {key!r} is in the reserved directory {RESERVED}/")
+    for segment in segments:
+        problem = segment_problem(segment)
+        if problem is not None:
+            raise ConfigError(f"invalid store key {key!r}: {problem}")
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise ConfigError(f"store key {key[:40]!r}... is longer than {MAX_KEY_BYTES} bytes")
+
+
+def etag_of(st: os.stat_result) -> str:
+    return f'"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"'
+
+
+def meta_of(key: str, st: os.stat_result) -> ObjectMeta:
+    return ObjectMeta(
+        key=key,
+        etag=etag_of(st),
+        size=st.st_size,
+        last_modified=datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=UTC),
+    )
+
+
+def translate(exc: OSError, action: str, path: str) -> StoreError:
+    message = f"{action} {path}: {exc.strerror or exc}"
+    if exc.errno == errno.ENOENT:
+        return NotFound(message)
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return AccessDenied(message)
+    if exc.errno in _TRANSIENT:
+        return StoreUnavailable(message)
+    return StoreError(message)
+
+
+def collision(key: str) -> StoreError:
+    return StoreError(
+        f"key {key!r} collides with a directory or file of other keys on the filesystem store "
+        "(a key cannot be both an object and a prefix followed by '/')"
+    )
+
+
+def read_all(fd: int, size: int) -> bytes:
+    # Objects are replaced, never modified in place, so the size from fstat is final.
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = os.read(fd, size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sweep_stale_temps(tmp: str) -> None:
+    """Remove temp files of crashed writers (a live writer's is seconds old at most) and the
+    deleted files they had not unlinked yet (those are garbage at any age)."""
+    cutoff = time.time_ns() - _STALE_TMP_NS
+    with os.scandir(tmp) as entries:
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_mtime_ns < cutoff:
+                    os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+
+
+def make_parents(root: str, key: str) -> list[str]:
+    """Create the key's missing parent directories under ``root``; return the directories
+    whose entries changed (to fsync)."""
+    missing: list[str] = []
+    parent = os.path.dirname(root + "/" + key)
+    while parent != root:
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            missing.append(parent)
+            parent = os.path.dirname(parent)
+            continue
+        except NotADirectoryError:
+            raise collision(key) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise collision(key)
+        break
+    changed: list[str] = []
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+            changed.append(os.path.dirname(directory))
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise collision(key) from None
+        except NotADirectoryError:
+            raise collision(key) from None
+    return changed
+
+
+def check_condition(key: str, path: str, mode: PutMode) -> None:
+    """Raise unless a ``create`` or ``IfMatch`` put may replace what is at ``path`` now."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        if isinstance(mode, IfMatch):
+            raise PreconditionFailed(f"no object at {key!r} to match {mode.etag}") from None
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise collision(key)
+    if mode == "create":
+        raise AlreadyExists(f"an object already exists at {key!r}")
+    if isinstance(mode, IfMatch) and etag_of(st) != mode.etag:
+        raise PreconditionFailed(f"object at {key!r} has etag {etag_of(st)}, not {mode.etag}")
