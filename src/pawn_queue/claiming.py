@@ -338,7 +338,8 @@ class Claimer:
             if meta.last_modified > fresh_after:
                 lease_id = meta.key[len(prefix) : -len(layout.LEASE_SUFFIX)]
                 leased.add(lease_id)
-                occupied[_lane_of(lease_id)] = occupied.get(_lane_of(lease_id), 0) + 1
+                lane = _lane_of(lease_id)
+                occupied[lane] = occupied.get(lane, 0) + 1
         candidates = [
             (pending, key)
             for pending, key in candidates
