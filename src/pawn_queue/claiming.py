@@ -35,7 +35,7 @@ from pawn_queue.exceptions import StoreError
 from pawn_queue.leases import Lease, LeaseManager
 from pawn_queue.message import ClaimedObject, Message
 from pawn_queue.notify import ChangeSignals
-from pawn_queue.store.base import Store
+from pawn_queue.store.base import ObjectMeta, Store
 from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,29 @@ def _waits_longer(oldest_key: str, key: str) -> bool:
     """Whether the message at ``oldest_key`` became due ``_LANE_LAG`` before the one at ``key``."""
     oldest, due = layout.due_from_key(oldest_key), layout.due_from_key(key)
     return oldest is not None and due is not None and due - oldest > _LANE_LAG
+
+
+def scan_page(
+    page: list[ObjectMeta], due_by: datetime, groups_seen: set[str]
+) -> tuple[list[tuple[layout.PendingKey, ObjectMeta]], datetime | None]:
+    """The deliverable messages of a listing page in key order, and the due time of the first
+    key not due by ``due_by`` (None if there is none). Keys sort by due time, so that key ends
+    the listing. Of a group, only the oldest message is deliverable (``groups_seen`` carries
+    the groups already met over the pages of one listing)."""
+    found: list[tuple[layout.PendingKey, ObjectMeta]] = []
+    for meta in page:
+        pending = layout.parse_pending_key(meta.key)
+        if pending is None:
+            continue
+        due = layout.due_from_key(meta.key)
+        if due is not None and due > due_by:
+            return found, due
+        if pending.kind == "group":
+            if pending.group_hash in groups_seen:
+                continue
+            groups_seen.add(pending.group_hash)
+        found.append((pending, meta))
+    return found, None
 
 
 def _expired(key: str, retention_seconds: float) -> bool:
@@ -142,28 +165,16 @@ class Claimer:
             page = await self._store.list(
                 layout.messages_prefix(topic), start_after=start_after, limit=page_size
             )
-            candidates: list[tuple[layout.PendingKey, str]] = []
-            # Keys sort by the time messages become due: the first one not due yet ends the
-            # scan (the skew margin keeps a producer's fast clock from hiding its messages).
-            due_by = now_utc() + self._leases.margin
-            not_due = False
-            for meta in page:
-                pending = layout.parse_pending_key(meta.key)
-                if pending is None:
-                    continue
-                due = layout.due_from_key(meta.key)
-                if due is not None and due > due_by:
-                    not_due = True
-                    due -= self._leases.margin
-                    self.next_due = due if self.next_due is None else min(self.next_due, due)
-                    break
-                if pending.kind == "group":
-                    # Only the oldest message of a group may be delivered, and one at a time.
-                    if pending.group_hash in groups_seen:
-                        continue
-                    groups_seen.add(pending.group_hash)
-                if self._leases.worth_claiming(topic, pending.lease_id(), meta.key):
-                    candidates.append((pending, meta.key))
+            # The skew margin keeps a producer's fast clock from hiding its messages.
+            found, not_due = scan_page(page, now_utc() + self._leases.margin, groups_seen)
+            if not_due is not None:
+                due = not_due - self._leases.margin
+                self.next_due = due if self.next_due is None else min(self.next_due, due)
+            candidates = [
+                (pending, meta.key)
+                for pending, meta in found
+                if self._leases.worth_claiming(topic, pending.lease_id(), meta.key)
+            ]
             if contended:
                 candidates = await self._lane_candidates(topic, candidates)
             won, rest, conflicts = await self._claim_candidates(
@@ -176,7 +187,7 @@ class Claimer:
                 # Only the group heads of this page are in ``rest``: the next of a group is
                 # found by a later listing, once the one before it is settled.
                 self._remembered[topic] = (rest, time.monotonic() + _REMEMBER_SECONDS)
-            if not_due or len(page) < page_size:
+            if not_due is not None or len(page) < page_size:
                 break
             start_after = page[-1].key
         return claimed

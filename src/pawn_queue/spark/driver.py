@@ -24,6 +24,7 @@ from datetime import datetime
 
 from pawn_queue import layout
 from pawn_queue._aio import gather_limited
+from pawn_queue.claiming import scan_page
 from pawn_queue.envelope import CorruptObject, LeaseBody, decode_batch, now_utc
 from pawn_queue.exceptions import LeaseLostError, NotFound, PawnQueueError
 from pawn_queue.leases import Lease, LeaseManager, probe_strategy
@@ -264,25 +265,14 @@ class StreamDriver:
         self, topic: str, page: list[ObjectMeta], due_by: datetime, groups_seen: set[str]
     ) -> tuple[list[tuple[layout.PendingKey, ObjectMeta]], bool]:
         """The claimable objects of a listing page, and whether the listing ends here."""
-        out: list[tuple[layout.PendingKey, ObjectMeta]] = []
-        for meta in page:
-            pending = layout.parse_pending_key(meta.key)
-            if pending is None:
-                continue
-            due = layout.due_from_key(meta.key)
-            if due is not None and due > due_by:
-                return out, True  # keys are in due order: nothing after this one is due
-            if pending.kind == "group":
-                # One message of a group at a time, the oldest first.
-                if pending.group_hash in groups_seen:
-                    continue
-                groups_seen.add(pending.group_hash)
-            lease_id = pending.lease_id()
-            if layout.lease_key(topic, lease_id) in self._held:
-                continue
-            if self._leases.worth_claiming(topic, lease_id, meta.key):
-                out.append((pending, meta))
-        return out, len(page) < _LIST_PAGE
+        found, not_due = scan_page(page, due_by, groups_seen)
+        claimable = [
+            (pending, meta)
+            for pending, meta in found
+            if layout.lease_key(topic, pending.lease_id()) not in self._held
+            and self._leases.worth_claiming(topic, pending.lease_id(), meta.key)
+        ]
+        return claimable, not_due is not None or len(page) < _LIST_PAGE
 
     async def _claim(
         self, topic: str, pending: layout.PendingKey, meta: ObjectMeta, count_rows: bool
