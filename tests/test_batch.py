@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pawn_queue import PawnQueue, PayloadError, TopicNotFoundError, layout
+from tests.support import keys_under, settled
 
 
 async def test_batch_is_one_object_delivered_in_order(pq: PawnQueue) -> None:
@@ -32,8 +33,7 @@ async def test_batch_is_one_object_delivered_in_order(pq: PawnQueue) -> None:
             await message.ack()
     assert sizes == [10, 10, 5]
     assert got == ids
-    assert await pq.store.list("t/messages/") == []
-    assert await pq.store.list("t/leases/") == []
+    assert await keys_under(pq, "t/") == ["t/.topic"]
 
 
 async def test_batch_member_nack_goes_alone_to_dead_letter(pq: PawnQueue) -> None:
@@ -79,8 +79,8 @@ async def test_takeover_redelivers_only_unsettled_members(queue_config: dict[str
                     await message.ack()
                 await asyncio.sleep(0.05)
         assert got == ids[10:]
-        assert await qa.store.list("t/messages/") == []
-        assert await qa.store.list("t/leases/") == []
+        await settled(qb)
+        assert await keys_under(qa, "t/") == ["t/.topic"]
 
 
 async def test_batch_errors_write_nothing(pq: PawnQueue) -> None:

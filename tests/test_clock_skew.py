@@ -19,6 +19,7 @@ import pytest
 from pawn_queue import LeaseLostError, Message, PawnQueue, layout
 from pawn_queue.consumer import Consumer
 from pawn_queue.envelope import now_utc
+from tests.support import keys_under, settled
 
 VISIBILITY = 10.0
 MARGIN = 1.0
@@ -94,8 +95,10 @@ async def first_delivery(consumer: Consumer) -> Message:
                 return message
 
 
-async def keys(pq: PawnQueue, prefix: str) -> list[str]:
-    return [m.key for m in await pq.store.list(prefix)]
+async def keys(h: Hosts, prefix: str) -> list[str]:
+    """The keys under ``prefix``, once the lease deletes after both hosts' acks landed."""
+    await settled(h.other_queue)
+    return await keys_under(h.holder_queue, prefix)
 
 
 async def test_clock_ahead_by_the_margin_never_steals_a_refreshed_lease(
@@ -116,8 +119,8 @@ async def test_clock_ahead_by_the_margin_never_steals_a_refreshed_lease(
         looks += 1
     await held.ack()
     assert looks == int(3 * VISIBILITY / STEP)
-    assert await keys(h.holder_queue, "t/messages/") == []
-    assert await keys(h.holder_queue, "t/leases/") == []
+    assert await keys(h, "t/messages/") == []
+    assert await keys(h, "t/leases/") == []
 
 
 async def test_clock_ahead_beyond_margin_and_visibility_takes_over_a_live_lease(
@@ -136,11 +139,11 @@ async def test_clock_ahead_beyond_margin_and_visibility_takes_over_a_live_lease(
         await held.ack()
     with pytest.raises(LeaseLostError):
         await held.nack()
-    assert len(await keys(h.holder_queue, "t/messages/")) == 1
-    assert await keys(h.holder_queue, "t/dead-letter/") == []
+    assert len(await keys(h, "t/messages/")) == 1
+    assert await keys(h, "t/dead-letter/") == []
     await taken.ack()
-    assert await keys(h.holder_queue, "t/messages/") == []
-    assert await keys(h.holder_queue, "t/leases/") == []
+    assert await keys(h, "t/messages/") == []
+    assert await keys(h, "t/leases/") == []
 
     # An ack before the holder's next refresh still deletes the message, which the taker is
     # processing too (its lease with it): processed twice, and its ack then succeeds.
@@ -149,8 +152,8 @@ async def test_clock_ahead_beyond_margin_and_visibility_takes_over_a_live_lease(
     assert taken.id == held.id
     await held.ack()
     await taken.ack()
-    assert await keys(h.holder_queue, "t/messages/") == []
-    assert await keys(h.holder_queue, "t/leases/") == []
+    assert await keys(h, "t/messages/") == []
+    assert await keys(h, "t/leases/") == []
 
 
 async def test_clock_behind_only_delays_recovery_of_a_dead_holder(
@@ -172,5 +175,5 @@ async def test_clock_behind_only_delays_recovery_of_a_dead_holder(
     await taken.ack()
     with pytest.raises(LeaseLostError):
         await held.ack()
-    assert await keys(h.holder_queue, "t/messages/") == []
-    assert await keys(h.holder_queue, "t/leases/") == []
+    assert await keys(h, "t/messages/") == []
+    assert await keys(h, "t/leases/") == []

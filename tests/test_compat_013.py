@@ -12,6 +12,7 @@ import pytest
 
 from pawn_queue import PawnQueue
 from pawn_queue.config import S3Config
+from tests.support import keys_under
 
 AGENT = Path(__file__).parent / "compat" / "pq013_agent.py"
 ROOT = Path(__file__).parent.parent
@@ -65,8 +66,8 @@ async def test_013_publishes_we_consume(configs: tuple[dict[str, Any], dict[str,
                 await message.ack()
         assert [g[0] for g in got] == ids
         assert [g[1] for g in got] == [{"n": n, "from": "0.1.3"} for n in range(5)]
-        assert await pq.store.list("orders/messages/") == []
-        assert await pq.store.list("orders/leases/") == []
+        assert await keys_under(pq, "orders/messages/") == []
+        assert await keys_under(pq, "orders/leases/") == []
 
 
 async def test_we_publish_013_consumes(configs: tuple[dict[str, Any], dict[str, Any]]) -> None:

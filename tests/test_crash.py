@@ -17,6 +17,7 @@ import pytest
 
 from pawn_queue import PawnQueue
 from tests.conftest import queue_config_dict
+from tests.support import keys_under
 
 HOLDER = """
 import asyncio, json, sys
@@ -70,5 +71,5 @@ async def test_killed_consumer_messages_are_redelivered(
                 await asyncio.sleep(0.05)
         assert sorted(delivered) == sorted(published)
         assert len(delivered) == len(set(delivered))
-        assert await pq.store.list("jobs/messages/") == []
-        assert await pq.store.list("jobs/leases/") == []
+        assert await keys_under(pq, "jobs/messages/") == []
+        assert await keys_under(pq, "jobs/leases/") == []

@@ -41,6 +41,7 @@ from pawn_queue.store.s3 import S3Store
 from tests.conftest import queue_config_dict
 from tests.fault_proxy import FaultKind, FaultProxy, FaultRule
 from tests.seaweedfs import SeaweedFS
+from tests.support import settled
 
 LEASES = "/leases/"
 MESSAGES = "/messages/"
@@ -80,6 +81,7 @@ async def patiently(call: Callable[[], Awaitable[Any]], attempts: int = 50) -> A
 
 
 async def keys(pq: PawnQueue, prefix: str) -> list[str]:
+    await settled(pq)
     return [m.key for m in await patiently(lambda: pq.store.list(prefix))]
 
 
@@ -481,6 +483,7 @@ async def test_failed_ack_delete_is_resent(
     [message] = await consumer.poll(wait=5)
     proxy.set_rules([FaultRule(kind, 1.0, frozenset({"delete"}), target, limit=1)])
     await message.ack()
+    await settled(pq)  # the lease delete follows the ack
     assert proxy.stats()[f"{kind}:delete"] == 1
     assert await rival.poll(wait=0.5) == []
     await assert_empty(pq, "t")

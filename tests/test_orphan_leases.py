@@ -13,6 +13,7 @@ from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store import open_store
 from tests.faults import FaultyStore
+from tests.support import settled
 
 
 async def _orphan_one(pq: PawnQueue, store: FaultyStore) -> tuple[list[str], str]:
@@ -30,6 +31,7 @@ async def _orphan_one(pq: PawnQueue, store: FaultyStore) -> tuple[list[str], str
 
     store.hooks.append(lose_lease_deletes)
     await first.ack()  # the message is gone: acked, with a warning about its lease
+    await settled(pq)  # its lease delete, which follows the ack
     store.hooks.clear()
     await second.nack(requeue=True, delay=3600)
     await third.ack()

@@ -22,10 +22,7 @@ from pawn_queue.config import load_config
 from pawn_queue.exceptions import ConfigError, StoreUnavailable
 from pawn_queue.store import open_store
 from tests.faults import FaultyStore
-
-
-async def keys_under(pq: PawnQueue, prefix: str) -> list[str]:
-    return [m.key for m in await pq.store.list(prefix)]
+from tests.support import keys_under, settled
 
 
 async def drain(consumer: Any, *, until: int, seen: list[str], ack: bool = True) -> None:
@@ -55,6 +52,51 @@ async def test_publish_poll_ack(pq: PawnQueue) -> None:
     assert await keys_under(pq, "orders/leases/") == []
     assert await keys_under(pq, "orders/dead-letter/") == []
     assert await consumer.poll() == []
+
+
+async def test_ack_returns_before_its_lease_delete_which_teardown_waits_for(
+    queue_config: dict[str, Any],
+) -> None:
+    """An ack costs one round trip (the message delete). The lease delete follows in the
+    background, and teardown() waits for it before closing the store."""
+    config = load_config(queue_config)
+    store = FaultyStore(open_store(config))
+    events: list[str] = []
+    lease_delete_started, go = asyncio.Event(), asyncio.Event()
+
+    async def hold_lease_deletes(operation: str, key: str) -> None:
+        if operation == "delete" and "/leases/" in key:
+            lease_delete_started.set()
+            await go.wait()
+
+    async def note_deletes(operation: str, key: str) -> None:
+        if operation == "delete":
+            events.append(key.split("/")[1])
+
+    async def close() -> None:
+        events.append("closed")
+        await store.inner.close()
+
+    store.close = close  # type: ignore[method-assign]
+    pq = PawnQueue(config, store=store)
+    await pq.setup()
+    await pq.create_topic("t")
+    await (await pq.register_producer("p")).publish("t", {"n": 1})
+    [message] = await (await pq.register_consumer("c", topics=["t"])).poll()
+    store.observers.append(note_deletes)
+    store.hooks.append(hold_lease_deletes)
+    await asyncio.wait_for(message.ack(), 10)
+    await asyncio.wait_for(lease_delete_started.wait(), 10)
+    assert events == ["messages"]
+    assert [m.key for m in await store.inner.list("t/leases/")] == [
+        layout.lease_key("t", message.id)
+    ]
+    closing = asyncio.create_task(pq.teardown())
+    done, _ = await asyncio.wait({closing}, timeout=0.5)
+    assert not done, "teardown() did not wait for the lease delete"
+    go.set()
+    await asyncio.wait_for(closing, 10)
+    assert events == ["messages", "leases", "closed"]
 
 
 async def test_fifo_within_topic(pq: PawnQueue) -> None:
@@ -230,6 +272,7 @@ async def test_poll_refreshes_leases_and_lost_lease_ack_deletes_nothing(
         assert await keys_under(qa, "t/dead-letter/") == []
         await taken.ack()
         assert await keys_under(qa, "t/messages/") == []
+        await settled(qb)
         assert await keys_under(qa, "t/leases/") == []
 
 

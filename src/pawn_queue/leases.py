@@ -97,6 +97,7 @@ class LeaseManager:
         self._held_here: set[str] = set()
         self._busy_until: dict[str, datetime] = {}
         self._settled_here: dict[str, float] = {}
+        self._releasing: set[asyncio.Task[None]] = set()
 
     # -- claiming ---------------------------------------------------------------------------
 
@@ -263,6 +264,27 @@ class LeaseManager:
                     return
             lease.released = True
             await self.deleter.delete(lease.key)
+
+    async def release_gone(self, lease: Lease) -> None:
+        """Give up the lease of a message that is gone (acked or dead-lettered). A failure is
+        only logged: a leftover lease blocks nothing, and :meth:`sweep_orphans` deletes it."""
+        try:
+            await self.release(lease, message_gone=True)
+        except StoreError as exc:
+            logger.warning("lease release failed key=%s error=%s", lease.key, exc)
+
+    def release_gone_later(self, lease: Lease) -> None:
+        """:meth:`release_gone` in the background: nothing needs to wait for it, so an ack
+        costs one round trip. A crash before it lands leaves an orphan lease."""
+        self._note_settled(lease.message_key)
+        task = asyncio.create_task(self.release_gone(lease))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def releases_done(self) -> None:
+        """Wait until the releases started by :meth:`release_gone_later` have landed."""
+        while self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
 
     async def sweep_orphans(self, topic: str, consumer_id: str, older_than: float) -> int:
         """Delete the leases of ``topic`` whose message is gone; return how many.

@@ -122,11 +122,10 @@ class ClaimedObject:
         with contextlib.suppress(NotFound):
             await self._leases.deleter.delete(self.key)
         self._on_done(self.lease)
-        try:
-            await self._leases.release(self.lease, message_gone=True)
-        except StoreError as exc:
-            # The object is gone; a leftover lease blocks nothing.
-            logger.warning("lease release failed key=%s error=%s", self.lease.key, exc)
+        if self.lease.key == layout.lease_key(self.lease.topic, self.lease.message_id):
+            self._leases.release_gone_later(self.lease)
+        else:
+            await self._leases.release_gone(self.lease)  # a group's next message waits for it
 
 
 class Message:
