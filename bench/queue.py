@@ -55,9 +55,11 @@ for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.s
         sys.path.insert(0, str(_path))
 
 from bench import common  # noqa: E402
+from bench import store as store_bench  # noqa: E402
 from bench.common import RequestClasses  # noqa: E402
 
 from pawn_queue import PawnQueue, PawnQueueConfig  # noqa: E402
+from pawn_queue.store import open_store  # noqa: E402
 from pawn_queue.store.base import Store  # noqa: E402
 
 PQ013_PYTHON = REPO / ".venv-pq013" / "bin" / "python"
@@ -258,8 +260,6 @@ def filesystem_config(path: Path, **polling: float) -> dict[str, Any]:
 
 
 def counting_queue(config: dict[str, Any]) -> tuple[PawnQueue, CountingStore]:
-    from pawn_queue.store import open_store
-
     parsed = PawnQueueConfig.from_dict(config)
     store = CountingStore(open_store(parsed))
     return PawnQueue(parsed, store=cast(Store, store)), store
@@ -353,9 +353,15 @@ async def ours_drain_run(
         publish_seconds = await common.publish_many(
             common.numbered(producer, TOPIC), messages, IN_FLIGHT
         )
+        published = await b.counted(bucket)
         result = await common.drain(consumer_objs, messages, b.sizes.drain_timeout)
-        requests = common.delta(before, await b.counted(bucket))
-    return {"publish_seconds": publish_seconds, "requests": requests, **result.summary()}
+        after = await b.counted(bucket)
+    return {
+        "publish_seconds": publish_seconds,
+        "requests": common.delta(before, after),
+        "drain_requests": common.delta(published, after),
+        **result.summary(),
+    }
 
 
 def drain_row(
@@ -426,7 +432,43 @@ async def case_drain(b: Bench) -> list[dict[str, Any]]:
         )
         if "msgs_per_s" in row and base is not None:
             row["ratio_vs_013"] = round(row["msgs_per_s"] / base["msgs_per_s"], 2)
+    rates = await raw_store_rates(b)
+    for row in rows:
+        if row["lib"] == "ours" and "msgs_per_s" in row:
+            limit = common.median(
+                store_limit(r["drain_requests"], r["expected"], rates) for r in row["runs"]
+            )
+            row["store_limit_msgs_per_s"] = round(limit, 1)
+            row["of_store_limit"] = round(row["msgs_per_s"] / limit, 2)
+    rows.append({"lib": "raw store", "ops_per_s_at_32_in_flight": rates})
     return rows
+
+
+async def raw_store_rates(b: Bench) -> dict[str, float]:
+    """What this server does per operation with 32 requests in flight (bench/store.py's
+    pass, on a bucket of its own), medians of the runs."""
+    config = PawnQueueConfig.from_dict(b.ours_s3(await b.bucket("raw-store")))
+    store = open_store(config)
+    try:
+        runs = [
+            await store_bench.run_once(store, f"r{run}", IN_FLIGHT, store_bench.Budget(1.0, None))
+            for run in range(b.sizes.runs)
+        ]
+    finally:
+        await store.close()
+    return {op: round(common.median(r[op] for r in runs), 1) for op in store_bench.OPS}
+
+
+def store_limit(requests: dict[str, int], messages: int, rates: dict[str, float]) -> float:
+    """Messages per second the store allows for a drain that made ``requests``: the time
+    each kind of request takes at the store's rate, summed per message. LISTs are left out:
+    their cost grows with the prefix, and bench/store.py lists a larger one than a drain."""
+    seconds = sum(
+        count / rates[kind]
+        for kind, count in requests.items()
+        if kind in rates and kind != "LIST"  # "KIND:code" keys repeat the totals
+    )
+    return messages / seconds
 
 
 def _progress(row: dict[str, Any]) -> None:
@@ -788,14 +830,15 @@ def table(results: dict[str, Any]) -> str:
                     f"{_f(extra):>8}"
                     if key == "batch"
                     else f"{_f(r.get('ratio_vs_013'), '.2f'):>8}"
+                    f"{_f(r.get('of_store_limit'), '.0%'):>7}"
                 )
                 + f"{q['put_list']:>10.2f}{q['get_head']:>10.2f}{q['delete']:>8.2f}"
                 f"{r['usd_per_million_msgs']:>9.2f}{r['duplicates']:>5}"
             )
-        ratio = "e2e/s" if key == "batch" else "/0.1.3"
+        ratio = f"{'e2e/s':>8}" if key == "batch" else f"{'/0.1.3':>8}{'limit':>7}"
         section(
             title,
-            f"{'lib':<7}{'strategy':<19}{'N':>6}{'c':>4}{'msgs/s':>8}{ratio:>8}"
+            f"{'lib':<7}{'strategy':<19}{'N':>6}{'c':>4}{'msgs/s':>8}{ratio}"
             f"{'PUT+LIST':>10}{'GET+HEAD':>10}{'DELETE':>8}{'$/M msg':>9}{'dup':>5}",
             lines + skipped(rows),
         )
@@ -871,7 +914,10 @@ NOTES = (
     "looping poll() + concurrent acks, sleeping 10 ms doubling to 250 ms after empty polls.",
     "Requests: SeaweedFS_s3_request_total of the bucket over publish + drain (HEAD counts as",
     "GET; a DeleteObjects batch as one DELETE). USD at AWS list prices: PUT/COPY/POST/LIST",
-    "$5 per million, GET/HEAD $0.40, DELETE free; per month = 30 days.",
+    "$5 per million, GET/HEAD $0.40, DELETE free; per month = 30 days. limit: the drain's",
+    "msgs/s as a share of what the server allows for the drain's own PUT, GET, HEAD and",
+    "DELETE requests, at the rates bench/store.py's pass measures on it (32 in flight) in",
+    "the same run; LISTs left out (their cost grows with the prefix listed).",
 )
 
 

@@ -77,7 +77,7 @@ async def _rate(
     return (count / elapsed if elapsed > 0 else 0.0), count
 
 
-async def _run_once(store: Store, run: str, concurrency: int, budget: Budget) -> dict[str, float]:
+async def run_once(store: Store, run: str, concurrency: int, budget: Budget) -> dict[str, float]:
     """One pass over every operation on fresh keys under ``run/``."""
     rates: dict[str, float] = {}
     keys: list[str] = []
@@ -165,11 +165,11 @@ async def _bench_store(
     with ExitStack() as stack:
         store = _open_store(name, stack)
         try:
-            await _run_once(store, "warmup", 4, Budget(None, 50))
+            await run_once(store, "warmup", 4, Budget(None, 50))
             for concurrency in concurrencies:
                 samples: dict[str, list[float]] = {op: [] for op in (*OPS, "keys")}
                 for run in range(runs):
-                    rates = await _run_once(store, f"c{concurrency}-r{run}", concurrency, budget)
+                    rates = await run_once(store, f"c{concurrency}-r{run}", concurrency, budget)
                     for op, rate in rates.items():
                         samples[op].append(rate)
                 for op in OPS:
