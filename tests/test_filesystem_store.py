@@ -573,6 +573,64 @@ async def test_a_held_lock_never_blocks_the_event_loop(tmp_path: Path) -> None:
     assert leftover_temp_files(root) == []
 
 
+async def test_a_removed_lock_file_is_not_trusted(tmp_path: Path) -> None:
+    """Lock files stay open in each process. If one is removed, the store locks the file now
+    at its path, the one another process locks."""
+    root = tmp_path / "root"
+    store = FilesystemStore(root)
+    key = "t/leases/a.lease"
+    try:
+        await store.put(key, b"1", durable=False)  # opens the stripe's lock file, and keeps it
+        shutil.rmtree(root / ".pawnqueue" / "locks")
+        (root / ".pawnqueue" / "locks").mkdir()
+        lock = hold_stripe_lock(root, key)  # another process, on a new file at that path
+        try:
+            put = asyncio.create_task(store.put(key, b"2", durable=False))
+            done, _ = await asyncio.wait({put}, timeout=0.3)
+            assert not done, "the store locked the removed file"
+            assert (root / key).read_bytes() == b"1"
+        finally:
+            os.close(lock)
+        async with asyncio.timeout(10):
+            await put
+        assert (await store.get(key)).data == b"2"
+    finally:
+        await store.close()
+
+
+async def test_a_forked_child_does_not_share_the_parents_locks(tmp_path: Path) -> None:
+    """An flock belongs to an open file, which a fork shares: a child opens its own."""
+    store = FilesystemStore(tmp_path / "root")
+    key = "t/leases/a.lease"
+    try:
+        await store.put(key, b"1", durable=False)  # the lock file is open before the fork
+        held_r, held_w = os.pipe()
+        answer_r, answer_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: try the stripe while the parent holds it
+            code = 1
+            try:
+                os.read(held_r, 1)
+                busy = store._stripes.acquire(key, wait=False) is None
+                os.write(answer_w, b"busy" if busy else b"free")
+                code = 0
+            finally:
+                os._exit(code)
+        stripe = store._stripes.acquire(key, wait=True)
+        assert stripe is not None
+        try:
+            os.write(held_w, b"x")
+            answer = os.read(answer_r, 4)
+        finally:
+            store._stripes.release(stripe)
+            await asyncio.to_thread(os.waitpid, pid, 0)
+            for fd in (held_r, held_w, answer_r, answer_w):
+                os.close(fd)
+        assert answer == b"busy"
+    finally:
+        await store.close()
+
+
 async def test_deleted_files_are_unlinked_after_the_key_is_gone(tmp_path: Path) -> None:
     """A delete on the loop moves the file into tmp/ (the key is gone at once) and a worker
     thread unlinks it; nothing is left behind once the store is closed."""

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import re
 import stat
 import threading
 import time
+import zlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from pawn_queue.exceptions import (
@@ -186,3 +189,60 @@ def check_condition(key: str, path: str, mode: PutMode) -> None:
         raise AlreadyExists(f"an object already exists at {key!r}")
     if isinstance(mode, IfMatch) and etag_of(st) != mode.etag:
         raise PreconditionFailed(f"object at {key!r} has etag {etag_of(st)}, not {mode.etag}")
+
+
+class StripeLocks:
+    """Exclusion per key among the threads and processes that share a store: keys hash onto
+    lock files, each opened once per process. A thread lock comes first, because an flock
+    taken through one open file does not exclude the threads that share the file."""
+
+    def __init__(self, paths: list[str], open_file: Callable[[str], int]) -> None:
+        self._paths = paths
+        self._open = open_file
+        self._reset()
+
+    def _reset(self) -> None:
+        # A forked child must not use its parent's descriptors: it would share their flocks.
+        self._pid = os.getpid()
+        self._fds: list[int | None] = [None] * len(self._paths)
+        self._guards = [threading.Lock() for _ in self._paths]
+
+    def acquire(self, key: str, wait: bool) -> int | None:
+        """Lock the stripe of ``key`` and return it; None if ``wait`` is false and another
+        thread or process holds it."""
+        if os.getpid() != self._pid:
+            self._reset()
+        stripe = zlib.crc32(key.encode("utf-8")) % len(self._paths)
+        guard = self._guards[stripe]
+        if not guard.acquire(blocking=wait):
+            return None
+        try:
+            while True:
+                fd = self._fds[stripe]
+                if fd is None:
+                    fd = self._fds[stripe] = self._open(self._paths[stripe])
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    guard.release()
+                    return None
+                if os.fstat(fd).st_nlink:
+                    return stripe
+                # Someone removed the lock file: others now lock a new one at that path.
+                self._fds[stripe] = None
+                os.close(fd)
+        except BaseException:
+            guard.release()
+            raise
+
+    def release(self, stripe: int) -> None:
+        fd = self._fds[stripe]
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        self._guards[stripe].release()
+
+    def close(self) -> None:
+        for stripe, fd in enumerate(self._fds):
+            if fd is not None:
+                self._fds[stripe] = None
+                os.close(fd)

@@ -16,7 +16,8 @@ Guarantees, across threads and processes on one host (not across NFS clients):
   signals) skips the two fsyncs of the file and its directory: the write is as atomic and
   as visible, and a power loss may forget it.
 - If-match, overwrite, create and delete on one key serialise on one of 256 striped lock files
-  (``fcntl.flock`` on a freshly opened descriptor, so it excludes threads as well as processes).
+  (``fcntl.flock`` on a descriptor kept per process, behind a thread lock per stripe, so it
+  excludes threads as well as processes).
 - An etag is derived from ``(inode, mtime_ns, size)``; every write stamps its temp file with a
   process-unique nanosecond mtime, so etags change on every write without reading contents.
   This needs a filesystem with nanosecond timestamps (ext4, xfs, btrfs, tmpfs, APFS).
@@ -43,13 +44,11 @@ import asyncio
 import builtins
 import contextlib
 import errno
-import fcntl
 import itertools
 import os
 import secrets
 import stat
 import threading
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -64,6 +63,7 @@ from pawn_queue.exceptions import (
 from pawn_queue.store import _fs_listing
 from pawn_queue.store._fs_support import (
     RESERVED,
+    StripeLocks,
     check_condition,
     check_key,
     collision,
@@ -112,7 +112,10 @@ class FilesystemStore:
         self._root = os.path.abspath(os.fspath(root))
         self._tmp = os.path.join(self._root, RESERVED, "tmp")
         self._locks = os.path.join(self._root, RESERVED, "locks")
-        self._lock_paths = [f"{self._locks}/{n:02x}.lock" for n in range(_LOCK_STRIPES)]
+        self._stripes = StripeLocks(
+            [f"{self._locks}/{n:02x}.lock" for n in range(_LOCK_STRIPES)],
+            lambda path: self._open_internal(path, os.O_RDWR | os.O_CREAT),
+        )
         self._closed = False
         self._ready = False  # the root is prepared by the first operation: no I/O here
         self._ready_lock = threading.Lock()
@@ -185,6 +188,7 @@ class FilesystemStore:
         self._closed = True
         # Let in-flight writes finish so nothing returns after close with a half-done put.
         await asyncio.to_thread(self._pool.shutdown, True)
+        self._stripes.close()
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         if self._closed:
@@ -279,19 +283,12 @@ class FilesystemStore:
             return os.open(path, flags | os.O_CLOEXEC, 0o600)
 
     def _lock(self, key: str, inline: bool) -> int:
-        """Take the key's stripe lock; return the descriptor whose closing releases it. On the
-        loop (``inline``) the lock is only tried: raise _Offload if someone holds it."""
-        path = self._lock_paths[zlib.crc32(key.encode("utf-8")) % _LOCK_STRIPES]
-        fd = self._open_internal(path, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if inline else fcntl.LOCK_EX)
-        except BlockingIOError:
-            os.close(fd)
-            raise _Offload from None
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        """Take the key's stripe lock; return the stripe, for :meth:`StripeLocks.release`. On
+        the loop (``inline``) the lock is only tried: raise _Offload if someone holds it."""
+        stripe = self._stripes.acquire(key, wait=not inline)
+        if stripe is None:
+            raise _Offload
+        return stripe
 
     def _missing(self, key: str) -> StoreError:
         if not os.path.isdir(self._root):
@@ -367,7 +364,7 @@ class FilesystemStore:
                 if before is not None:
                     _fs_listing.changed(directory, name, added=True, before_ns=before)
             finally:
-                os.close(lock)
+                self._stripes.release(lock)
             for parent in created:
                 fsync_dir(parent)  # always: a directory lost in a crash loses later keys
             if durable:
@@ -467,7 +464,7 @@ class FilesystemStore:
             if not os.path.isdir(path):
                 raise translate(exc, "delete", path) from exc
         finally:
-            os.close(lock)
+            self._stripes.release(lock)
 
     def _delete_batch(self, keys: Sequence[str], trash: builtins.list[str] | None) -> int:
         """Delete ``keys`` in order; return how many, fewer on the loop if a lock was busy."""
