@@ -169,9 +169,10 @@ class Producer:
         """
         await self._topics.settings(topic)
         now = now_utc()
+        created_at = now.isoformat()
         checked = _check_attributes(attributes)
         members = [
-            Envelope(str(uuid.uuid4()), topic, self.id, now.isoformat(), payload, checked)
+            Envelope(str(uuid.uuid4()), topic, self.id, created_at, payload, checked)
             for payload in payloads
         ]
         if not members:
