@@ -276,7 +276,6 @@ class LeaseManager:
     def release_gone_later(self, lease: Lease) -> None:
         """:meth:`release_gone` in the background: nothing needs to wait for it, so an ack
         costs one round trip. A crash before it lands leaves an orphan lease."""
-        self._note_settled(lease.message_key)
         task = asyncio.create_task(self.release_gone(lease))
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
