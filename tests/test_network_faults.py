@@ -157,17 +157,23 @@ async def consume(
             await ledger.add(delivery)
         if stall_once and batch:
             stall_once = False
-            await stall_until_taken_over(consumer, ledger, {d.seq for d in batch})
+            await stall_until_taken_over(consumer, ledger, {d.seq for d in batch}, batch[0].at)
         for delivery in batch:
             await ledger.settle(delivery)
 
 
-async def stall_until_taken_over(consumer: Consumer, ledger: Ledger, seqs: set[int]) -> None:
-    """Stop refreshing leases until another consumer was given one of ``seqs``."""
+async def stall_until_taken_over(
+    consumer: Consumer, ledger: Ledger, seqs: set[int], since: datetime
+) -> None:
+    """Stop refreshing leases until another consumer was given one of ``seqs`` after
+    ``since`` (an earlier delivery, such as of a resent publish acked before, is no takeover)."""
     consumer._refresh_paused = True
 
     def taken_over() -> bool:
-        return any(d.seq in seqs and d.consumer != consumer.name for d in ledger.deliveries)
+        return any(
+            d.seq in seqs and d.consumer != consumer.name and d.at > since
+            for d in ledger.deliveries
+        )
 
     async with asyncio.timeout(20), ledger.changed:
         await ledger.changed.wait_for(taken_over)
