@@ -3,9 +3,10 @@
 Alone, a consumer claims the head of the listing (FIFO) and remembers the rest of the page
 for its next polls. Once it met a competitor, it works one lane: messages are split into
 ``_LANES`` lanes by a hash of their lease id, and a consumer claims only in its lane (oldest
-first) until it loses a claim there or the lane runs dry, then moves to another lane, chosen
-at random among those it did not see crowded lately. Competing consumers thus spread over
-the lanes by themselves and seldom race for the same message, with no coordination. Claims
+first) until it loses a claim there or the lane runs dry, then moves to the lane that looks
+least worked (not crowded for it lately, fewest fresh leases), or at once to a lane whose
+oldest message waits well behind the others. Competing consumers thus spread over the lanes
+by themselves and seldom race for the same message, with no coordination. Claims
 run concurrently; stragglers are not waited for long (their messages go to the buffer, for
 the next poll).
 """
@@ -60,6 +61,12 @@ def _lane_of(lease_id: str) -> int:
 
 def _lane(pending: layout.PendingKey) -> int:
     return _lane_of(pending.lease_id())
+
+
+def _of_lane(
+    candidates: list[tuple[layout.PendingKey, str]], lane: int
+) -> list[tuple[layout.PendingKey, str]]:
+    return [c for c in candidates if _lane(c[0]) == lane]
 
 
 def _waits_longer(oldest_key: str, key: str) -> bool:
@@ -324,7 +331,7 @@ class Claimer:
         lane = self._lane.get(topic)
         if lane is None:
             return None
-        return [c for c in candidates if _lane(c[0]) == lane] or None
+        return _of_lane(candidates, lane) or None
 
     async def _lane_candidates(
         self, topic: str, candidates: list[tuple[layout.PendingKey, str]]
@@ -341,13 +348,12 @@ class Claimer:
         neglected = mine is not None and _waits_longer(candidates[0][1], mine[0][1])
         if mine is not None and not neglected:
             return mine
-        prefix = layout.leases_prefix(topic)
         fresh_after = now_utc() - timedelta(seconds=self._visibility)
         occupied: dict[int, int] = {}
         leased: set[str] = set()
-        for meta in await self._store.list(prefix):
+        for meta in await self._store.list(layout.leases_prefix(topic)):
             if meta.last_modified > fresh_after:
-                lease_id = meta.key[len(prefix) : -len(layout.LEASE_SUFFIX)]
+                lease_id = layout.lease_id_of(meta.key)
                 leased.add(lease_id)
                 lane = _lane_of(lease_id)
                 occupied[lane] = occupied.get(lane, 0) + 1
@@ -361,14 +367,14 @@ class Claimer:
             return []
         if neglected:
             self._lane[topic] = lane = _lane(candidates[0][0])
-            return [c for c in candidates if _lane(c[0]) == lane]
+            return _of_lane(candidates, lane)
         now = time.monotonic()
         crowded = self._crowded.get(topic, {})
         lanes = sorted({_lane(pending) for pending, _ in candidates})
         score = {n: (crowded.get(n, 0.0) > now, occupied.get(n, 0)) for n in lanes}
         best = min(score.values())
         self._lane[topic] = lane = random.choice([n for n in lanes if score[n] == best])
-        mine = [c for c in candidates if _lane(c[0]) == lane]
+        mine = _of_lane(candidates, lane)
         # Start at a random place: another consumer that moved here too starts elsewhere.
         start = random.randrange(len(mine))
         return mine[start:] + mine[:start]

@@ -232,6 +232,11 @@ def lease_key(topic: str, message_id: str) -> str:
     return f"{topic}/{LEASES}{message_id}{LEASE_SUFFIX}"
 
 
+def lease_id_of(key: str) -> str:
+    """The lease id (a message id, or ``g`` and a group hash) of a key under ``{topic}/leases/``."""
+    return key.rsplit("/", 1)[-1].removesuffix(LEASE_SUFFIX)
+
+
 def dead_letter_prefix(topic: str) -> str:
     return f"{topic}/{DEAD_LETTER}"
 

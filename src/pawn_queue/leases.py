@@ -314,7 +314,7 @@ class LeaseManager:
                 continue  # the message is there: a consumer claims it as usual
             except NotFound:
                 pass
-            lease_id = meta.key.rsplit("/", 1)[-1].removesuffix(".lease")
+            lease_id = layout.lease_id_of(meta.key)
             lease = await self.claim(
                 topic, body.message_id, body.message_key, consumer_id, older_than, lease_id=lease_id
             )
