@@ -9,6 +9,10 @@ from typing import Any
 import pytest
 
 from pawn_queue import PawnQueue, PayloadError, TopicNotFoundError, layout
+from pawn_queue.config import load_config
+from pawn_queue.exceptions import StoreError
+from pawn_queue.store import open_store
+from tests.faults import FaultyStore
 from tests.support import keys_under, settled
 
 
@@ -48,7 +52,84 @@ async def test_batch_member_nack_goes_alone_to_dead_letter(pq: PawnQueue) -> Non
     ]
     dead = json.loads((await pq.store.get(f"t/dead-letter/{ids[1]}.json")).data)
     assert dead["payload"] == "b"
-    assert await pq.store.list("t/messages/") == []
+    assert await keys_under(pq, "t/messages/") == []
+
+
+async def test_last_member_ack_returns_before_the_object_delete_which_teardown_waits_for(
+    queue_config: dict[str, Any],
+) -> None:
+    """The last member's ack, like the others, does not wait for the store: the object and
+    lease deletes run in the background, and teardown() waits for them."""
+    config = load_config(queue_config)
+    store = FaultyStore(open_store(config))
+    deletes: list[str] = []
+    delete_started, go = asyncio.Event(), asyncio.Event()
+
+    async def hold_object_deletes(operation: str, key: str) -> None:
+        if operation == "delete" and "/messages/" in key:
+            delete_started.set()
+            await go.wait()
+
+    async def note_deletes(operation: str, key: str) -> None:
+        if operation == "delete":
+            deletes.append(key.split("/")[1])
+
+    pq = PawnQueue(config, store=store)
+    await pq.setup()
+    await pq.create_topic("t")
+    await (await pq.register_producer("p")).publish_batch("t", ["a", "b"])
+    messages = await (await pq.register_consumer("c", topics=["t"])).poll()
+    store.observers.append(note_deletes)
+    store.hooks.append(hold_object_deletes)
+    for message in messages:
+        await asyncio.wait_for(message.ack(), 10)
+    await asyncio.wait_for(delete_started.wait(), 10)
+    closing = asyncio.create_task(pq.teardown())
+    done, _ = await asyncio.wait({closing}, timeout=0.5)
+    assert not done, "teardown() did not wait for the object delete"
+    assert deletes == []
+    go.set()
+    await asyncio.wait_for(closing, 10)
+    assert deletes == ["messages", "leases"]
+    after = open_store(config)
+    assert [m.key for m in await after.list("t/")] == ["t/.topic"]
+    await after.close()
+
+
+async def test_batch_whose_delete_failed_is_deleted_by_the_next_holder(
+    queue_config: dict[str, Any],
+) -> None:
+    """Every member acked but the object delete failed: the lease records them all, and the
+    consumer that takes the object over deletes it instead of delivering anything again."""
+    queue_config["polling"]["visibility_timeout_seconds"] = 1.0
+    queue_config["polling"]["lease_refresh_interval_seconds"] = 0.2
+    config = load_config(queue_config)
+    store = FaultyStore(open_store(config))
+
+    async def fail_object_deletes(operation: str, key: str) -> None:
+        if operation == "delete" and "/messages/" in key:
+            raise StoreError("injected: delete failed")
+
+    async with (
+        PawnQueue(config, store=store) as qa,
+        await PawnQueue.from_config(queue_config) as qb,
+    ):
+        await qa.create_topic("t")
+        await (await qa.register_producer("p")).publish_batch("t", ["a", "b", "c"])
+        a = await qa.register_consumer("a", topics=["t"])
+        store.hooks.append(fail_object_deletes)
+        for message in await a.poll():
+            await message.ack()
+        await settled(qa)
+        [lease] = await store.inner.list("t/leases/")
+        assert json.loads((await store.inner.get(lease.key)).data)["settled"] == [0, 1, 2]
+        assert a._held == {}, "the lease is left to expire"
+
+        b = await qb.register_consumer("b", topics=["t"])
+        async with asyncio.timeout(20):
+            while await keys_under(qb, "t/messages/"):
+                assert await b.poll(wait=0.2) == []
+        assert await keys_under(qb, "t/") == ["t/.topic"]
 
 
 async def test_takeover_redelivers_only_unsettled_members(queue_config: dict[str, Any]) -> None:

@@ -393,6 +393,12 @@ class Claimer:
         except CorruptObject as exc:
             await self._quarantine(topic, object_id, key, obj.data, str(exc), lease)
             return []
+        if lease.settled.issuperset(range(len(envelopes))):
+            # Its holder settled every member but did not get to delete it (a crash, a
+            # failed delete): finish that.
+            await self._store.delete(key)
+            await self._leases.release(lease, message_gone=True)
+            return []
         settings = await self._topic_settings.settings(topic)
         if settings.max_receive_count and lease.body.receive_count > settings.max_receive_count:
             # Received too often: dead-letter whatever is left of it instead of delivering.

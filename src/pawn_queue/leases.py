@@ -22,10 +22,10 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pawn_queue import layout
 from pawn_queue.config import ConcurrencyConfig
@@ -276,12 +276,17 @@ class LeaseManager:
     def release_gone_later(self, lease: Lease) -> None:
         """:meth:`release_gone` in the background: nothing needs to wait for it, so an ack
         costs one round trip. A crash before it lands leaves an orphan lease."""
-        task = asyncio.create_task(self.release_gone(lease))
+        self.in_background(self.release_gone(lease))
+
+    def in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (which logs its own failures) as a task :meth:`releases_done`
+        waits for."""
+        task = asyncio.create_task(work)
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
     async def releases_done(self) -> None:
-        """Wait until the releases started by :meth:`release_gone_later` have landed."""
+        """Wait until the work started by :meth:`in_background` has finished."""
         while self._releasing:
             await asyncio.gather(*self._releasing, return_exceptions=True)
 
