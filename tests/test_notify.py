@@ -7,6 +7,7 @@ from typing import Any
 
 from pawn_queue import Message, PawnQueue, layout
 from pawn_queue.config import load_config
+from pawn_queue.exceptions import StoreError
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.faults import FaultyStore
@@ -130,3 +131,34 @@ async def test_signals_of_a_burst_are_coalesced(queue_config: dict[str, Any]) ->
         counts = counting.reset()
         assert counts["PUT"] == 100 + 2  # the messages, then one slot and the root
         assert await pq.store.head(layout.notify_slot_key("t"))
+
+
+async def test_signal_checks_go_on_after_store_errors(queue_config: dict[str, Any]) -> None:
+    """A failing HEAD of the signal root does not stop the watch until the next backfill:
+    once the store answers again, a publish still wakes the listener at once."""
+    config = load_config(slow_backfill(queue_config))
+    store = FaultyStore(open_store(config))
+    failures, failed = 3, asyncio.Event()
+
+    async def fail_root_heads(operation: str, key: str) -> None:
+        nonlocal failures
+        if operation == "head" and key == layout.NOTIFY_ROOT and failures:
+            failures -= 1
+            if not failures:
+                failed.set()
+            raise StoreError("injected: HEAD failed")
+
+    async with (
+        await PawnQueue.from_config(slow_backfill(queue_config)) as producer_side,
+        PawnQueue(config, store=store) as consumer_side,
+    ):
+        await producer_side.create_topic("t")
+        producer = await producer_side.register_producer("p")
+        consumer = await consumer_side.register_consumer("c", topics=["t"])
+        assert await consumer.poll(wait=0.2) == []
+        waiting = asyncio.create_task(consumer.poll(wait=30))
+        store.hooks.append(fail_root_heads)
+        await asyncio.wait_for(failed.wait(), 10)
+        mid = await producer.publish("t", {"x": 1})
+        messages = await asyncio.wait_for(waiting, 10)
+        assert [m.id for m in messages] == [mid]

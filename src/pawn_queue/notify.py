@@ -189,29 +189,46 @@ class ChangeSignals:
     async def _watch(self) -> None:
         gap = self._gap
         last_change = time.monotonic()
-        try:
-            await self._take_baseline()
-            # Keep watching a while after the last wait: consumers alternate polls and waits.
-            while time.monotonic() - self._last_wait < _WATCH_GRACE_CHECKS * self._gap:
-                await asyncio.sleep(gap)
+        failing = False
+        # Keep watching a while after the last wait: consumers alternate polls and waits.
+        while time.monotonic() - self._last_wait < _WATCH_GRACE_CHECKS * self._gap:
+            await asyncio.sleep(gap)
+            try:
+                await self._take_baseline()
                 etag = await self._root_etag()
-                if etag == self._root:
-                    # Quiet: check less often, up to the idle interval (cheaper, slower).
-                    if time.monotonic() - last_change > _BUSY_SECONDS:
-                        gap = min(
-                            gap * 1.5, max(self._gap, self._config.idle_check_interval_seconds)
-                        )
-                    continue
-                gap, last_change = self._gap, time.monotonic()
-                self._root = etag
-                current = await self._slot_etags()
-                changed = {k for k, v in current.items() if self._slots.get(k) != v}
-                self._slots = current
-                for topic in self._recent | self.local.waited_on():
-                    if layout.notify_slot_key(topic) in changed:
-                        self.local.changed(topic)
-        except StoreError as exc:
-            logger.warning("change-signal watch stopped error=%s; full polls continue", exc)
+                quiet = etag == self._root
+                changed = set() if quiet else await self._changed_slots(etag)
+            except StoreError as exc:
+                # Transient, as a rule: check again, less often. Full polls go on meanwhile.
+                if not failing:
+                    logger.warning("change-signal check failed error=%s; retrying", exc)
+                failing = True
+                gap = min(gap * 2, self._idle_gap())
+                continue
+            if failing:
+                logger.info("change-signal checks work again")
+                failing = False
+            if quiet:
+                # Quiet: check less often, up to the idle interval (cheaper, slower).
+                if time.monotonic() - last_change > _BUSY_SECONDS:
+                    gap = min(gap * 1.5, self._idle_gap())
+                else:
+                    gap = self._gap
+                continue
+            gap, last_change = self._gap, time.monotonic()
+            for topic in self._recent | self.local.waited_on():
+                if layout.notify_slot_key(topic) in changed:
+                    self.local.changed(topic)
+
+    def _idle_gap(self) -> float:
+        return max(self._gap, self._config.idle_check_interval_seconds)
+
+    async def _changed_slots(self, root_etag: str | None) -> set[str]:
+        """The slot keys whose etag changed since the last look (the root changed)."""
+        current = await self._slot_etags()
+        changed = {k for k, v in current.items() if self._slots.get(k) != v}
+        self._root, self._slots = root_etag, current
+        return changed
 
     async def _root_etag(self) -> str | None:
         try:
