@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ async def test_batch_is_one_object_delivered_in_order(pq: PawnQueue) -> None:
     producer = await pq.register_producer("p")
     ids = await producer.publish_batch("t", [{"n": n} for n in range(25)], attributes={"a": "b"})
     assert len(ids) == len(set(ids)) == 25
+    assert all(str(uuid.UUID(i)) == i and uuid.UUID(i).version == 4 for i in ids)
     [obj] = await pq.store.list("t/messages/")
     assert obj.key.endswith(".batch")
     consumer = await pq.register_consumer("c", topics=["t"])

@@ -18,7 +18,7 @@ import pytest
 from pawn_queue import Message, PawnQueue, layout
 from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
-from pawn_queue.envelope import now_utc
+from pawn_queue.envelope import CorruptObject, decode_batch, now_utc
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.support import keys_under
@@ -329,3 +329,33 @@ async def test_queue_operations_stay_inside_the_root(tmp_path: Path) -> None:
         assert (await pq.topic_stats("t")).dead_letter == 0
         await pq.delete_topic("t")
     assert all(v.read_bytes() == b"precious" for v in victims)
+
+
+@pytest.mark.parametrize(
+    ("member", "problem"),
+    [
+        ({"id": "m"}, "no field 'payload'"),
+        ({"id": "m", "payload": 1, "attributes": {"a": 1}}, "invalid 'attributes'"),
+        ({"id": "m", "payload": 1, "attributes": "a"}, "invalid 'attributes'"),
+        ({"id": 5, "payload": 1}, "no string field 'id'"),
+        ({"payload": 1}, "no string field 'id'"),
+        (["m", 1], "not a JSON object"),
+    ],
+)
+def test_batch_member_problems_are_named(member: Any, problem: str) -> None:
+    data = json.dumps(
+        {"id": "b", "topic": "t", "producer_id": "p", "created_at": "c", "batch": [member]}
+    ).encode()
+    with pytest.raises(CorruptObject, match=problem):
+        decode_batch(data)
+
+
+def test_batch_member_fields_override_the_shared_ones() -> None:
+    members = [
+        {"id": "a", "payload": 1, "attributes": []},
+        {"id": "b", "payload": 2, "attributes": {"k": "v"}, "group": "g", "producer_id": "q"},
+    ]
+    shared = {"topic": "t", "producer_id": "p", "created_at": "c"}
+    a, b = decode_batch(json.dumps({"id": "x", **shared, "batch": members}).encode())
+    assert (a.id, a.producer_id, a.payload, a.attributes, a.group) == ("a", "p", 1, {}, None)
+    assert (b.id, b.producer_id, b.payload, b.attributes, b.group) == ("b", "q", 2, {"k": "v"}, "g")

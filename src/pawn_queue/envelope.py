@@ -123,9 +123,7 @@ class Envelope:
         if "payload" not in obj:
             raise CorruptObject(f"{what} has no field 'payload'")
         attributes = obj.get("attributes") or {}
-        if not isinstance(attributes, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
-        ):
+        if not _string_map(attributes):
             raise CorruptObject(f"{what} has invalid 'attributes'")
         return cls(
             id=_require_str(obj, "id", what),
@@ -170,12 +168,33 @@ def decode_batch(data: bytes) -> list[Envelope]:
     if not isinstance(members, list) or not members:
         raise CorruptObject("batch has no list 'batch' of messages")
     shared = {k: _require_str(obj, k, "batch") for k in ("topic", "producer_id", "created_at")}
+    topic, producer_id, created_at = shared["topic"], shared["producer_id"], shared["created_at"]
     out = []
     for member in members:
         if not isinstance(member, dict):
             raise CorruptObject("batch member is not a JSON object")
-        out.append(Envelope.from_dict({**shared, **member}, "batch member"))
+        if not member.keys() <= _PLAIN_MEMBER or not isinstance(member.get("id"), str):
+            # Fields beyond the ones encode_batch writes override the shared ones.
+            out.append(Envelope.from_dict({**shared, **member}, "batch member"))
+            continue
+        if "payload" not in member:
+            raise CorruptObject("batch member has no field 'payload'")
+        attributes = member.get("attributes") or {}
+        if attributes and not _string_map(attributes):
+            raise CorruptObject("batch member has invalid 'attributes'")
+        out.append(
+            Envelope(member["id"], topic, producer_id, created_at, member["payload"], attributes)
+        )
     return out
+
+
+_PLAIN_MEMBER = frozenset(("id", "payload", "attributes"))
+
+
+def _string_map(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
 
 
 def decode_pending(data: bytes, topic: str, object_id: str, *, batch: bool) -> list[Envelope]:

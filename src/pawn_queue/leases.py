@@ -335,8 +335,8 @@ class LeaseManager:
 
         A window is the skew margin plus time for a request to land (at most 1 s).
         """
-        window = self.margin + timedelta(seconds=min(1.0, lease.visibility / 4))
-        return lease.expires - self.clock() > windows * window
+        window = self.margin.total_seconds() + min(1.0, lease.visibility / 4)
+        return (lease.expires - self.clock()).total_seconds() > windows * window
 
     async def _renew(self, lease: Lease, seconds: float, *, released: bool = False) -> None:
         """Write our lease again, expiring ``seconds`` from now (``released``: long ago)."""
