@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import re
 from collections.abc import AsyncGenerator, Callable
 
 from pawn_queue.store.base import ObjectMeta
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 MAX_CHAR = "\U0010ffff"  # sorts after every other code point, valid in XML and UTF-8
 
 Source = Callable[[str, str | None], AsyncGenerator[ObjectMeta, None]]
@@ -38,7 +40,7 @@ def key_problem(key: str) -> str | None:
             return "empty path segment ('//')"
         if segment in (".", ".."):
             return "'.' or '..' path segment"
-    if any(ord(c) < 0x20 or c == "\x7f" for c in key):
+    if _CONTROL.search(key):
         return "ASCII control character"
     if "\\" in key:
         return "backslash (SeaweedFS stores it as '/')"
