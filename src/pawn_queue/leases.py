@@ -97,7 +97,7 @@ class LeaseManager:
         self._held_here: set[str] = set()
         self._busy_until: dict[str, datetime] = {}
         self._settled_here: dict[str, float] = {}
-        self._releasing: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- claiming ---------------------------------------------------------------------------
 
@@ -282,13 +282,13 @@ class LeaseManager:
         """Run ``work`` (which logs its own failures) as a task :meth:`releases_done`
         waits for."""
         task = asyncio.create_task(work)
-        self._releasing.add(task)
-        task.add_done_callback(self._releasing.discard)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def releases_done(self) -> None:
         """Wait until the work started by :meth:`in_background` has finished."""
-        while self._releasing:
-            await asyncio.gather(*self._releasing, return_exceptions=True)
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     async def sweep_orphans(self, topic: str, consumer_id: str, older_than: float) -> int:
         """Delete the leases of ``topic`` whose message is gone; return how many.
