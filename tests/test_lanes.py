@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -83,3 +84,21 @@ async def test_a_lane_nobody_works_is_not_left_behind(
     got = [m.id for m in await consumer.poll()]
     assert got[0] == ids[0]
     assert got == [i for i, n in zip(ids, lanes, strict=True) if n == lanes[0]][:10]
+
+
+async def test_consumers_that_start_together_lose_one_claim_between_them(
+    two_queues: tuple[PawnQueue, CountingStore, PawnQueue, CountingStore],
+) -> None:
+    """Both claim the head message alone first: one wins it and then the rest of its poll;
+    the other loses that one claim and stops there, rather than racing for ten."""
+    a, store_a, b, store_b = two_queues
+    producer = await a.register_producer("p")
+    ids = [await producer.publish("t", {"n": n}) for n in range(20)]
+    first = await a.register_consumer("a", topics=["t"])
+    second = await b.register_consumer("b", topics=["t"])
+    store_a.reset(), store_b.reset()
+    got_a, got_b = await asyncio.gather(first.poll(), second.poll())
+    claims = store_a.reset()["PUT create"] + store_b.reset()["PUT create"]
+    assert sorted([len(got_a), len(got_b)]) == [0, 10]
+    assert [m.id for m in got_a or got_b] == ids[:10]
+    assert claims == 10 + 1

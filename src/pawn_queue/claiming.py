@@ -1,14 +1,19 @@
 """Claiming: how a consumer finds messages in a listing, claims them and reads them.
 
 Alone, a consumer claims the head of the listing (FIFO) and remembers the rest of the page
-for its next polls. Once it met a competitor, it works one lane: messages are split into
-``_LANES`` lanes by a hash of their lease id, and a consumer claims only in its lane (oldest
-first) until it loses a claim there or the lane runs dry, then moves to the lane that looks
-least worked (not crowded for it lately, fewest fresh leases), or at once to a lane whose
-oldest message waits well behind the others. Competing consumers thus spread over the lanes
-by themselves and seldom race for the same message, with no coordination. Claims
-run concurrently; stragglers are not waited for long (their messages go to the buffer, for
-the next poll).
+for its next polls. When its last listing found nothing (it just started, or was idle), it
+claims the head message alone, and the rest of the poll only once that claim is won: so
+consumers that start or wake together waste one claim each on the race for the head rather
+than a poll's worth.
+
+Once it met a competitor, a consumer works one lane: messages are split into ``_LANES``
+lanes by a hash of their lease id, and a consumer claims only in its lane (oldest first)
+until it loses a claim there or the lane runs dry, then moves to the lane that looks least
+worked (not crowded for it lately, fewest fresh leases), or at once to a lane whose oldest
+message waits well behind the others. Competing consumers thus spread over the lanes by
+themselves and seldom race for the same message, with no coordination. Claims run
+concurrently; stragglers are not waited for long (their messages go to the buffer, for the
+next poll).
 """
 
 from __future__ import annotations
@@ -135,6 +140,7 @@ class Claimer:
         # topic -> candidates left by the last listing, and until when to trust them
         self._remembered: dict[str, tuple[list[tuple[layout.PendingKey, str]], float]] = {}
         self._sweep_after: dict[str, float] = {}
+        self._flowing: set[str] = set()  # topics whose last listing found candidates
         self._io_slots = asyncio.Semaphore(IO_CONCURRENCY)
         self._claim_seconds = _MIN_PATIENCE_SECONDS  # moving average of a claim's latency
 
@@ -184,8 +190,16 @@ class Claimer:
             ]
             if contended:
                 candidates = await self._lane_candidates(topic, candidates)
+            # The first claim after a listing found nothing takes the head alone: consumers
+            # that start, or wake, together (and so claim the same head) lose one claim
+            # each, not a poll's worth.
+            probe = not contended and topic not in self._flowing
+            if candidates:
+                self._flowing.add(topic)
+            else:
+                self._flowing.discard(topic)
             won, rest, conflicts = await self._claim_candidates(
-                topic, candidates, wanted - len(claimed)
+                topic, candidates, wanted - len(claimed), probe
             )
             claimed += won
             if conflicts:
@@ -200,16 +214,21 @@ class Claimer:
         return claimed
 
     async def _claim_candidates(
-        self, topic: str, candidates: list[tuple[layout.PendingKey, str]], wanted: int
+        self,
+        topic: str,
+        candidates: list[tuple[layout.PendingKey, str]],
+        wanted: int,
+        probe: bool = False,
     ) -> tuple[list[Message], list[tuple[layout.PendingKey, str]], int]:
         """Claim candidates in order until ``wanted`` messages are won or one is lost: the
-        messages, the candidates not tried, and how many claims other consumers won."""
+        messages, the candidates not tried, and how many claims other consumers won. With
+        ``probe``, the first candidate is claimed alone, and the others only once it is won."""
         claimed: list[Message] = []
         conflicts = 0
         # After a lost race, stop: the competitor is likely claiming the same candidates.
         while candidates and len(claimed) < wanted and not conflicts:
             # Batch objects hold many messages: one claim may be enough.
-            take = wanted - len(claimed)
+            take = 1 if probe else wanted - len(claimed)
             chunk, candidates = candidates[:take], candidates[take:]
             results = await self._claim_all(topic, chunk)
             for result in results:
@@ -221,6 +240,9 @@ class Claimer:
                     raise result
                 elif isinstance(result, BaseException):
                     logger.warning("claim failed topic=%s error=%s", topic, result)
+            if probe and not any(isinstance(r, list) for r in results):
+                break  # lost, failed or not answered yet: the rest waits for the next poll
+            probe = False
         return claimed, candidates, conflicts
 
     async def _claim_all(
