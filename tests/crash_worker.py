@@ -201,9 +201,9 @@ async def consume(
                 # the lease, so a later holder must skip them.
                 await asyncio.sleep(rng.uniform(0.1, 0.5))
             await settle(message, journal)
-        # The lease deletes that follow acks run in the background: still this operation.
+        # The deletes that follow acks run in the background: still this operation.
         assert pq._leases is not None
-        await pq._leases.releases_done()
+        await pq._leases.background_done()
     journal.enter("")
     for message in held:
         if not message.settled and message.lease_held:

@@ -418,8 +418,7 @@ class Claimer:
         if lease.settled.issuperset(range(len(envelopes))):
             # Its holder settled every member but did not get to delete it (a crash, a
             # failed delete): finish that.
-            await self._store.delete(key)
-            await self._leases.release(lease, message_gone=True)
+            await self._remove(key, lease)
             return []
         settings = await self._topic_settings.settings(topic)
         if settings.max_receive_count and lease.body.receive_count > settings.max_receive_count:
@@ -435,8 +434,7 @@ class Claimer:
             if settings.retention_action == "dead_letter":
                 await self._dead_letter_all(key, lease, envelopes, "retention", error)
             else:
-                await self._store.delete(key)
-                await self._leases.release(lease, message_gone=True)
+                await self._remove(key, lease)
                 logger.info("expired message key=%s %s", key, error)
             return []
         claimed = ClaimedObject(
@@ -448,6 +446,12 @@ class Claimer:
             for index, envelope in enumerate(envelopes)
             if index not in lease.settled
         ]
+
+    async def _remove(self, key: str, lease: Lease) -> None:
+        """Delete a claimed object, then its lease (rule 4). Unlike an ack's, these deletes
+        raise: the object stays claimed until its lease expires, and is looked at again."""
+        await self._store.delete(key)
+        await self._leases.release(lease, message_gone=True)
 
     async def _dead_letter_all(
         self, key: str, lease: Lease, envelopes: list[Envelope], reason: str, error: str
@@ -470,6 +474,5 @@ class Claimer:
                 object_id, topic, data, DeadLetterInfo("corrupt", error, now_utc().isoformat(), key)
             ),
         )
-        await self._store.delete(key)
-        await self._leases.release(lease, message_gone=True)
+        await self._remove(key, lease)
         logger.warning("quarantined corrupt object key=%s error=%s", key, error)

@@ -300,4 +300,4 @@ class Consumer:
         for lease, result in zip(held, results, strict=True):
             if isinstance(result, BaseException):
                 logger.warning("lease release failed key=%s error=%s", lease.key, result)
-        await self._leases.releases_done()
+        await self._leases.background_done()

@@ -180,7 +180,7 @@ def decode_batch(data: bytes) -> list[Envelope]:
         if "payload" not in member:
             raise CorruptObject("batch member has no field 'payload'")
         attributes = member.get("attributes") or {}
-        if attributes and not _string_map(attributes):
+        if not _string_map(attributes):
             raise CorruptObject("batch member has invalid 'attributes'")
         out.append(
             Envelope(member["id"], topic, producer_id, created_at, member["payload"], attributes)

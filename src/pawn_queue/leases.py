@@ -279,13 +279,13 @@ class LeaseManager:
         self.in_background(self.release_gone(lease))
 
     def in_background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` (which logs its own failures) as a task :meth:`releases_done`
+        """Run ``work`` (which logs its own failures) as a task :meth:`background_done`
         waits for."""
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def releases_done(self) -> None:
+    async def background_done(self) -> None:
         """Wait until the work started by :meth:`in_background` has finished."""
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
