@@ -11,12 +11,10 @@ made on the loop thread itself raises :class:`PawnQueueError` instead of deadloc
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import functools
 import os
 import threading
-from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar, cast
 
@@ -26,6 +24,7 @@ from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.layout import Role
 from pawn_queue.leases import ResolvedStrategy
+from pawn_queue.loop_thread import CLOSED, LoopThread
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.store.base import Store
 from pawn_queue.topics import TopicStats
@@ -35,126 +34,7 @@ __all__ = ["Consumer", "Message", "PawnQueue", "Producer", "Registry"]
 T = TypeVar("T")
 
 _STOP_CHECK_SECONDS = 0.05  # how often listen() looks at its stop event
-_CLOSED = "this PawnQueue is closed; create a new one"
-_handler_context = threading.local()  # .runner: the _Runner whose handler this thread runs
-
-
-class _Call(Generic[T]):
-    """One coroutine submitted to the loop: its task (set on the loop) and its outcome."""
-
-    def __init__(self) -> None:
-        self.future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self.task: asyncio.Task[T] | None = None
-
-    def cancel(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-
-
-class _Runner:
-    """An event loop in a daemon thread, started on first use, running other threads' calls."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._calls: set[asyncio.Task[Any]] = set()  # touched on the loop thread only
-        self.closed = False
-
-    def check_thread(self) -> None:
-        if self._thread is not None and threading.current_thread() is self._thread:
-            raise PawnQueueError(
-                "blocking pawn-queue call on its own event-loop thread would deadlock; "
-                "use the async API (pawn_queue.PawnQueue) in coroutines"
-            )
-
-    def submit(self, coro: Coroutine[Any, Any, T], *, on_close: bool = True) -> _Call[T]:
-        """Start ``coro`` on the loop (``on_close``: cancelled by close); raise once closed."""
-        call: _Call[T] = _Call()
-        with self._lock:
-            try:
-                if self.closed:
-                    raise PawnQueueError(_CLOSED)
-                self.check_thread()
-            except PawnQueueError:
-                coro.close()
-                raise
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(
-                    target=self._run, args=(self._loop,), name=self._name, daemon=True
-                )
-                self._thread.start()
-            self._loop.call_soon_threadsafe(self._begin, call, coro, on_close)
-        return call
-
-    def call(self, coro: Coroutine[Any, Any, T], *, on_close: bool = True) -> T:
-        """Run ``coro`` on the loop and return its result in this thread (or raise its error)."""
-        call = self.submit(coro, on_close=on_close)
-        try:
-            return call.future.result()
-        except BaseException:
-            self.cancel(call)  # Ctrl-C: cancel on the loop and wait for the cleanup
-            raise
-
-    def cancel(self, call: _Call[Any]) -> None:
-        """Cancel ``call`` unless it is over, and wait until it is (its cleanup has run)."""
-        if call.future.done():
-            return
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # loop closed: every call is already over
-            self._loop.call_soon_threadsafe(call.cancel)
-        concurrent.futures.wait([call.future])
-
-    async def cancel_calls(self) -> None:
-        """Cancel the running calls but this one (and settlements) and wait for them."""
-        others = [task for task in self._calls if task is not asyncio.current_task()]
-        for task in others:
-            task.cancel()
-        await asyncio.gather(*others, return_exceptions=True)
-
-    def stop(self) -> None:
-        """Refuse new calls, stop the loop (cancelling what is left) and join its thread."""
-        with self._lock:
-            self.closed = True
-            loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None:
-            with contextlib.suppress(RuntimeError):  # already closed by an earlier stop()
-                loop.call_soon_threadsafe(loop.stop)
-            thread.join()
-
-    def _begin(self, call: _Call[T], coro: Coroutine[Any, Any, T], on_close: bool) -> None:
-        assert self._loop is not None
-        call.task = self._loop.create_task(coro)
-        if on_close:
-            self._calls.add(call.task)
-        call.task.add_done_callback(functools.partial(self._finish, call))
-
-    def _finish(self, call: _Call[T], task: asyncio.Task[T]) -> None:
-        self._calls.discard(task)
-        if task.cancelled():
-            call.future.set_exception(PawnQueueError("cancelled: the PawnQueue was closed"))
-        elif (exc := task.exception()) is not None:
-            call.future.set_exception(exc)
-        else:
-            call.future.set_result(task.result())
-
-    @staticmethod
-    def _run(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            try:
-                leftovers = asyncio.all_tasks(loop)
-                for task in leftovers:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
-            finally:
-                loop.close()
+_handler_context = threading.local()  # .runner: the LoopThread whose handler this thread runs
 
 
 class PawnQueue:
@@ -167,7 +47,7 @@ class PawnQueue:
         """``store`` replaces the one ``config`` selects (custom stores, fault injection)."""
         self.config = config
         self._queue = client.PawnQueue(config, store=store)
-        self._runner = _Runner(f"pawn-queue-loop-{id(self):x}")
+        self._runner = LoopThread(f"pawn-queue-loop-{id(self):x}")
         self._lifecycle = threading.Lock()
         self._ready = False
 
@@ -220,7 +100,7 @@ class PawnQueue:
 
     def _ready_queue(self) -> client.PawnQueue:
         if self._runner.closed:
-            raise PawnQueueError(_CLOSED)
+            raise PawnQueueError(CLOSED)
         if not self._ready:
             raise PawnQueueError("PawnQueue is not set up: use 'with' or call setup() first")
         return self._queue
@@ -448,7 +328,7 @@ class Consumer:
             pool.shutdown(wait=False)
 
 
-def _run_handler(runner: _Runner, handler: Callable[[Message], object], msg: Message) -> None:
+def _run_handler(runner: LoopThread, handler: Callable[[Message], object], msg: Message) -> None:
     _handler_context.runner = runner
     try:
         handler(msg)
@@ -477,7 +357,7 @@ class Message:
     settled = _Same[bool]()
     lease_held = _Same[bool]()
 
-    def __init__(self, inner: message.Message, runner: _Runner) -> None:
+    def __init__(self, inner: message.Message, runner: LoopThread) -> None:
         self._inner = inner
         self._runner = runner
 

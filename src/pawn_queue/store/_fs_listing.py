@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import bisect
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+
+from pawn_queue.store._fs_support import RESERVED, meta_of, segment_problem, translate
+from pawn_queue.store.base import ObjectMeta
 
 _INDEX_MIN_ENTRIES = 512
 _MAX_AGE_SECONDS = 2.0
@@ -157,3 +161,38 @@ def changed(directory: str, name: str, *, added: bool, before_ns: int) -> None:
             index.mtime_ns = os.stat(directory).st_mtime_ns
         except OSError:
             index.mtime_ns = -1
+
+
+def walk(directory: str, base: str, partial: str, start_after: str | None) -> Iterator[ObjectMeta]:
+    """Yield the objects under ``directory`` (whose keys start with ``base``) in key order,
+    skipping subtrees entirely at or before ``start_after``."""
+    relative: str | None = None
+    if start_after is not None and start_after >= base:
+        if not start_after.startswith(base):
+            return  # every key here sorts before start_after
+        relative = start_after[len(base) :]
+    try:
+        names = entries(directory, _nameable, partial, relative)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise translate(exc, "list", directory) from exc
+    for name in names:
+        path = os.path.join(directory, name.rstrip("/"))
+        if name.endswith("/"):
+            if base or name != RESERVED + "/":
+                yield from walk(path, base + name, "", start_after)
+            continue
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # deleted since the scan
+        except OSError as exc:
+            raise translate(exc, "stat", path) from exc
+        if stat.S_ISREG(st.st_mode):
+            yield meta_of(base + name, st)
+
+
+def _nameable(name: str) -> bool:
+    """Whether some key could name this entry (stray files are not objects)."""
+    return segment_problem(name) is None

@@ -49,7 +49,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -497,46 +497,10 @@ class FilesystemStore:
         else:
             directory, base = self._root, ""
         result: list[ObjectMeta] = []
-        for meta in self._walk(directory, base, partial, start_after):
+        for meta in _fs_listing.walk(directory, base, partial, start_after):
             result.append(meta)
             if limit is not None and len(result) >= limit:
                 break
         if not result and not os.path.isdir(self._root):
             raise BucketNotFound(f"store root {self._root} does not exist")
         return result
-
-    def _walk(
-        self, directory: str, base: str, partial: str, start_after: str | None
-    ) -> Iterator[ObjectMeta]:
-        """Yield the objects under ``directory`` (whose keys start with ``base``) in key order,
-        skipping subtrees entirely at or before ``start_after``."""
-        relative: str | None = None
-        if start_after is not None and start_after >= base:
-            if not start_after.startswith(base):
-                return  # every key here sorts before start_after
-            relative = start_after[len(base) :]
-        try:
-            names = _fs_listing.entries(directory, self._nameable, partial, relative)
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        except OSError as exc:
-            raise translate(exc, "list", directory) from exc
-        for name in names:
-            path = os.path.join(directory, name.rstrip("/"))
-            if name.endswith("/"):
-                if base or name != RESERVED + "/":
-                    yield from self._walk(path, base + name, "", start_after)
-                continue
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue  # deleted since the scan
-            except OSError as exc:
-                raise translate(exc, "stat", path) from exc
-            if stat.S_ISREG(st.st_mode):
-                yield meta_of(base + name, st)
-
-    @staticmethod
-    def _nameable(name: str) -> bool:
-        """Whether some key could name this entry (stray files are not objects)."""
-        return segment_problem(name) is None

@@ -24,32 +24,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import obstore
-from obstore.exceptions import (
-    AlreadyExistsError,
-    PermissionDeniedError,
-    PreconditionError,
-    UnauthenticatedError,
-)
 from obstore.store import S3Store as _ObstoreS3Store
 
 from pawn_queue.config import S3Config
 from pawn_queue.exceptions import (
-    AccessDenied,
-    AlreadyExists,
-    BucketNotFound,
     ConfigError,
     NotFound,
-    PreconditionFailed,
     StoreError,
     StoreUnavailable,
 )
+from pawn_queue.store._s3_errors import NoAnswer, S3ErrorDetail, redact_url, translate
 from pawn_queue.store._s3_listing import ServerSortsBytes, key_problem, offset_below, tree_walk
 from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, StoredObject
 
@@ -69,38 +59,6 @@ _LIST_PAGE = 1000  # S3's own page size; obstore always asks for it
 _RESEND_BACKOFF_SECONDS = 0.1  # obstore's initial backoff
 _CLOSE_WAIT_SECONDS = 10.0
 _CLOSE_SETTLE_SECONDS = 0.15
-
-_ACCESS_CODES = frozenset(
-    {
-        "AccessDenied",
-        "AllAccessDisabled",
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "InvalidToken",
-        "TokenRefreshRequired",
-        "AuthorizationHeaderMalformed",
-        "MissingSecurityHeader",
-        "InvalidSecurity",
-        "AccountProblem",
-    }
-)
-_TRANSIENT_CODES = frozenset(
-    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
-)
-_NETWORK_KINDS = frozenset({"Connect", "Timeout", "Request", "Io", "Interrupted", "Body"})
-
-
-class S3ErrorDetail(Exception):
-    """The sanitised client failure kept as ``__cause__`` of a translated error.
-
-    Holds the client's exception type, HTTP status, S3 error code and message only: never the
-    request URL, headers or response body (an error body can echo the access key).
-    """
-
-
-class _NoAnswer(S3ErrorDetail):
-    """The connection broke or timed out before an answer: the request may have landed."""
 
 
 def _check_key(key: str, prefix: str) -> None:
@@ -128,23 +86,13 @@ def _endpoint(config: S3Config) -> tuple[str | None, bool]:
         url = ("https://" if config.use_ssl else "http://") + url
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"S3 endpoint {_redact_url(url)!r} is not an http(s) URL")
+        raise ConfigError(f"S3 endpoint {redact_url(url)!r} is not an http(s) URL")
     if config.addressing_style == "virtual" and not parts.netloc.startswith(
         f"{config.bucket_name}."
     ):
         # obstore expects the bucket already in the host for virtual-hosted requests.
         parts = parts._replace(netloc=f"{config.bucket_name}.{parts.netloc}")
     return urlunsplit(parts).rstrip("/"), parts.scheme == "http"
-
-
-def _redact_url(url: str) -> str:
-    """The URL without user info (credentials some tools put in endpoints)."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _meta(raw: _ObstoreMeta) -> ObjectMeta:
@@ -178,7 +126,7 @@ class S3Store:
         self._max_retries = config.max_retries
         self._in_flight: set[asyncio.Future[Any]] = set()
         endpoint, plain_http = _endpoint(config)
-        self._endpoint = _redact_url(endpoint) if endpoint else "(AWS)"
+        self._endpoint = redact_url(endpoint) if endpoint else "(AWS)"
         # SeaweedFS lists in directory-tree order; S3 proper in byte order (see list()).
         self._sorts_bytes = False
 
@@ -358,7 +306,7 @@ class S3Store:
             except StoreUnavailable as exc:
                 # obstore resends a DeleteObjects POST after a 5xx but not after a broken
                 # connection or a timeout (POST is not idempotent to it). A delete is: resend.
-                if attempt == self._max_retries or not isinstance(exc.__cause__, _NoAnswer):
+                if attempt == self._max_retries or not isinstance(exc.__cause__, NoAnswer):
                     raise
             await asyncio.sleep(_RESEND_BACKOFF_SECONDS * 2**attempt)
 
@@ -439,66 +387,9 @@ class S3Store:
         try:
             return await asyncio.shield(request)
         except Exception as exc:  # the store boundary: nothing from the client escapes
-            error = self._translate(exc, op, self._where(key, what))
+            error = translate(exc, op, self._where(key, what), self._endpoint)
         # Raised outside the handler so the client exception is not kept as __context__.
         raise error
-
-    def _translate(self, exc: Exception, op: str, where: str) -> StoreError:
-        text = str(exc)
-        status_match = re.search(r"status(?: code)?: (\d{3})", text)
-        status = int(status_match.group(1)) if status_match else None
-        code_match = re.search(r"<Code>([A-Za-z0-9.]{1,64})</Code>", text)
-        code = code_match.group(1) if code_match else None
-        message_match = re.search(r"<Message>([^<]{0,200})</Message>", text)
-        kinds = set(re.findall(r"kind: (\w+)", text))
-        name = type(exc).__name__
-
-        cls: type[StoreError]
-        if code == "NoSuchBucket":
-            cls = BucketNotFound
-        elif isinstance(exc, AlreadyExistsError):
-            cls = AlreadyExists
-        elif isinstance(exc, PreconditionError):
-            cls = PreconditionFailed
-        elif isinstance(exc, FileNotFoundError) or status == 404:  # obstore's NotFound
-            cls = NotFound
-        elif (
-            isinstance(exc, PermissionDeniedError | UnauthenticatedError)
-            or status in (401, 403)
-            or code in _ACCESS_CODES
-        ):
-            cls = AccessDenied
-        elif (
-            (status is not None and (status >= 500 or status == 429))
-            or code in _TRANSIENT_CODES
-            or (status is None and (kinds & _NETWORK_KINDS or "error sending request" in text))
-        ):
-            cls = StoreUnavailable
-        else:
-            cls = StoreError
-
-        if status is not None:
-            summary = f"HTTP {status}" + (f" {code}" if code else "")
-        elif "ConnectionRefused" in kinds:
-            summary = "connection refused"
-        elif "Timeout" in kinds:
-            summary = "timed out"
-        elif cls is StoreUnavailable:
-            summary = "connection failed"
-        else:
-            summary = name
-        retries = re.search(r"after (\d+) retries", text)
-        if retries:
-            summary += f" after {retries.group(1)} retries"
-
-        detail = f"{name}: {summary}"
-        if message_match:
-            detail += f": {message_match.group(1).strip()}"
-        error = cls(f"S3 {op} failed for {where} at {self._endpoint}: {summary}")
-        # The failures obstore resends only for requests it deems idempotent.
-        no_answer = status is None and bool(kinds & {"Interrupted", "Timeout"})
-        error.__cause__ = (_NoAnswer if no_answer else S3ErrorDetail)(detail)
-        return error
 
 
 def _collect(meta: ObjectMeta, prefix: str, results: list[ObjectMeta], limit: int | None) -> bool:

@@ -1,0 +1,242 @@
+"""The sections of the configuration: one immutable, strictly checked model per YAML section.
+
+:class:`~pawn_queue.config.PawnQueueConfig` (in :mod:`pawn_queue.config`) holds them; import
+them from there. Every failure is a :class:`~pawn_queue.exceptions.ConfigError` naming the key
+path (see :func:`~pawn_queue.config_sources.config_errors`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final, Literal, Self, get_args
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from pawn_queue.config_sources import CREDENTIALS_HINT, InvalidValue, config_errors
+
+# Warnings about a setting come from the module users configure through.
+logger = logging.getLogger("pawn_queue.config")
+
+Strategy = Literal["auto", "conditional_write", "csprng_verify"]
+Backend = Literal["s3", "filesystem", "memory"]
+BACKENDS: Final[tuple[str, ...]] = get_args(Backend)
+
+# AWS's rule, which every S3-compatible store accepts; stricter stores may refuse some names.
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+class Section(BaseModel):
+    """Strict, immutable, and failing with ConfigError however it is built."""
+
+    # hide_input_in_errors: a ValidationError (kept as __context__) must not carry secrets.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    section_path: ClassVar[str] = ""
+
+    def __init__(self, **data: Any) -> None:
+        with config_errors(type(self), prefix=self.section_path):
+            super().__init__(**data)
+
+    # Tells pydantic this __init__ only wraps its own (as RootModel does), so nested sections
+    # are validated in one pass and their errors keep their full path.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        with config_errors(type(self), prefix=self.section_path):
+            super().__setattr__(name, value)
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        with config_errors(cls, prefix=cls.section_path):
+            return super().model_validate(obj, *args, **kwargs)
+
+
+class S3Config(Section):
+    """Where and how to reach an S3-compatible bucket.
+
+    With an ``endpoint_url``, its scheme decides ``use_ssl`` (``http://`` means False).
+    """
+
+    section_path: ClassVar[str] = "s3"
+
+    endpoint_url: str | None = None
+    bucket_name: str
+    prefix: str = ""
+    aws_access_key_id: SecretStr | None = None
+    aws_secret_access_key: SecretStr | None = None
+    aws_session_token: SecretStr | None = None
+    region_name: str = Field(default="us-east-1", min_length=1)
+    use_ssl: bool = True
+    verify_ssl: bool = True
+    addressing_style: Literal["path", "virtual"] = "path"
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    request_timeout_seconds: float = Field(default=30.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    retry_timeout_seconds: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _use_ssl_follows_endpoint(cls, data: Any) -> Any:
+        endpoint = data.get("endpoint_url") if isinstance(data, Mapping) else None
+        if not isinstance(endpoint, str) or "://" not in endpoint:
+            return data
+        scheme = endpoint.split("://", 1)[0].lower()
+        if scheme not in ("http", "https"):
+            return data  # the endpoint_url check reports it
+        https = scheme == "https"
+        given = data.get("use_ssl")
+        if given is not None and given != https:
+            # 0.1.x ignored use_ssl when the endpoint had a scheme; keep such configs working.
+            logger.warning("s3.use_ssl=%r ignored: endpoint_url is %s://", given, scheme)
+        return {**data, "use_ssl": https}
+
+    @field_validator("bucket_name")
+    @classmethod
+    def _check_bucket_name(cls, value: str) -> str:
+        if not _BUCKET_NAME.fullmatch(value):
+            raise InvalidValue(
+                "not a valid S3 bucket name: 3-63 characters of lowercase letters, digits, "
+                "dots and hyphens, starting and ending with a letter or digit",
+                value=value,
+            )
+        return value
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _check_endpoint_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if "@" in value:
+            raise InvalidValue(
+                f"credentials are not allowed in endpoint_url: {CREDENTIALS_HINT}", show_value=False
+            )
+        expected = "must be http(s)://host[:port], e.g. http://127.0.0.1:8333"
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a bad port
+        except ValueError:
+            raise InvalidValue(expected, value=value) from None
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+        ):
+            raise InvalidValue(expected, value=value)
+        return f"{parts.scheme}://{parts.netloc}"
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        prefix = value.strip("/")
+        if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+            raise InvalidValue(
+                "must be '/'-separated names, without empty, '.' or '..' parts", value=value
+            )
+        return prefix
+
+
+class FilesystemConfig(Section):
+    """A local directory used as the store; a relative path is taken from the working directory."""
+
+    section_path: ClassVar[str] = "filesystem"
+
+    path: str = Field(min_length=1)
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _accept_path_objects(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+class MemoryConfig(Section):
+    """An in-process store. Stores with the same non-empty ``name`` are shared in a process."""
+
+    section_path: ClassVar[str] = "memory"
+
+    name: str = ""
+
+
+class PollingConfig(Section):
+    """How consumers poll and hold leases."""
+
+    section_path: ClassVar[str] = "polling"
+
+    interval_seconds: float = Field(default=5.0, gt=0)
+    max_messages_per_poll: int = Field(default=10, ge=1)
+    visibility_timeout_seconds: float = Field(default=30.0, gt=0)
+    lease_refresh_interval_seconds: float = Field(default=10.0, gt=0)
+    jitter_max_ms: int = Field(default=200, ge=0)
+
+    @model_validator(mode="after")
+    def _refresh_before_expiry(self) -> Self:
+        # Rule 8: a refresh that cannot land before the lease expires lets another consumer
+        # take the message over while this one still works on it.
+        if self.lease_refresh_interval_seconds >= self.visibility_timeout_seconds:
+            raise InvalidValue(
+                f"must be shorter than visibility_timeout_seconds "
+                f"({self.visibility_timeout_seconds:g}) so a lease is refreshed before it expires",
+                field="lease_refresh_interval_seconds",
+                value=self.lease_refresh_interval_seconds,
+            )
+        return self
+
+
+class CsprngVerifyConfig(Section):
+    """Timings of the ``csprng_verify`` lease protocol (stores without conditional writes)."""
+
+    section_path: ClassVar[str] = "concurrency.csprng_verify"
+
+    jitter_min_ms: int = Field(default=100, ge=0)
+    jitter_max_ms: int = Field(default=400, ge=0)
+    verify_retries: int = Field(default=2, ge=0)
+    verify_retry_delay_ms: int = Field(default=150, ge=0)
+
+    @model_validator(mode="after")
+    def _jitter_range(self) -> Self:
+        if self.jitter_min_ms > self.jitter_max_ms:
+            raise InvalidValue(
+                f"must not exceed jitter_max_ms ({self.jitter_max_ms})",
+                field="jitter_min_ms",
+                value=self.jitter_min_ms,
+            )
+        return self
+
+
+class ConcurrencyConfig(Section):
+    """Which lease strategy to use, and its settings."""
+
+    section_path: ClassVar[str] = "concurrency"
+
+    strategy: Strategy = "auto"
+    csprng_verify: CsprngVerifyConfig = Field(default_factory=CsprngVerifyConfig)
+    clock_skew_margin_seconds: float = Field(default=2.0, ge=0)
+
+
+class RegistryConfig(Section):
+    """Producer and consumer registration."""
+
+    section_path: ClassVar[str] = "registry"
+
+    heartbeat_interval_seconds: float = Field(default=60.0, gt=0)
+
+
+class NotifyConfig(Section):
+    """Change signals: how idle consumers learn of new messages without listing (vnotify).
+
+    Producers mark ``_notify/{slot}`` and ``_notify/_`` after publishing; an idle consumer
+    checks ``_notify/_`` with one HEAD every ``check_interval_seconds``, slowing down to
+    ``idle_check_interval_seconds`` after 10 s without a change. A full poll every
+    ``backfill_interval_seconds`` still runs, so nothing depends on a signal arriving.
+    """
+
+    section_path: ClassVar[str] = "notify"
+
+    enabled: bool = True
+    check_interval_seconds: float = Field(default=0.1, gt=0)
+    idle_check_interval_seconds: float = Field(default=2.0, gt=0)
+    backfill_interval_seconds: float = Field(default=60.0, gt=0)

@@ -1,0 +1,136 @@
+"""An event loop in a daemon thread, running coroutines for other threads: what the blocking
+API (:mod:`pawn_queue.sync`) is built on."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import threading
+from collections.abc import Coroutine
+from typing import Any, Generic, TypeVar
+
+from pawn_queue.exceptions import PawnQueueError
+
+T = TypeVar("T")
+
+CLOSED = "this PawnQueue is closed; create a new one"
+
+
+class Call(Generic[T]):
+    """One coroutine submitted to the loop: its task (set on the loop) and its outcome."""
+
+    def __init__(self) -> None:
+        self.future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self.task: asyncio.Task[T] | None = None
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+class LoopThread:
+    """An event loop in a daemon thread, started on first use, running other threads' calls."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._calls: set[asyncio.Task[Any]] = set()  # touched on the loop thread only
+        self.closed = False
+
+    def check_thread(self) -> None:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise PawnQueueError(
+                "blocking pawn-queue call on its own event-loop thread would deadlock; "
+                "use the async API (pawn_queue.PawnQueue) in coroutines"
+            )
+
+    def submit(self, coro: Coroutine[Any, Any, T], *, on_close: bool = True) -> Call[T]:
+        """Start ``coro`` on the loop (``on_close``: cancelled by close); raise once closed."""
+        call: Call[T] = Call()
+        with self._lock:
+            try:
+                if self.closed:
+                    raise PawnQueueError(CLOSED)
+                self.check_thread()
+            except PawnQueueError:
+                coro.close()
+                raise
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._loop,), name=self._name, daemon=True
+                )
+                self._thread.start()
+            self._loop.call_soon_threadsafe(self._begin, call, coro, on_close)
+        return call
+
+    def call(self, coro: Coroutine[Any, Any, T], *, on_close: bool = True) -> T:
+        """Run ``coro`` on the loop and return its result in this thread (or raise its error)."""
+        call = self.submit(coro, on_close=on_close)
+        try:
+            return call.future.result()
+        except BaseException:
+            self.cancel(call)  # Ctrl-C: cancel on the loop and wait for the cleanup
+            raise
+
+    def cancel(self, call: Call[Any]) -> None:
+        """Cancel ``call`` unless it is over, and wait until it is (its cleanup has run)."""
+        if call.future.done():
+            return
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # loop closed: every call is already over
+            self._loop.call_soon_threadsafe(call.cancel)
+        concurrent.futures.wait([call.future])
+
+    async def cancel_calls(self) -> None:
+        """Cancel the running calls but this one (and settlements) and wait for them."""
+        others = [task for task in self._calls if task is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
+    def stop(self) -> None:
+        """Refuse new calls, stop the loop (cancelling what is left) and join its thread."""
+        with self._lock:
+            self.closed = True
+            loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None:
+            with contextlib.suppress(RuntimeError):  # already closed by an earlier stop()
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+
+    def _begin(self, call: Call[T], coro: Coroutine[Any, Any, T], on_close: bool) -> None:
+        assert self._loop is not None
+        call.task = self._loop.create_task(coro)
+        if on_close:
+            self._calls.add(call.task)
+        call.task.add_done_callback(functools.partial(self._finish, call))
+
+    def _finish(self, call: Call[T], task: asyncio.Task[T]) -> None:
+        self._calls.discard(task)
+        if task.cancelled():
+            call.future.set_exception(PawnQueueError("cancelled: the PawnQueue was closed"))
+        elif (exc := task.exception()) is not None:
+            call.future.set_exception(exc)
+        else:
+            call.future.set_result(task.result())
+
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                leftovers = asyncio.all_tasks(loop)
+                for task in leftovers:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
