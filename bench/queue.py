@@ -11,7 +11,8 @@ Cases (each figure the median of ``--runs`` runs):
 4. idle: requests per minute of an idle ``listen()`` on 1 and 10 topics, USD per month
 5. latency: publish-to-handler p50/p95 with one publish every 50 ms
 6. backlog (``--backlog``): one ``poll()`` + acks at 100 and 100,000 pending messages
-7. batch: a drain of ``publish_batch`` objects of 100, if the Producer has it
+7. batch: a drain of ``publish_batch`` objects of 100, if the Producer has it, with polls
+   of 10 (the default) by 1 and 4 consumers, and polls of 100 by 1 consumer
 8. local: the filesystem store against vsqs 0.3 at a 2,000 and a 10,000-message backlog
 
 Run from the repository root (``bench/queue.py`` is named like the standard library's
@@ -488,11 +489,12 @@ def _progress(row: dict[str, Any]) -> None:
 async def case_batch(b: Bench) -> list[dict[str, Any]]:
     s = b.sizes
     rows: list[dict[str, Any]] = []
-    for consumers in (1, 4):
+    default_poll = PawnQueueConfig.from_dict({"backend": "memory"}).polling.max_messages_per_poll
+    for consumers, poll in ((1, default_poll), (4, default_poll), (1, s.batch_size)):
         runs = []
         for run in range(s.runs):
-            bucket = await b.bucket(f"batch-{consumers}c-{run}")
-            config = b.ours_s3(bucket)
+            bucket = await b.bucket(f"batch-{consumers}c-{poll}p-{run}")
+            config = b.ours_s3(bucket, polling={"max_messages_per_poll": poll})
             async with queues([config] * (1 + consumers)) as (pq_producer, *pq_consumers):
                 await pq_producer.create_topic(TOPIC)
                 producer = await pq_producer.register_producer("bench-producer")
@@ -520,7 +522,8 @@ async def case_batch(b: Bench) -> list[dict[str, Any]]:
                     **result.summary(),
                 }
             )
-        row = drain_row("ours", f"batch of {s.batch_size}", consumers, s.batch_messages, runs)
+        label = f"batch {s.batch_size} poll {poll}"
+        row = drain_row("ours", label, consumers, s.batch_messages, runs)
         row["end_to_end_msgs_per_s"] = round(
             common.median(r["end_to_end_msgs_per_s"] for r in runs), 1
         )
