@@ -7,7 +7,8 @@ Cases (each figure the median of ``--runs`` runs):
 2. drain: N published messages consumed and acked by 1 and 4 consumers, each its own
    PawnQueue, all in one process and event loop (0.1.3: likewise, in its runner process)
 3. requests per message of publish + drain, from SeaweedFS's per-bucket request counters,
-   and USD per million messages at AWS list prices
+   and USD per million messages at AWS list prices; for this version also split by step
+   (publish, and drain: claim + read + ack)
 4. idle: requests per minute of an idle ``listen()`` on 1 and 10 topics, USD per month
 5. latency: publish-to-handler p50/p95 with one publish every 50 ms
 6. backlog (``--backlog``): one ``poll()`` + acks at 100 and 100,000 pending messages
@@ -368,11 +369,22 @@ async def ours_drain_run(
 def drain_row(
     lib: str, strategy: str, consumers: int, messages: int, runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    per_message = [RequestClasses.from_counts(r["requests"]).per(r["expected"]) for r in runs]
-    med = common.median_classes(per_message)
+    med = _per_message(runs, "requests")
     codes: Counter[str] = Counter()
     for r in runs:
         codes.update({k: v for k, v in r["requests"].items() if ":" in k})
+    split: dict[str, Any] = {}
+    if all("drain_requests" in r for r in runs):
+        publish = [
+            RequestClasses.from_counts(common.delta(r["drain_requests"], r["requests"])).per(
+                r["expected"]
+            )
+            for r in runs
+        ]
+        split["requests_per_msg_by_step"] = {
+            "publish": common.median_classes(publish).as_dict(),
+            "drain": _per_message(runs, "drain_requests").as_dict(),
+        }
     return {
         "lib": lib,
         "strategy": strategy,
@@ -380,12 +392,19 @@ def drain_row(
         "messages": messages,
         "msgs_per_s": round(common.median(r["msgs_per_s"] for r in runs), 1),
         "requests_per_msg": med.as_dict(),
+        **split,
         "usd_per_million_msgs": round(med.dollars_per_million(), 2),
         "duplicates": sum(r["duplicates"] for r in runs),
         "timed_out": sum(bool(r["timed_out"]) for r in runs),
         "requests_by_code_all_runs": dict(sorted(codes.items())),
         "runs": runs,
     }
+
+
+def _per_message(runs: list[dict[str, Any]], counts: str) -> RequestClasses:
+    return common.median_classes(
+        [RequestClasses.from_counts(r[counts]).per(r["expected"]) for r in runs]
+    )
 
 
 async def case_drain(b: Bench) -> list[dict[str, Any]]:
@@ -844,6 +863,19 @@ def table(results: dict[str, Any]) -> str:
             f"{'lib':<7}{'strategy':<19}{'N':>6}{'c':>4}{'msgs/s':>8}{ratio}"
             f"{'PUT+LIST':>10}{'GET+HEAD':>10}{'DELETE':>8}{'$/M msg':>9}{'dup':>5}",
             lines + skipped(rows),
+        )
+    if "drain" in results:
+        split_rows = [r for r in results["drain"] if "requests_per_msg_by_step" in r]
+        section(
+            "3. Requests per message by step: publish, and drain (claim + read + ack)",
+            f"{'lib':<7}{'strategy':<19}{'c':>4}{'step':>9}{'PUT+LIST':>10}{'GET+HEAD':>10}"
+            f"{'DELETE':>8}",
+            [
+                f"{r['lib']:<7}{r['strategy']:<19}{r['consumers']:>4}{step:>9}"
+                f"{q['put_list']:>10.2f}{q['get_head']:>10.2f}{q['delete']:>8.2f}"
+                for r in split_rows
+                for step, q in r["requests_per_msg_by_step"].items()
+            ],
         )
     if "idle" in results:
         rows = results["idle"]
