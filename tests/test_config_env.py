@@ -1,0 +1,362 @@
+"""Configuration from PAWNQUEUE_* variables and from store URLs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pawn_queue.builder import PawnQueueBuilder
+from pawn_queue.config import (
+    ENV_VARS,
+    S3_URL_KEYS,
+    URL_ENV_VAR,
+    FilesystemConfig,
+    PawnQueueConfig,
+    S3Config,
+    load_config,
+    parse_url,
+)
+from tests.config_support import (  # no_pawnqueue_env: an autouse fixture
+    S3_BASE,
+    SECRET,
+    config_error,
+    no_pawnqueue_env,  # noqa: F401
+    value_at,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The README's "Environment Variable Overrides" table, with the path each name always meant.
+README_ENV_TABLE = {
+    "PAWNQUEUE_S3_ENDPOINT_URL": "s3.endpoint_url",
+    "PAWNQUEUE_S3_BUCKET_NAME": "s3.bucket_name",
+    "PAWNQUEUE_S3_ACCESS_KEY": "s3.aws_access_key_id",
+    "PAWNQUEUE_S3_SECRET_KEY": "s3.aws_secret_access_key",
+    "PAWNQUEUE_S3_REGION": "s3.region_name",
+    "PAWNQUEUE_S3_USE_SSL": "s3.use_ssl",
+    "PAWNQUEUE_POLLING_INTERVAL_SECONDS": "polling.interval_seconds",
+    "PAWNQUEUE_POLLING_MAX_MESSAGES_PER_POLL": "polling.max_messages_per_poll",
+    "PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT": "polling.visibility_timeout_seconds",
+    "PAWNQUEUE_POLLING_LEASE_REFRESH_INTERVAL": "polling.lease_refresh_interval_seconds",
+    "PAWNQUEUE_POLLING_JITTER_MAX_MS": "polling.jitter_max_ms",
+    "PAWNQUEUE_CONCURRENCY_STRATEGY": "concurrency.strategy",
+    "PAWNQUEUE_CSPRNG_JITTER_MIN_MS": "concurrency.csprng_verify.jitter_min_ms",
+    "PAWNQUEUE_CSPRNG_JITTER_MAX_MS": "concurrency.csprng_verify.jitter_max_ms",
+    "PAWNQUEUE_CSPRNG_VERIFY_RETRIES": "concurrency.csprng_verify.verify_retries",
+    "PAWNQUEUE_CSPRNG_RETRY_DELAY_MS": "concurrency.csprng_verify.verify_retry_delay_ms",
+    "PAWNQUEUE_REGISTRY_HEARTBEAT_INTERVAL": "registry.heartbeat_interval_seconds",
+}
+
+# One sample per variable: the text to set and the value it must produce.
+ENV_SAMPLES: dict[str, tuple[str, Any]] = {
+    "PAWNQUEUE_S3_ENDPOINT_URL": ("http://minio:9000", "http://minio:9000"),
+    "PAWNQUEUE_S3_BUCKET_NAME": ("env-bucket", "env-bucket"),
+    "PAWNQUEUE_S3_ACCESS_KEY": ("AKIAENVKEY", "AKIAENVKEY"),
+    "PAWNQUEUE_S3_SECRET_KEY": (SECRET, SECRET),
+    "PAWNQUEUE_S3_REGION": ("eu-central-1", "eu-central-1"),
+    "PAWNQUEUE_S3_USE_SSL": ("false", False),
+    "PAWNQUEUE_POLLING_INTERVAL_SECONDS": ("1.5", 1.5),
+    "PAWNQUEUE_POLLING_MAX_MESSAGES_PER_POLL": ("25", 25),
+    "PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT": ("45", 45.0),
+    "PAWNQUEUE_POLLING_LEASE_REFRESH_INTERVAL": ("8", 8.0),
+    "PAWNQUEUE_POLLING_JITTER_MAX_MS": ("150", 150),
+    "PAWNQUEUE_CONCURRENCY_STRATEGY": ("csprng_verify", "csprng_verify"),
+    "PAWNQUEUE_CSPRNG_JITTER_MIN_MS": ("50", 50),
+    "PAWNQUEUE_CSPRNG_JITTER_MAX_MS": ("600", 600),
+    "PAWNQUEUE_CSPRNG_VERIFY_RETRIES": ("4", 4),
+    "PAWNQUEUE_CSPRNG_RETRY_DELAY_MS": ("250", 250),
+    "PAWNQUEUE_REGISTRY_HEARTBEAT_INTERVAL": ("90", 90.0),
+    "PAWNQUEUE_BACKEND": ("memory", "memory"),
+    "PAWNQUEUE_FILESYSTEM_PATH": ("/var/lib/queue", "/var/lib/queue"),
+    "PAWNQUEUE_S3_PREFIX": ("team-a/", "team-a"),
+    "PAWNQUEUE_S3_VERIFY_SSL": ("no", False),
+    "PAWNQUEUE_S3_SESSION_TOKEN": ("session-token-value", "session-token-value"),
+    "PAWNQUEUE_S3_ADDRESSING_STYLE": ("virtual", "virtual"),
+    "PAWNQUEUE_CLOCK_SKEW_MARGIN_SECONDS": ("5", 5.0),
+    "PAWNQUEUE_NOTIFY_ENABLED": ("false", False),
+    "PAWNQUEUE_NOTIFY_CHECK_INTERVAL_SECONDS": ("0.5", 0.5),
+    "PAWNQUEUE_NOTIFY_IDLE_CHECK_INTERVAL_SECONDS": ("5", 5.0),
+    "PAWNQUEUE_NOTIFY_BACKFILL_INTERVAL_SECONDS": ("120", 120.0),
+}
+
+
+# A config with every section, to show that each sample differs from what is there already.
+REFERENCE = PawnQueueConfig.from_dict(
+    {**S3_BASE, "backend": "s3", "filesystem": {"path": "./queue"}}
+)
+
+
+# --- environment variables --------------------------------------------------------------------
+
+
+def test_readme_table_is_mapped_exactly() -> None:
+    assert {name: ENV_VARS[name] for name in README_ENV_TABLE} == README_ENV_TABLE
+
+
+def test_every_variable_has_a_sample() -> None:
+    assert set(ENV_SAMPLES) == set(ENV_VARS)
+
+
+@pytest.mark.parametrize("name", list(ENV_VARS))
+def test_each_variable_takes_effect(name: str) -> None:
+    raw, expected = ENV_SAMPLES[name]
+    path = ENV_VARS[name]
+    assert value_at(REFERENCE, path) != expected, "the sample must differ from the default"
+    # The filesystem variable picks its store only when nothing else chose one.
+    base: dict[str, Any] = {} if name == "PAWNQUEUE_FILESYSTEM_PATH" else S3_BASE
+
+    config = PawnQueueConfig.from_env({name: raw}, base=base)
+    assert value_at(config, path) == expected
+
+
+def test_every_config_path_in_the_table_exists() -> None:
+    for path in ENV_VARS.values():
+        value_at(REFERENCE, path)  # AttributeError if a path names no field
+
+
+def test_readme_docker_example_env_only() -> None:
+    env = {
+        "PAWNQUEUE_S3_ENDPOINT_URL": "http://minio:9000",
+        "PAWNQUEUE_S3_BUCKET_NAME": "queues",
+        "PAWNQUEUE_S3_ACCESS_KEY": "minioadmin",
+        "PAWNQUEUE_S3_SECRET_KEY": "minioadmin",
+        "PAWNQUEUE_POLLING_INTERVAL_SECONDS": "1",
+        "PAWNQUEUE_CONCURRENCY_STRATEGY": "csprng_verify",
+    }
+    config = PawnQueueBuilder().from_env(env).build_config()
+    assert config == PawnQueueConfig.from_env(env)
+    assert config.backend == "s3"
+    assert config.s3 is not None
+    assert config.s3.endpoint_url == "http://minio:9000"
+    assert config.s3.use_ssl is False  # follows the http:// endpoint
+    assert config.s3.bucket_name == "queues"
+    assert value_at(config, "s3.aws_access_key_id") == "minioadmin"
+    assert value_at(config, "s3.aws_secret_access_key") == "minioadmin"
+    assert config.polling.interval_seconds == 1
+    assert config.concurrency.strategy == "csprng_verify"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        *[("true", True), ("TRUE", True), ("1", True), ("Yes", True)],
+        *[("false", False), ("False", False), ("0", False), ("NO", False), (" no ", False)],
+    ],
+)
+def test_boolean_variables(raw: str, expected: bool) -> None:
+    config = PawnQueueConfig.from_env({"PAWNQUEUE_S3_VERIFY_SSL": raw}, base=S3_BASE)
+    assert config.s3 is not None and config.s3.verify_ssl is expected
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", "on", "t"])
+def test_bad_boolean_names_the_variable(raw: str) -> None:
+    message = config_error(PawnQueueConfig.from_env, {"PAWNQUEUE_S3_USE_SSL": raw}, base=S3_BASE)
+    assert "PAWNQUEUE_S3_USE_SSL" in message and repr(raw) in message and "yes" in message
+
+
+def test_bad_number_names_the_variable_and_path() -> None:
+    env = {"PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT": "soon"}
+    message = config_error(PawnQueueConfig.from_env, env, base=S3_BASE)
+    assert "polling.visibility_timeout_seconds" in message
+    assert "PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT" in message and "'soon'" in message
+
+
+def test_empty_variables_count_as_unset() -> None:
+    config = PawnQueueConfig.from_env(
+        {"PAWNQUEUE_S3_REGION": " ", "PAWNQUEUE_S3_USE_SSL": ""}, base=S3_BASE
+    )
+    assert config.s3 is not None and config.s3.region_name == "us-east-1"
+
+
+def test_env_overrides_base_unless_told_to_fill_only() -> None:
+    base = {"s3": {"bucket_name": "base-bucket", "region_name": "base-region"}}
+    env = {"PAWNQUEUE_S3_REGION": "env-region", "PAWNQUEUE_POLLING_INTERVAL_SECONDS": "2"}
+
+    over = PawnQueueConfig.from_env(env, base=base)
+    assert value_at(over, "s3.region_name") == "env-region"
+    fill = PawnQueueConfig.from_env(env, base=base, override=False)
+    assert value_at(fill, "s3.region_name") == "base-region"
+    assert fill.polling.interval_seconds == 2
+    assert PawnQueueConfig.from_env(env, base=PawnQueueConfig.from_dict(base)) == over
+
+
+def test_env_url_selects_the_store_and_variables_refine_it() -> None:
+    env = {
+        URL_ENV_VAR: "s3://url-bucket/pre?endpoint_url=http://127.0.0.1:8333&region_name=r1",
+        "PAWNQUEUE_S3_REGION": "r2",
+        "PAWNQUEUE_S3_ACCESS_KEY": "AKIAENVKEY",
+        "PAWNQUEUE_S3_SECRET_KEY": SECRET,
+    }
+    config = PawnQueueConfig.from_env(env)
+    assert config.s3 is not None
+    assert (config.s3.bucket_name, config.s3.prefix) == ("url-bucket", "pre")
+    assert config.s3.endpoint_url == "http://127.0.0.1:8333"
+    assert config.s3.region_name == "r2"
+    assert value_at(config, "s3.aws_secret_access_key") == SECRET
+
+    config = PawnQueueConfig.from_env({URL_ENV_VAR: "memory://shared"}, base=S3_BASE)
+    assert (config.backend, config.memory.name) == ("memory", "shared")
+
+
+def test_other_stores_variables_do_no_harm() -> None:
+    env = {URL_ENV_VAR: "file:///srv/queue", "PAWNQUEUE_S3_SECRET_KEY": SECRET}
+    config = PawnQueueConfig.from_env(env)
+    assert config.backend == "filesystem" and config.s3 is None
+    assert config.filesystem == FilesystemConfig(path="/srv/queue")
+
+    yaml_like = {"backend": "filesystem", "filesystem": {"path": "q"}}
+    assert load_config(yaml_like, environ={"PAWNQUEUE_S3_REGION": "x"}).s3 is None
+
+
+def test_env_backend_errors() -> None:
+    message = config_error(PawnQueueConfig.from_env, {"PAWNQUEUE_BACKEND": "redis"})
+    assert "PAWNQUEUE_BACKEND" in message and "'redis'" in message and "filesystem" in message
+
+    env = {"PAWNQUEUE_BACKEND": "s3", URL_ENV_VAR: "memory://"}
+    message = config_error(PawnQueueConfig.from_env, env)
+    assert "PAWNQUEUE_BACKEND" in message and URL_ENV_VAR in message
+
+    message = config_error(PawnQueueConfig.from_env, {URL_ENV_VAR: "redis://host"})
+    assert message.startswith(URL_ENV_VAR) and "s3, file, memory" in message
+
+
+def test_env_only_without_store_says_what_is_missing() -> None:
+    message = config_error(PawnQueueConfig.from_env, {})
+    assert "PAWNQUEUE_S3_BUCKET_NAME" in message and "s3://" in message
+
+
+def test_readme_lists_every_variable() -> None:
+    readme = REPO / "README.md"
+    documented = set(re.findall(r"PAWNQUEUE_[A-Z0-9_]+", readme.read_text(encoding="utf-8")))
+    known = {*ENV_VARS, URL_ENV_VAR}
+    assert documented - known == set(), "README names variables the code does not know"
+    assert known - documented == set(), "variables missing from the README"
+
+
+# --- store URLs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "s3://bucket/optional/prefix?endpoint_url=http://127.0.0.1:8333&region_name=us-east-1",
+            {
+                "backend": "s3",
+                "s3": {
+                    "bucket_name": "bucket",
+                    "prefix": "/optional/prefix",
+                    "endpoint_url": "http://127.0.0.1:8333",
+                    "region_name": "us-east-1",
+                },
+            },
+        ),
+        ("s3://bucket", {"backend": "s3", "s3": {"bucket_name": "bucket"}}),
+        (
+            "s3://b1?use_ssl=false&verify_ssl=No&addressing_style=virtual",
+            {
+                "backend": "s3",
+                "s3": {
+                    "bucket_name": "b1",
+                    "use_ssl": False,
+                    "verify_ssl": False,
+                    "addressing_style": "virtual",
+                },
+            },
+        ),
+        ("file:///abs/dir", {"backend": "filesystem", "filesystem": {"path": "/abs/dir"}}),
+        ("file://./rel/dir", {"backend": "filesystem", "filesystem": {"path": "./rel/dir"}}),
+        ("file://../up/dir", {"backend": "filesystem", "filesystem": {"path": "../up/dir"}}),
+        ("file://.", {"backend": "filesystem", "filesystem": {"path": "."}}),
+        ("file://localhost/abs", {"backend": "filesystem", "filesystem": {"path": "/abs"}}),
+        ("file://name/x", {"backend": "filesystem", "filesystem": {"path": "name/x"}}),
+        ("file:///with%20space", {"backend": "filesystem", "filesystem": {"path": "/with space"}}),
+        ("memory://", {"backend": "memory", "memory": {"name": ""}}),
+        ("memory://shared", {"backend": "memory", "memory": {"name": "shared"}}),
+    ],
+)
+def test_parse_url(url: str, expected: dict[str, Any]) -> None:
+    assert parse_url(url) == expected
+
+
+def test_from_url_builds_a_full_config() -> None:
+    env = {"PAWNQUEUE_S3_ACCESS_KEY": "AKIAENVKEY", "PAWNQUEUE_S3_SECRET_KEY": SECRET}
+    config = PawnQueueConfig.from_url(
+        "s3://bucket/optional/prefix/?endpoint_url=http://127.0.0.1:8333&region_name=us-east-1",
+        environ=env,
+        polling={"interval_seconds": 1},
+    )
+    assert config.s3 is not None
+    assert config.s3.prefix == "optional/prefix"
+    assert config.s3.use_ssl is False  # not given, and the endpoint is http://
+    assert value_at(config, "s3.aws_access_key_id") == "AKIAENVKEY"
+    assert value_at(config, "s3.aws_secret_access_key") == SECRET
+    assert config.polling.interval_seconds == 1
+
+    https = PawnQueueConfig.from_url("s3://bucket?endpoint_url=https://s3.example.com", environ={})
+    assert https.s3 is not None and https.s3.use_ssl is True
+    assert PawnQueueConfig.from_url("file://./q", environ={}).filesystem == FilesystemConfig(
+        path="./q"
+    )
+
+
+def test_from_url_values_beat_env() -> None:
+    env = {"PAWNQUEUE_S3_REGION": "env-region", "PAWNQUEUE_POLLING_INTERVAL_SECONDS": "4"}
+    config = PawnQueueConfig.from_url("s3://bucket?region_name=url-region", environ=env)
+    assert value_at(config, "s3.region_name") == "url-region"
+    assert config.polling.interval_seconds == 4
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"s3://AKIAKEY:{SECRET}@bucket/prefix",
+        f"s3://{SECRET}@bucket",
+        f"s3://bucket?aws_secret_access_key={SECRET}",
+        f"s3://bucket?aws_access_key_id={SECRET}",
+        f"s3://bucket?aws_session_token={SECRET}",
+        f"s3://bucket?endpoint_url=http://k:{SECRET}@host:9000",
+        f"s3://bucket?endpoint_url=http://k:{SECRET}@host:notaport",
+    ],
+)
+def test_credentials_in_urls_are_refused_and_not_echoed(url: str) -> None:
+    message = config_error(PawnQueueConfig.from_url, url, environ={})
+    assert SECRET not in message
+    assert "PAWNQUEUE_S3_ACCESS_KEY" in message and "PAWNQUEUE_S3_SECRET_KEY" in message
+
+
+@pytest.mark.parametrize(
+    ("url", "fragments"),
+    [
+        ("redis://host/0", ["'redis'", "s3, file, memory"]),
+        ("/just/a/path", ["no scheme", "s3, file, memory"]),
+        ("s3://bucket?endpoint=http://h", ["endpoint", "endpoint_url", "region_name", "use_ssl"]),
+        ("s3://bucket?region_name=a&region_name=b", ["region_name", "more than once"]),
+        ("s3:///prefix-only", ["needs a bucket"]),
+        ("s3://Not_A_Bucket", ["s3.bucket_name", "'Not_A_Bucket'", "lowercase"]),
+        ("s3://bucket?use_ssl=maybe", ["use_ssl", "'maybe'"]),
+        ("s3://bucket?max_retries=-1", ["s3.max_retries", "-1"]),
+        ("s3://bucket#frag", ["fragment"]),
+        ("file://", ["needs a directory"]),
+        ("file:///q?x=1", ["x", "allowed: none"]),
+        ("memory://name/path", ["memory://name"]),
+        ("memory://?a=1", ["allowed: none"]),
+    ],
+)
+def test_url_errors(url: str, fragments: list[str]) -> None:
+    message = config_error(PawnQueueConfig.from_url, url, environ={})
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_s3_url_keys_are_s3_fields_without_credentials() -> None:
+    assert set(S3_URL_KEYS) <= set(S3Config.model_fields)
+    assert {"endpoint_url", "region_name", "use_ssl", "verify_ssl", "addressing_style"} <= set(
+        S3_URL_KEYS
+    )
+    assert not {"aws_access_key_id", "aws_secret_access_key", "aws_session_token"} & set(
+        S3_URL_KEYS
+    )
