@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
+
 from pawn_queue import PawnQueue
 
 
@@ -16,3 +20,12 @@ async def keys_under(pq: PawnQueue, prefix: str) -> list[str]:
     """The keys under ``prefix`` once the deletes that follow past acks landed."""
     await settled(pq)
     return [m.key for m in await pq.store.list(prefix)]
+
+
+def leftover_temp_files(root: Path) -> list[Path]:
+    """The filesystem store's temp files under ``root`` (none once writes are over)."""
+    return list((root / ".pawnqueue" / "tmp").iterdir())
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
