@@ -120,17 +120,13 @@ class Envelope:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any], what: str = "message") -> Envelope:
-        if "payload" not in obj:
-            raise CorruptObject(f"{what} has no field 'payload'")
-        attributes = obj.get("attributes") or {}
-        if not _string_map(attributes):
-            raise CorruptObject(f"{what} has invalid 'attributes'")
+        payload, attributes = _payload_and_attributes(obj, what)
         return cls(
             id=_require_str(obj, "id", what),
             topic=_require_str(obj, "topic", what),
             producer_id=_require_str(obj, "producer_id", what),
             created_at=_require_str(obj, "created_at", what),
-            payload=obj["payload"],
+            payload=payload,
             attributes=attributes,
             prior_receives=_positive_int(obj.get("prior_receives"), 0),
             group=obj["group"] if isinstance(obj.get("group"), str) else None,
@@ -177,24 +173,23 @@ def decode_batch(data: bytes) -> list[Envelope]:
             # Fields beyond the ones encode_batch writes override the shared ones.
             out.append(Envelope.from_dict({**shared, **member}, "batch member"))
             continue
-        if "payload" not in member:
-            raise CorruptObject("batch member has no field 'payload'")
-        attributes = member.get("attributes") or {}
-        if not _string_map(attributes):
-            raise CorruptObject("batch member has invalid 'attributes'")
-        out.append(
-            Envelope(member["id"], topic, producer_id, created_at, member["payload"], attributes)
-        )
+        payload, attributes = _payload_and_attributes(member, "batch member")
+        out.append(Envelope(member["id"], topic, producer_id, created_at, payload, attributes))
     return out
 
 
 _PLAIN_MEMBER = frozenset(("id", "payload", "attributes"))
 
 
-def _string_map(value: object) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    )
+def _payload_and_attributes(obj: dict[str, Any], what: str) -> tuple[Any, dict[str, str]]:
+    if "payload" not in obj:
+        raise CorruptObject(f"{what} has no field 'payload'")
+    attributes = obj.get("attributes") or {}
+    if not isinstance(attributes, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
+    ):
+        raise CorruptObject(f"{what} has invalid 'attributes'")
+    return obj["payload"], attributes
 
 
 def decode_pending(data: bytes, topic: str, object_id: str, *, batch: bool) -> list[Envelope]:
