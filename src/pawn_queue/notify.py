@@ -194,7 +194,6 @@ class ChangeSignals:
         while time.monotonic() - self._last_wait < _WATCH_GRACE_CHECKS * self._gap:
             await asyncio.sleep(gap)
             try:
-                await self._take_baseline()
                 etag = await self._root_etag()
                 quiet = etag == self._root
                 changed = set() if quiet else await self._changed_slots(etag)
