@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from typing import Any
+
+import pytest
 
 from pawn_queue import Message, PawnQueue, layout
 from pawn_queue.config import load_config
@@ -162,3 +166,81 @@ async def test_signal_checks_go_on_after_store_errors(queue_config: dict[str, An
         mid = await producer.publish("t", {"x": 1})
         messages = await asyncio.wait_for(waiting, 10)
         assert [m.id for m in messages] == [mid]
+
+
+async def test_idle_listener_hears_another_instance_however_long_it_waited(
+    queue_config: dict[str, Any],
+) -> None:
+    """The watch lasts as long as the wait: a listener idle for many times the watch's grace
+    (50 checks) still wakes on a signal, not at the 60 s backfill."""
+    config = slow_backfill(queue_config)
+    async with (
+        await PawnQueue.from_config(config) as producer_side,
+        await PawnQueue.from_config(config) as consumer_side,
+    ):
+        await producer_side.create_topic("t")
+        producer = await producer_side.register_producer("p")
+        consumer = await consumer_side.register_consumer("c", topics=["t"])
+        received: asyncio.Queue[str] = asyncio.Queue()
+
+        async def handler(message: Message) -> None:
+            await message.ack()
+            await received.put(message.id)
+
+        task = asyncio.create_task(consumer.listen(handler))
+        try:
+            for idle in (0.5, 3 * 50 * 0.05):  # the second gap outlasts the grace three times
+                await asyncio.sleep(idle)  # the idle gap under test, not a synchronisation
+                mid = await producer.publish("t", {"idle": idle})
+                assert await asyncio.wait_for(received.get(), 10) == mid
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+_PUBLISH_ONE = """
+import asyncio, json, sys
+from pawn_queue import PawnQueue
+
+async def main() -> None:
+    async with await PawnQueue.from_config(json.loads(sys.argv[1])) as pq:
+        producer = await pq.register_producer("other-process")
+        print(await producer.publish("t", {"from": "another process"}), flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("backend", ["filesystem", "s3"])
+async def test_idle_listener_hears_a_publish_from_another_process(
+    queue_config: dict[str, Any],
+) -> None:
+    """As users run it: the producer is another process, published after the listener has
+    been idle longer than the watch's grace; signals, not the backfill, deliver it."""
+    config = slow_backfill(queue_config)
+    async with await PawnQueue.from_config(config) as pq:
+        await pq.create_topic("t")
+        consumer = await pq.register_consumer("c", topics=["t"])
+        received: asyncio.Queue[str] = asyncio.Queue()
+
+        async def handler(message: Message) -> None:
+            await message.ack()
+            await received.put(message.id)
+
+        task = asyncio.create_task(consumer.listen(handler))
+        try:
+            await asyncio.sleep(3 * 50 * 0.05)  # the idle gap under test
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                _PUBLISH_ONE,
+                json.dumps(config),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            out, _ = await asyncio.wait_for(process.communicate(), 30)
+            assert process.returncode == 0
+            # The other process's start-up is not counted: the wait starts once it published.
+            assert await asyncio.wait_for(received.get(), 10) == out.decode().strip()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

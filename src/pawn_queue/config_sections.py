@@ -238,5 +238,5 @@ class NotifyConfig(Section):
 
     enabled: bool = True
     check_interval_seconds: float = Field(default=0.1, gt=0)
-    idle_check_interval_seconds: float = Field(default=2.0, gt=0)
+    idle_check_interval_seconds: float = Field(default=1.0, gt=0)
     backfill_interval_seconds: float = Field(default=60.0, gt=0)

@@ -29,7 +29,7 @@ from pawn_queue.store.base import Store
 
 logger = logging.getLogger(__name__)
 
-_WATCH_GRACE_CHECKS = 50
+_WATCH_GRACE_CHECKS = 50  # checks the watch goes on after the last wait ended
 _BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
 _CLOSE_SECONDS = 2.0
 
@@ -97,7 +97,8 @@ class ChangeSignals:
         self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
         self._slots: dict[str, str] = {}
         self._recent: set[str] = set()
-        self._last_wait = 0.0
+        self._waiting = 0  # waits in progress: the watch runs as long as any lasts
+        self._last_wait = 0.0  # when the last wait ended
         self._closing = False
         self._close_requested = asyncio.Event()
 
@@ -157,23 +158,27 @@ class ChangeSignals:
     ) -> bool:
         """Wait until one of ``topics`` may have new messages, at most ``within`` seconds."""
         names = list(topics)
-        self._last_wait = time.monotonic()
-        if self._config.enabled:
-            new = [topic for topic in names if topic not in self._recent]
-            if new:
-                # A signal between the caller's poll and our first look at the signals would
-                # go unseen: look now, and have the caller poll once more.
-                try:
-                    await self._take_baseline()
-                except StoreError as exc:
-                    # Transient: the caller polls on, and the next wait looks again.
-                    logger.warning("change-signal look failed error=%s", exc)
-                    return await self.local.wait(names, min(within, self._gap), since)
-                self._recent.update(new)
+        self._waiting += 1
+        try:
+            if self._config.enabled:
+                new = [topic for topic in names if topic not in self._recent]
+                if new:
+                    # A signal between the caller's poll and our first look at the signals
+                    # would go unseen: look now, and have the caller poll once more.
+                    try:
+                        await self._take_baseline()
+                    except StoreError as exc:
+                        # Transient: the caller polls on, and the next wait looks again.
+                        logger.warning("change-signal look failed error=%s", exc)
+                        return await self.local.wait(names, min(within, self._gap), since)
+                    self._recent.update(new)
+                    self._start_watcher()
+                    return True
                 self._start_watcher()
-                return True
-            self._start_watcher()
-        return await self.local.wait(names, within, since)
+            return await self.local.wait(names, within, since)
+        finally:
+            self._waiting -= 1
+            self._last_wait = time.monotonic()
 
     def _start_watcher(self) -> None:
         if self._watcher is None or self._watcher.done():
@@ -190,8 +195,9 @@ class ChangeSignals:
         gap = self._gap
         last_change = time.monotonic()
         failing = False
-        # Keep watching a while after the last wait: consumers alternate polls and waits.
-        while time.monotonic() - self._last_wait < _WATCH_GRACE_CHECKS * self._gap:
+        # Watch while anyone waits, however long (a wait lasts until the backfill), and a
+        # while after the last wait ended: consumers alternate polls and waits.
+        while self._waiting or time.monotonic() - self._last_wait < _WATCH_GRACE_CHECKS * self._gap:
             await asyncio.sleep(gap)
             try:
                 etag = await self._root_etag()
