@@ -38,11 +38,11 @@ s3:
   use_ssl: true
 
 polling:
-  interval_seconds: 5            # how often consumer.poll() loops in listen() mode
+  interval_seconds: 5            # idle consumers' full-poll period when notify is off
   max_messages_per_poll: 10      # max messages returned per poll() call
   visibility_timeout_seconds: 30 # lease TTL — message reappears if not acked within this time
   lease_refresh_interval_seconds: 10  # background task renews lease at this interval
-  jitter_max_ms: 200             # unused in csprng_verify (has its own jitter config)
+  jitter_max_ms: 200             # accepted from 0.1 configs; has no effect
 
 concurrency:
   strategy: "auto"               # auto | conditional_write | csprng_verify
@@ -214,7 +214,8 @@ def test_lease_refresh_must_be_shorter_than_visibility_timeout() -> None:
     assert ok.lease_refresh_interval_seconds == 29.9
     # The rule also holds across sources: a base value against an env value.
     env = {"PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT": "5"}
-    message = config_error(PawnQueueConfig.from_env, env, base=S3_BASE)
+    base = {**S3_BASE, "polling": {"lease_refresh_interval_seconds": 10}}
+    message = config_error(PawnQueueConfig.from_env, env, base=base)
     assert "polling.lease_refresh_interval_seconds" in message and "(5)" in message
 
 

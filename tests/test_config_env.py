@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pawn_queue.builder import PawnQueueBuilder
+from pawn_queue.client import PawnQueue
 from pawn_queue.config import (
     ENV_VARS,
     S3_URL_KEYS,
@@ -228,6 +229,58 @@ def test_env_only_without_store_says_what_is_missing() -> None:
     assert "PAWNQUEUE_S3_BUCKET_NAME" in message and "s3://" in message
 
 
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT_SECONDS", "PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT"),
+        ("PAWNQUEUE_S3_SECRET_ACCESS_KEY", "PAWNQUEUE_S3_SECRET_KEY"),
+        ("PAWNQUEUE_NOTIFY_ENABLE", "PAWNQUEUE_NOTIFY_ENABLED"),
+        ("PAWNQUEUE_BUCKET", None),
+    ],
+)
+def test_unknown_variable_is_an_error_with_a_suggestion(typo: str, meant: str | None) -> None:
+    env = {typo: SECRET}
+    for call in (
+        lambda: PawnQueueConfig.from_env(env, base=S3_BASE),
+        lambda: load_config(S3_BASE, environ=env),
+        lambda: PawnQueueConfig.from_url("memory://", environ=env),
+        lambda: PawnQueueBuilder().memory().from_env(env).build_config(),
+    ):
+        message = config_error(call)
+        assert typo in message and "unknown" in message and SECRET not in message
+        assert "\n" not in message
+        if meant is not None:
+            assert f"did you mean {meant}?" in message
+
+
+def test_unknown_variables_are_all_named_and_empty_ones_ignored() -> None:
+    env = {"PAWNQUEUE_A_TYPO": "1", "PAWNQUEUE_B_TYPO": "2", "PAWNQUEUE_EMPTY": " "}
+    message = config_error(PawnQueueConfig.from_env, env, base=S3_BASE)
+    assert "PAWNQUEUE_A_TYPO" in message and "PAWNQUEUE_B_TYPO" in message
+    assert "PAWNQUEUE_EMPTY" not in message
+    assert PawnQueueConfig.from_env({"PAWNQUEUE_EMPTY": ""}, base=S3_BASE).s3 is not None
+
+
+def test_every_variable_the_project_reads_is_accepted() -> None:
+    """A name read anywhere in the repository (the test suite's included) is not a typo."""
+    files = [
+        *(
+            path
+            for part in ("src", "tests", "bench", "examples")
+            for path in (REPO / part).rglob("*.py")
+        ),
+        *(REPO / name for name in ("Makefile", "README.md", "config.example.yaml")),
+    ]
+    read: set[str] = set()
+    for path in files:
+        if path != Path(__file__):  # this module writes typos on purpose
+            read |= set(re.findall(r"PAWNQUEUE_[A-Z0-9_]*[A-Z0-9]", path.read_text("utf-8")))
+    assert {"PAWNQUEUE_COMPAT_PYTHON", URL_ENV_VAR, "PAWNQUEUE_S3_SECRET_KEY"} <= read
+    env = dict.fromkeys(read, "")  # empty counts as unset, but the name is still checked
+    env.update({"PAWNQUEUE_COMPAT_PYTHON": "/usr/bin/python3", URL_ENV_VAR: "memory://"})
+    assert PawnQueueConfig.from_env(env).backend == "memory"
+
+
 def test_readme_lists_every_variable() -> None:
     readme = REPO / "README.md"
     documented = set(re.findall(r"PAWNQUEUE_[A-Z0-9_]+", readme.read_text(encoding="utf-8")))
@@ -280,6 +333,24 @@ def test_readme_lists_every_variable() -> None:
 )
 def test_parse_url(url: str, expected: dict[str, Any]) -> None:
     assert parse_url(url) == expected
+
+
+async def test_home_directory_is_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    home_queue = str(tmp_path / "home" / "pq")
+    assert PawnQueueConfig.from_url("file://~/pq", environ={}).filesystem == FilesystemConfig(
+        path=home_queue
+    )
+    assert FilesystemConfig(path="~/pq").path == home_queue
+    env = {"PAWNQUEUE_FILESYSTEM_PATH": "~/pq"}
+    assert value_at(PawnQueueConfig.from_env(env), "filesystem.path") == home_queue
+    assert FilesystemConfig(path="./~/pq").path == "./~/pq"  # only a leading ~ is the home
+
+    async with PawnQueue.from_url("file://~/pq") as pq:
+        assert await pq.list_topics() == []
+    assert (tmp_path / "home" / "pq").is_dir()
+    assert not (tmp_path / "~").exists()
 
 
 def test_from_url_builds_a_full_config() -> None:

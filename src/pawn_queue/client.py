@@ -199,22 +199,16 @@ class PawnQueue:
         """Register a consumer of ``topics``; the same name always gets the same id.
 
         ``visibility_timeout`` (seconds) overrides ``polling.visibility_timeout_seconds`` for
-        this consumer's leases; it must exceed the lease refresh interval and the skew margin.
+        this consumer's leases; it must exceed the clock-skew margin and a lease refresh
+        interval that was set (one that was not follows it: see ``consumer_polling``).
         """
         if not isinstance(topics, list | tuple) or not topics:
             raise ConfigError(
                 f"topics must be a non-empty list of topic names, got {reprlib.repr(topics)}"
             )
+        polling = self.config.polling
         if visibility_timeout is not None:
-            floor = max(
-                self.config.polling.lease_refresh_interval_seconds,
-                self.config.concurrency.clock_skew_margin_seconds,
-            )
-            if not visibility_timeout > floor:
-                raise ConfigError(
-                    f"visibility_timeout: got {visibility_timeout!r}, must be greater than "
-                    f"the lease refresh interval and the clock-skew margin ({floor:g})"
-                )
+            polling = self.config.consumer_polling(visibility_timeout)
         for topic in topics:
             await self._ready_topics().settings(topic)
         entry = await self.registry.register("consumers", name)
@@ -224,7 +218,7 @@ class PawnQueue:
             topics,
             self._ready_store(),
             self._leases,
-            self.config.polling,
+            polling,
             self._ready_signals(),
             self._ready_topics(),
             visibility_timeout,

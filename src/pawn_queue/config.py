@@ -19,6 +19,7 @@ and importable from here.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any, Final, Self
@@ -39,6 +40,9 @@ from pawn_queue.config_sections import (
     S3Config,
     Section,
     Strategy,
+    default_skew_margin,
+    set_derived,
+    shown_setting,
 )
 from pawn_queue.config_sources import (
     InvalidValue,
@@ -59,6 +63,7 @@ from pawn_queue.exceptions import ConfigError
 __all__ = [
     "BACKENDS",
     "ENV_VARS",
+    "OTHER_ENV_VARS",
     "S3_URL_KEYS",
     "URL_ENV_VAR",
     "Backend",
@@ -120,15 +125,48 @@ class PawnQueueConfig(Section):
                 show_value=False,
             )
         visibility = self.polling.visibility_timeout_seconds
-        if self.concurrency.clock_skew_margin_seconds >= visibility:
+        if "clock_skew_margin_seconds" not in self.concurrency.model_fields_set:
+            margin = default_skew_margin(visibility)
+            if margin != self.concurrency.clock_skew_margin_seconds:
+                concurrency = self.concurrency.model_copy()  # may be the caller's object
+                set_derived(concurrency, "clock_skew_margin_seconds", margin)
+                set_derived(self, "concurrency", concurrency)
+        elif self.concurrency.clock_skew_margin_seconds >= visibility:
             # Expiry is judged on other machines' clocks; a margin this large means a lease
             # abandoned by a crashed consumer would never be taken over.
+            shown = shown_setting(self.polling, "visibility_timeout_seconds")
             raise InvalidValue(
-                f"must be less than polling.visibility_timeout_seconds ({visibility:g})",
+                f"must be less than polling.visibility_timeout_seconds ({shown})",
                 field="concurrency.clock_skew_margin_seconds",
                 value=self.concurrency.clock_skew_margin_seconds,
             )
         return self
+
+    def consumer_polling(self, visibility_timeout: float) -> PollingConfig:
+        """The polling settings of a consumer whose leases last ``visibility_timeout`` seconds
+        (``register_consumer(..., visibility_timeout=...)``).
+
+        A lease refresh interval that was not set follows that timeout, as it follows
+        ``polling.visibility_timeout_seconds``; one that was set, and the clock-skew margin
+        (shared by every consumer), must be shorter. Raises ConfigError.
+        """
+        polling = self.polling
+        floors = [
+            ("concurrency.clock_skew_margin_seconds", self.concurrency.clock_skew_margin_seconds)
+        ]
+        if "lease_refresh_interval_seconds" in polling.model_fields_set:
+            floors.insert(
+                0,
+                ("polling.lease_refresh_interval_seconds", polling.lease_refresh_interval_seconds),
+            )
+        for path, floor in floors:
+            if not visibility_timeout > floor:  # also refuses NaN
+                raise ConfigError(
+                    f"visibility_timeout: got {visibility_timeout!r}, must be greater than "
+                    f"{path} ({floor:g})"
+                )
+        given = {name: getattr(polling, name) for name in polling.model_fields_set}
+        return PollingConfig(**{**given, "visibility_timeout_seconds": visibility_timeout})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PawnQueueConfig:
@@ -168,7 +206,8 @@ class PawnQueueConfig(Section):
 
         ``override=True``: variables win over ``base``; ``False``: they only fill what ``base``
         leaves unset. Variables in ``ENV_VARS``; ``PAWNQUEUE_URL`` gives a store URL, whose
-        values the specific variables override. Empty variables count as unset.
+        values the specific variables override. Empty variables count as unset; any other
+        ``PAWNQUEUE_*`` name (but ``OTHER_ENV_VARS``) raises ConfigError, as a YAML typo does.
 
         The store is chosen by ``PAWNQUEUE_BACKEND`` or ``PAWNQUEUE_URL`` and by ``base``
         (``override`` says which comes first), else ``filesystem`` when
@@ -216,6 +255,15 @@ ENV_VARS: Final[Mapping[str, str]] = {
 
 URL_ENV_VAR: Final = "PAWNQUEUE_URL"
 """Selects the store by URL (see :func:`parse_url`); the variables above override its values."""
+
+OTHER_ENV_VARS: Final[frozenset[str]] = frozenset(
+    {
+        # The Python of pawn-queue 0.1.3 for the compatibility tests (set by `make pytest`).
+        "PAWNQUEUE_COMPAT_PYTHON",
+    }
+)
+"""``PAWNQUEUE_*`` names read by tools of the project, not by the configuration. Any other
+name that is neither in ``ENV_VARS`` nor ``URL_ENV_VAR`` is refused as a likely typo."""
 
 # Keys an s3:// URL accepts: everything but what the URL's own parts give and the credentials.
 S3_URL_KEYS: Final[tuple[str, ...]] = tuple(
@@ -281,6 +329,7 @@ def _with_env(
 ) -> PawnQueueConfig:
     """``data`` and the environment, the environment winning if ``override``."""
     source = os.environ if environ is None else environ
+    _refuse_unknown_variables(source)
     env = {
         name: source[name].strip()
         for name in (*ENV_VARS, URL_ENV_VAR)
@@ -316,6 +365,29 @@ def _with_env(
         sources = {path: name for path, name in sources.items() if not has_path(data, path)}
     merged["backend"] = backend
     return _validate(merged, sources=sources, origin=origin)
+
+
+def _refuse_unknown_variables(environ: Mapping[str, str]) -> None:
+    """A ``PAWNQUEUE_*`` variable no one reads is a typo that would be silently ignored."""
+    known = (*ENV_VARS, URL_ENV_VAR)
+    unknown = sorted(
+        name
+        for name, value in environ.items()
+        if name.startswith("PAWNQUEUE_")
+        and value.strip()
+        and name not in known
+        and name not in OTHER_ENV_VARS
+    )
+    if not unknown:
+        return
+    described = []
+    for name in unknown:  # the values are never shown: one may be a secret
+        close = difflib.get_close_matches(name, known, n=1)
+        described.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    raise ConfigError(
+        f"unknown variable{'s' if len(unknown) > 1 else ''} {', '.join(described)}; "
+        "the PAWNQUEUE_* variables are listed in the README under 'Environment variables'"
+    )
 
 
 def _data_backend(data: Mapping[str, Any]) -> str | None:

@@ -28,6 +28,35 @@ BACKENDS: Final[tuple[str, ...]] = get_args(Backend)
 # AWS's rule, which every S3-compatible store accepts; stricter stores may refuse some names.
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
+# Defaults of the settings that depend on the visibility timeout (when they are not set).
+REFRESH_INTERVAL_SECONDS: Final = 10.0
+SKEW_MARGIN_SECONDS: Final = 2.0
+
+
+def default_refresh_interval(visibility_timeout: float) -> float:
+    """``polling.lease_refresh_interval_seconds`` when not set: 10 s, or a third of the
+    visibility timeout when that is less (so two refreshes may fail before a lease expires)."""
+    return min(REFRESH_INTERVAL_SECONDS, visibility_timeout / 3)
+
+
+def default_skew_margin(visibility_timeout: float) -> float:
+    """``concurrency.clock_skew_margin_seconds`` when not set: 2 s, or a quarter of the
+    visibility timeout when that is less (a margin must stay well inside a lease)."""
+    return min(SKEW_MARGIN_SECONDS, visibility_timeout / 4)
+
+
+def set_derived(model: BaseModel, name: str, value: object) -> None:
+    """Set a default computed from other fields on a frozen model, leaving the field out of
+    ``model_fields_set``: it still counts as not set when the config is rebuilt."""
+    object.__setattr__(model, name, value)
+
+
+def shown_setting(model: BaseModel, name: str) -> str:
+    """A field's value for an error message, saying when it is the default."""
+    value = getattr(model, name)
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    return shown if name in model.model_fields_set else f"{shown}, the default"
+
 
 class Section(BaseModel):
     """Strict, immutable, and failing with ConfigError however it is built."""
@@ -141,7 +170,8 @@ class S3Config(Section):
 
 
 class FilesystemConfig(Section):
-    """A local directory used as the store; a relative path is taken from the working directory."""
+    """A local directory used as the store; a relative path is taken from the working
+    directory, and a leading ``~`` or ``~user`` is that user's home directory."""
 
     section_path: ClassVar[str] = "filesystem"
 
@@ -150,7 +180,9 @@ class FilesystemConfig(Section):
     @field_validator("path", mode="before")
     @classmethod
     def _accept_path_objects(cls, value: Any) -> Any:
-        return os.fspath(value) if isinstance(value, os.PathLike) else value
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
+        # file://~/q and PAWNQUEUE_FILESYSTEM_PATH=~/q reach no shell that would expand ~.
+        return os.path.expanduser(value) if isinstance(value, str) else value
 
 
 class MemoryConfig(Section):
@@ -162,7 +194,11 @@ class MemoryConfig(Section):
 
 
 class PollingConfig(Section):
-    """How consumers poll and hold leases."""
+    """How consumers poll and hold leases.
+
+    ``lease_refresh_interval_seconds``, when not set, follows the visibility timeout (see
+    :func:`default_refresh_interval`); when set, it must be shorter than the timeout.
+    """
 
     section_path: ClassVar[str] = "polling"
 
@@ -170,16 +206,23 @@ class PollingConfig(Section):
     max_messages_per_poll: int = Field(default=10, ge=1)
     visibility_timeout_seconds: float = Field(default=30.0, gt=0)
     lease_refresh_interval_seconds: float = Field(default=10.0, gt=0)
-    jitter_max_ms: int = Field(default=200, ge=0)
+    jitter_max_ms: int = Field(default=200, ge=0)  # accepted for 0.1 configs; unused
 
     @model_validator(mode="after")
     def _refresh_before_expiry(self) -> Self:
+        visibility = self.visibility_timeout_seconds
+        if "lease_refresh_interval_seconds" not in self.model_fields_set:
+            set_derived(
+                self, "lease_refresh_interval_seconds", default_refresh_interval(visibility)
+            )
+            return self
         # Rule 8: a refresh that cannot land before the lease expires lets another consumer
         # take the message over while this one still works on it.
-        if self.lease_refresh_interval_seconds >= self.visibility_timeout_seconds:
+        if self.lease_refresh_interval_seconds >= visibility:
+            shown = shown_setting(self, "visibility_timeout_seconds")
             raise InvalidValue(
-                f"must be shorter than visibility_timeout_seconds "
-                f"({self.visibility_timeout_seconds:g}) so a lease is refreshed before it expires",
+                f"must be shorter than visibility_timeout_seconds ({shown}) "
+                "so a lease is refreshed before it expires",
                 field="lease_refresh_interval_seconds",
                 value=self.lease_refresh_interval_seconds,
             )
@@ -187,7 +230,11 @@ class PollingConfig(Section):
 
 
 class CsprngVerifyConfig(Section):
-    """Timings of the ``csprng_verify`` lease protocol (stores without conditional writes)."""
+    """Timings of the ``csprng_verify`` lease protocol (stores without conditional writes).
+
+    With only one of ``jitter_min_ms`` / ``jitter_max_ms`` set, the other's default moves to
+    make room for it; when both are set, min must not exceed max.
+    """
 
     section_path: ClassVar[str] = "concurrency.csprng_verify"
 
@@ -198,7 +245,14 @@ class CsprngVerifyConfig(Section):
 
     @model_validator(mode="after")
     def _jitter_range(self) -> Self:
-        if self.jitter_min_ms > self.jitter_max_ms:
+        if self.jitter_min_ms <= self.jitter_max_ms:
+            return self
+        given = self.model_fields_set
+        if "jitter_max_ms" not in given:
+            set_derived(self, "jitter_max_ms", self.jitter_min_ms)
+        elif "jitter_min_ms" not in given:
+            set_derived(self, "jitter_min_ms", self.jitter_max_ms)
+        else:
             raise InvalidValue(
                 f"must not exceed jitter_max_ms ({self.jitter_max_ms})",
                 field="jitter_min_ms",
@@ -208,13 +262,17 @@ class CsprngVerifyConfig(Section):
 
 
 class ConcurrencyConfig(Section):
-    """Which lease strategy to use, and its settings."""
+    """Which lease strategy to use, and its settings.
+
+    ``clock_skew_margin_seconds``, when not set, follows the visibility timeout in a whole
+    config (see :func:`default_skew_margin`); alone, this section defaults it to 2 s.
+    """
 
     section_path: ClassVar[str] = "concurrency"
 
     strategy: Strategy = "auto"
     csprng_verify: CsprngVerifyConfig = Field(default_factory=CsprngVerifyConfig)
-    clock_skew_margin_seconds: float = Field(default=2.0, ge=0)
+    clock_skew_margin_seconds: float = Field(default=SKEW_MARGIN_SECONDS, ge=0)
 
 
 class RegistryConfig(Section):
