@@ -15,17 +15,19 @@ Cases (each figure the median of ``--runs`` runs):
 7. batch: a drain of ``publish_batch`` objects of 100, if the Producer has it, with polls
    of 10 (the default) by 1 and 4 consumers, and polls of 100 by 1 consumer
 8. local: the filesystem store against vsqs 0.3 at a 2,000 and a 10,000-message backlog
+9. wake: publish-to-handler latency of an idle ``listen()`` (defaults) when another process
+   publishes after idle gaps of 1-60 s (``--wake-gaps``), on a directory and on S3
 
 Run from the repository root (``bench/queue.py`` is named like the standard library's
 ``queue``, so it must be run as a module)::
 
-    .venv/bin/python -m bench.queue                 # everything but --backlog, < 10 min
-    .venv/bin/python -m bench.queue --quick         # smaller sizes, ~3 min
+    .venv/bin/python -m bench.queue                 # everything but --backlog, < 13 min
+    .venv/bin/python -m bench.queue --quick         # smaller sizes, ~3.5 min
     .venv/bin/python -m bench.queue --cases drain,idle --backlog
 
 0.1.3 runs in ``.venv-pq013`` (bench/pq013_runner.py) and vsqs in ``.venv-vsqs``
 (bench/vsqs_bench.py); a case whose venv is missing is skipped with a note. The cases are in
-bench/queue_throughput.py (1-3, 6-8) and bench/queue_waiting.py (4-5), the plumbing in
+bench/queue_throughput.py (1-3, 6-8) and bench/queue_waiting.py (4-5, 9), the plumbing in
 bench/queue_support.py, the printed tables in bench/queue_report.py.
 """
 
@@ -54,7 +56,7 @@ from bench import common
 from bench.queue_report import table
 from bench.queue_support import CASES, DEFAULT_CASES, QUICK, REPO, Bench, Sizes, Skipped
 from bench.queue_throughput import case_backlog, case_batch, case_drain, case_local, case_publish
-from bench.queue_waiting import case_idle, case_latency
+from bench.queue_waiting import case_idle, case_latency, case_wake
 
 logger = logging.getLogger("bench.queue")
 
@@ -67,6 +69,7 @@ RUNNERS: dict[str, Callable[[Bench], Awaitable[Any]]] = {
     "batch": case_batch,
     "idle": case_idle,
     "latency": case_latency,
+    "wake": case_wake,
     "local": case_local,
     "backlog": case_backlog,
 }
@@ -113,12 +116,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backlog", action="store_true", help="add case 6 (100,000 pending)")
     parser.add_argument("--cases", help=f"comma-separated subset of {','.join(CASES)}")
     parser.add_argument("--runs", type=int, help="runs per figure (default 3)")
+    parser.add_argument(
+        "--wake-gaps", help="idle gaps (s) of case wake, e.g. 1,5,10 (default 1,5,10,20,40,60)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "queue.json")
     args = parser.parse_args(argv)
 
     sizes = QUICK if args.quick else Sizes()
     if args.runs:
         sizes = replace(sizes, runs=args.runs)
+    if args.wake_gaps:
+        try:
+            gaps = tuple(float(g) for g in args.wake_gaps.split(","))
+        except ValueError:
+            parser.error(f"--wake-gaps: got {args.wake_gaps!r}, want seconds like 1,5,10")
+        sizes = replace(sizes, wake_gaps=gaps)
     cases = [c.strip() for c in args.cases.split(",")] if args.cases else list(DEFAULT_CASES)
     if args.backlog and "backlog" not in cases:
         cases.append("backlog")

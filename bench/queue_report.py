@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from bench.queue_support import IN_FLIGHT
+from bench.queue_waiting import wake_table
 
 # -- table --------------------------------------------------------------------------------------
 
@@ -114,6 +115,8 @@ def table(results: dict[str, Any]) -> str:
             ]
             + skipped(rows),
         )
+    if isinstance(results.get("wake"), list):
+        out.extend(wake_table(results["wake"]))
     if "backlog" in results:
         rows = results["backlog"]
         section(

@@ -37,8 +37,8 @@ PQ013_RUNNER = REPO / "bench" / "pq013_runner.py"
 VSQS_RUNNER = REPO / "bench" / "vsqs_bench.py"
 TOPIC = "bench"
 IN_FLIGHT = 32
-CASES = ("publish", "drain", "batch", "idle", "latency", "local", "backlog")
-DEFAULT_CASES = ("publish", "drain", "batch", "idle", "latency", "local")
+CASES = ("publish", "drain", "batch", "idle", "latency", "wake", "local", "backlog")
+DEFAULT_CASES = ("publish", "drain", "batch", "idle", "latency", "wake", "local")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class Sizes:
     latency_fast_seconds: float = 4.0  # publishing time per run, ours
     latency_slow_seconds: float = 8.0  # ... ours at the default 5 s interval
     latency_013_seconds: float = 5.0  # ... 0.1.3 (it falls behind: 10 msgs/s at most)
+    wake_gaps: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0, 40.0, 60.0)  # idle seconds
+    wake_runs: int = 3  # consumer/producer pairs per store, all at once
     local_backlogs: tuple[int, ...] = (2000, 10000)
     local_ops: int = 150
     backlog_sizes: tuple[int, ...] = (100, 100_000)
@@ -80,6 +82,8 @@ QUICK = Sizes(
     latency_fast_seconds=2.0,
     latency_slow_seconds=5.0,
     latency_013_seconds=3.0,
+    wake_gaps=(1.0, 5.0, 12.0),
+    wake_runs=1,
     local_backlogs=(500, 2000),
     local_ops=100,
     backlog_sizes=(100, 10_000),

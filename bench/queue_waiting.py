@@ -1,12 +1,19 @@
 """Queue benchmark cases on waiting (``python -m bench.queue``): 4. what an idle ``listen()``
-costs in requests, and 5. how long a published message takes to reach the handler.
+costs in requests, 5. how long a published message takes to reach the handler, and 9. how
+long a publish from another process takes to wake a ``listen()`` that was idle a while.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
-from collections.abc import Awaitable
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from bench import common
@@ -14,9 +21,11 @@ from bench.common import RequestClasses
 from bench.queue_support import (
     PQ013_PYTHON,
     PQ013_RUNNER,
+    REPO,
     TOPIC,
     Bench,
     Skipped,
+    filesystem_config,
     queues,
     run_child,
     settings_of,
@@ -146,3 +155,153 @@ def _latency_row(
         "duplicates": sum(r["duplicates"] for r in runs),
         "runs": runs,
     }
+
+
+# -- 9. wake: an idle listen() and a publish from another process --------------------------------
+
+# Past the 60 s backfill: a change signal that went unheard shows as ~60 s, not as a loss.
+WAKE_TIMEOUT = 75.0
+
+
+async def case_wake(b: Bench) -> list[dict[str, Any]]:
+    """A ``listen()`` consumer at default settings in this process; a producer in a child
+    process publishes one message after each idle gap (from the handler's ack of the
+    previous one, or from the start of ``listen()``). Latency: the handler's ``time.time()``
+    minus the producer's just before ``publish`` (one host, one clock). Every run of every
+    store is its own consumer/producer pair; all run at once (they only wait)."""
+    s = b.sizes
+    gaps = s.wake_gaps
+    with tempfile.TemporaryDirectory(prefix="pq-bench-wake-", dir=b.tmp) as root:
+        pairs: list[tuple[str, dict[str, Any]]] = []
+        for run in range(s.wake_runs):
+            pairs.append(("filesystem", filesystem_config(Path(root) / f"queue-{run}")))
+            pairs.append(("s3", b.ours_s3(await b.bucket(f"wake-{run}"), strategy=None)))
+        runs = await asyncio.gather(*(_wake_pair(config, gaps) for _, config in pairs))
+    rows: list[dict[str, Any]] = []
+    for store in ("filesystem", "s3"):
+        mine = [r for (name, _), r in zip(pairs, runs, strict=True) if name == store]
+        for k, gap in enumerate(gaps):
+            seen = [r["latencies"][k] for r in mine if r["latencies"][k] is not None]
+            rows.append(
+                {
+                    "store": store,
+                    "gap_s": gap,
+                    "runs": len(mine),
+                    "received": len(seen),
+                    "median_s": round(common.median(seen), 4) if seen else None,
+                    "max_s": max(seen, default=None),
+                    "latencies_s": [r["latencies"][k] for r in mine],
+                    "publish_s": [r["publish_s"][k] for r in mine],
+                    "settings": mine[0]["settings"],
+                }
+            )
+        logger.info(
+            "  wake %s: %s",
+            store,
+            ", ".join(f"{r['gap_s']:g} s -> {r['median_s']} s" for r in rows[-len(gaps) :]),
+        )
+    return rows
+
+
+async def _wake_pair(config: dict[str, Any], gaps: tuple[float, ...]) -> dict[str, Any]:
+    arrived = [asyncio.Event() for _ in gaps]
+    latencies: list[float | None] = [None] * len(gaps)
+    publish_s: list[float | None] = [None] * len(gaps)
+
+    async def handler(message: Any) -> None:
+        latency = time.time() - float(message.payload["t"])
+        i = int(message.payload["i"])
+        await message.ack()
+        if latencies[i] is None:
+            latencies[i] = round(latency, 4)
+        arrived[i].set()
+
+    async with queues([config]) as (pq,):
+        await pq.create_topic(TOPIC)
+        consumer = await pq.register_consumer("wake-consumer", topics=[TOPIC])
+        settings = settings_of(pq)
+        async with _producer_process(config) as publish:
+            listener = asyncio.create_task(consumer.listen(handler))
+            try:
+                idle_since = time.monotonic()
+                for i, gap in enumerate(gaps):
+                    await asyncio.sleep(max(0.0, idle_since + gap - time.monotonic()))
+                    publish_s[i] = await publish(i)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(arrived[i].wait(), WAKE_TIMEOUT)
+                    idle_since = time.monotonic()
+            finally:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+    return {"latencies": latencies, "publish_s": publish_s, "settings": settings}
+
+
+@contextlib.asynccontextmanager
+async def _producer_process(
+    config: dict[str, Any],
+) -> AsyncIterator[Callable[[int], Awaitable[float]]]:
+    """``bench/wake_producer.py`` in a child process; yields ``publish(i)``, which returns
+    how long the child's publish took."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.wake_producer",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=common.scrubbed_env(),
+        cwd=REPO,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
+
+    async def exchange(line: str) -> str:
+        stdin.write(line.encode() + b"\n")
+        await stdin.drain()
+        answer = await asyncio.wait_for(stdout.readline(), 60)
+        if not answer:
+            raise RuntimeError(f"wake_producer exited (code {await process.wait()})")
+        return answer.decode()
+
+    async def publish(i: int) -> float:
+        return float(json.loads(await exchange(json.dumps({"i": i})))["publish_s"])
+
+    try:
+        ready = await exchange(json.dumps({"queue": config, "topic": TOPIC}))
+        if ready.strip() != "ready":
+            raise RuntimeError(f"wake_producer said {ready!r}")
+        yield publish
+    finally:
+        with contextlib.suppress(OSError):
+            stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 15)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+def wake_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The printed section of case 9."""
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    settings = rows[0]["settings"] if rows else "?"  # every pair runs at defaults
+    header = f"{'store':<12}{'idle s':>7}{'median s':>10}{'max s':>8}{'got':>6}   each run, s"
+    lines = [
+        f"{r['store']:<12}{r['gap_s']:>7g}{seconds(r['median_s']):>10}{seconds(r['max_s']):>8}"
+        f"{r['received']:>4}/{r['runs']}   " + " ".join(seconds(x) for x in r["latencies_s"])
+        for r in rows
+    ]
+    return [
+        "",
+        "9. Wake-up of an idle listen() by a publish from another process, latency by idle gap",
+        f"   consumer at defaults ({settings}); idle s: from the previous ack (or the",
+        "   start of listen()) to the publish, by a producer in a child process; at an idle",
+        "   gap equal to the backfill, the backfill poll may find the message; '-': not",
+        f"   received within {WAKE_TIMEOUT:g} s",
+        header,
+        "-" * len(header),
+        *lines,
+    ]
