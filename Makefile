@@ -6,7 +6,7 @@ COMPAT_VENV := .venv-pq013
 VSQS_VENV := .venv-vsqs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-spark bench-soak clean
+.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,10 +54,14 @@ bench-store: $(STAMP)
 bench-queue: $(STAMP) $(COMPAT_VENV)/.installed $(VSQS_VENV)/.installed
 	$(PY) -m bench.queue
 
+# When delayed, requeued and retried messages arrive against when they were asked for.
+bench-delays: $(STAMP)
+	$(PY) -m bench.delays
+
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark
 
-bench: bench-store bench-queue bench-spark
+bench: bench-store bench-queue bench-delays bench-spark
 
 # Soak (not in `make bench` or `make test`): SOAK_MINUTES of producers and consumers on S3
 # through injected network faults, then a drain and an audit; fails if a message was lost.
