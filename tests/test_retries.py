@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from pawn_queue import ConfigError, Message, PawnQueue, Retry, layout
 from pawn_queue.config import load_config
+from pawn_queue.envelope import Envelope
 from pawn_queue.store import open_store
 from tests.faults import FaultyStore
 from tests.support import keys_under
@@ -28,7 +30,7 @@ async def test_delayed_publish_is_invisible_until_due(pq: PawnQueue) -> None:
     assert [m.id for m in await consumer.poll()] == [now_id]  # the delayed one waits
     [message] = await consumer.poll(wait=10)
     assert message.id == delayed
-    assert datetime.now(UTC) >= due - MARGIN
+    assert datetime.now(UTC) >= due  # never early (rule 9), whatever the skew margin
     await message.ack()
     with pytest.raises(ConfigError):
         await producer.publish("t", 1, delay=-1)
@@ -45,9 +47,107 @@ async def test_requeue_with_delay_redelivers_after_the_delay(pq: PawnQueue) -> N
     assert await consumer.poll() == []
     [again] = await consumer.poll(wait=10)
     assert again.id == mid and again.receive_count == 2
-    assert datetime.now(UTC) >= requeued_at + timedelta(seconds=1.5) - MARGIN
+    assert datetime.now(UTC) >= requeued_at + timedelta(seconds=1.5)
     await again.ack()
     assert await keys_under(pq, "t/") == ["t/.topic"]
+
+
+async def test_delays_are_as_asked_with_the_default_skew_margin(
+    queue_config: dict[str, Any],
+) -> None:
+    """The skew margin (2 s by default) lets undelayed messages of a fast-clocked producer
+    through at once; it never makes a delay shorter (rule 9) nor a requeue delay longer."""
+    queue_config["concurrency"] = {"clock_skew_margin_seconds": 2.0}
+    async with await PawnQueue.from_config(queue_config) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        consumer = await pq.register_consumer("c", topics=["t"])
+        published = datetime.now(UTC)
+        delayed = await producer.publish("t", {"late": True}, delay=1.0)
+        assert await consumer.poll() == []
+        [message] = await consumer.poll(wait=10)
+        arrived = datetime.now(UTC)
+        assert message.id == delayed
+        assert arrived >= published + timedelta(seconds=1.0)
+        requeued = datetime.now(UTC)
+        await message.nack(requeue=True, delay=0.5)
+        [again] = await consumer.poll(wait=10)
+        back = datetime.now(UTC)
+        assert again.id == delayed and again.receive_count == 2
+        # Before: the taker added the margin to the requeue delay (back after 2.5 s).
+        assert requeued + timedelta(seconds=0.5) <= back < requeued + timedelta(seconds=2.0)
+        await again.ack()
+
+        received: list[tuple[int, datetime]] = []
+        done = asyncio.Event()
+
+        async def flaky(message: Message) -> None:
+            received.append((message.receive_count, datetime.now(UTC)))
+            if message.receive_count < 2:
+                raise RuntimeError("not yet")
+            await message.ack()
+            done.set()
+
+        await producer.publish("t", {"n": 1})
+        task = asyncio.create_task(consumer.listen(flaky, retry=Retry(base_delay=0.2)))
+        try:
+            await asyncio.wait_for(done.wait(), 20)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert [count for count, _ in received] == [1, 2]
+        first, second = (at for _, at in received)
+        assert timedelta(seconds=0.2) <= second - first < timedelta(seconds=1.7)
+
+
+async def _write(pq: PawnQueue, key: str, payload: Any, group: str | None = None) -> str:
+    """Write a message object at ``key`` as a producer would (its clock decides the key)."""
+    pending = layout.parse_pending_key(key)
+    assert pending is not None
+    envelope = Envelope(
+        id=pending.object_id,
+        topic="t",
+        producer_id=str(uuid.uuid4()),
+        created_at=datetime.now(UTC).isoformat(),
+        payload=payload,
+        group=group,
+    )
+    await pq.store.put(key, envelope.encode(), "overwrite")
+    return envelope.id
+
+
+async def test_delayed_messages_wait_while_skew_tolerant_ones_pass(
+    queue_config: dict[str, Any],
+) -> None:
+    """Behind a delayed message that is not due, an undelayed one from a producer whose clock
+    runs ahead (within the margin) is delivered at once; the delayed one, and the rest of its
+    group, wait for its due time."""
+    queue_config["concurrency"] = {"clock_skew_margin_seconds": 2.0}
+    async with await PawnQueue.from_config(queue_config) as pq:
+        await pq.create_topic("t")
+        consumer = await pq.register_consumer("c", topics=["t"])
+        now = datetime.now(UTC)
+        due = now + timedelta(seconds=1.0)
+        ahead = now + timedelta(seconds=1.5)  # a producer clock 1.5 s fast
+
+        def key(at: datetime, *, delayed: bool, group: str | None = None) -> str:
+            mid = str(uuid.uuid4())
+            if group is None:
+                return layout.message_key("t", mid, at, delayed=delayed)
+            return layout.group_message_key("t", mid, at, group, delayed=delayed)
+
+        delayed = await _write(pq, key(due, delayed=True), "delayed")
+        group_head = await _write(pq, key(due, delayed=True, group="g"), "head", "g")
+        skewed = await _write(pq, key(ahead, delayed=False), "skewed")
+        group_tail = await _write(pq, key(ahead, delayed=False, group="g"), "tail", "g")
+        assert [m.id for m in await consumer.poll()] == [skewed]
+        later = await consumer.poll(wait=10)
+        assert datetime.now(UTC) >= due
+        assert {m.id for m in later} == {delayed, group_head}
+        for message in later:
+            await message.ack()
+        [tail] = await consumer.poll(wait=10)
+        assert tail.id == group_tail
 
 
 async def test_retry_policy_backs_off_then_succeeds(pq: PawnQueue) -> None:

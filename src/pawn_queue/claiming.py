@@ -25,6 +25,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -80,27 +81,41 @@ def _waits_longer(oldest_key: str, key: str) -> bool:
     return oldest is not None and due is not None and due - oldest > _LANE_LAG
 
 
+@dataclass(frozen=True, slots=True)
+class ScannedPage:
+    """What a listing page holds for a consumer at one moment."""
+
+    found: list[tuple[layout.PendingKey, ObjectMeta]]  # deliverable now, in key order
+    next_due: datetime | None  # when the first message not deliverable yet becomes so
+    ends: bool  # a key past every possible due time ends the listing: stop paging
+
+
 def scan_page(
-    page: list[ObjectMeta], due_by: datetime, groups_seen: set[str]
-) -> tuple[list[tuple[layout.PendingKey, ObjectMeta]], datetime | None]:
-    """The deliverable messages of a listing page in key order, and the due time of the first
-    key not due by ``due_by`` (None if there is none). Keys sort by due time, so that key ends
-    the listing. Of a group, only the oldest message is deliverable (``groups_seen`` carries
-    the groups already met over the pages of one listing)."""
+    page: list[ObjectMeta], now: datetime, skew_margin: timedelta, groups_seen: set[str]
+) -> ScannedPage:
+    """The messages of a listing page deliverable at ``now`` (see
+    :func:`layout.visible_from`). Keys sort by timestamp, so the first key beyond
+    ``now + skew_margin`` ends the listing; delayed messages before it that are not due are
+    skipped. Of a group, only the oldest message is deliverable, and a group whose oldest
+    message is not due waits for it (``groups_seen`` carries the groups already met over the
+    pages of one listing)."""
     found: list[tuple[layout.PendingKey, ObjectMeta]] = []
+    next_due: datetime | None = None
     for meta in page:
         pending = layout.parse_pending_key(meta.key)
         if pending is None:
             continue
-        due = layout.due_from_key(meta.key)
-        if due is not None and due > due_by:
-            return found, due
-        if pending.kind == "group":
-            if pending.group_hash in groups_seen:
-                continue
-            groups_seen.add(pending.group_hash)
-        found.append((pending, meta))
-    return found, None
+        visible = layout.visible_from(meta.key, skew_margin)
+        if visible is not None and visible > now:
+            next_due = visible if next_due is None else min(next_due, visible)
+            if visible > now + skew_margin or not layout.is_delayed_key(meta.key):
+                # Its timestamp is past now + margin: so are those of every key after it.
+                return ScannedPage(found, next_due, ends=True)
+        group_head = pending.kind != "group" or pending.group_hash not in groups_seen
+        groups_seen.add(pending.group_hash)
+        if group_head and (visible is None or visible <= now):
+            found.append((pending, meta))
+    return ScannedPage(found, next_due, ends=False)
 
 
 def _expired(key: str, retention_seconds: float) -> bool:
@@ -178,14 +193,13 @@ class Claimer:
             page = await self._store.list(
                 layout.messages_prefix(topic), start_after=start_after, limit=page_size
             )
-            # The skew margin keeps a producer's fast clock from hiding its messages.
-            found, not_due = scan_page(page, now_utc() + self._leases.margin, groups_seen)
-            if not_due is not None:
-                due = not_due - self._leases.margin
+            scanned = scan_page(page, now_utc(), self._leases.margin, groups_seen)
+            if scanned.next_due is not None:
+                due = scanned.next_due
                 self.next_due = due if self.next_due is None else min(self.next_due, due)
             candidates = [
                 (pending, meta.key)
-                for pending, meta in found
+                for pending, meta in scanned.found
                 if self._leases.worth_claiming(topic, pending.lease_id(), meta.key)
             ]
             if contended:
@@ -208,7 +222,7 @@ class Claimer:
                 # Only the group heads of this page are in ``rest``: the next of a group is
                 # found by a later listing, once the one before it is settled.
                 self._remembered[topic] = (rest, time.monotonic() + _REMEMBER_SECONDS)
-            if not_due is not None or len(page) < page_size:
+            if scanned.ends or len(page) < page_size:
                 break
             start_after = page[-1].key
         return claimed

@@ -151,7 +151,7 @@ class DeadLetters:
                 except PreconditionFailed:
                     continue  # rewritten meanwhile, or our own retried write landed: read again
             message = replace(envelope, topic=topic)
-            await write_message(self._store, message, now_utc(), self._signals, key=target)
+            await write_message(self._store, message, target, self._signals)
             await self._store.delete(key)
             return 1
         raise StoreError(f"dead letter {key} kept changing while it was being redriven")

@@ -278,6 +278,9 @@ class LeaseBody:
     message_key: str = ""
     settled: tuple[int, ...] = ()  # batch members already acked or dead-lettered
     receive_count: int = 1  # deliveries so far, this one included
+    # Given up by its holder (a requeue, a shutdown): free at ``expires_at`` exactly, since no
+    # holder is left whose clock the skew margin would have to allow for.
+    released: bool = False
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {
@@ -293,6 +296,8 @@ class LeaseBody:
             body["settled"] = list(self.settled)
         if self.receive_count != 1:
             body["receive_count"] = self.receive_count
+        if self.released:
+            body["released"] = True
         return encode_json(body)
 
     @property
@@ -316,6 +321,7 @@ class LeaseBody:
             message_key=str(obj.get("message_key", "")),
             settled=_settled(obj.get("settled")),
             receive_count=_positive_int(obj.get("receive_count"), 1),
+            released=obj.get("released") is True,
         )
 
 

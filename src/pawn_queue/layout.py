@@ -4,6 +4,7 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
 
     {topic}/.topic                              topic marker (JSON: settings)
     {topic}/messages/{ts}-{uuid}.json           pending message, FIFO by key
+    {topic}/messages/{ts}d-{uuid}.json          delayed message: {ts} is its due time
     {topic}/messages/{ts}-{uuid}.batch          batch object: many messages, one lease
     {topic}/messages/{ts}-{uuid}.{g}.group      message of group g (sha256 of its name)
     {topic}/leases/g{g}.lease                   the lease of group g: one message at a time
@@ -37,7 +38,7 @@ import re
 import reprlib
 import unicodedata
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pawn_queue.exceptions import ConfigError
@@ -65,6 +66,9 @@ BATCH_SUFFIX = ".batch"
 GROUP_SUFFIX = ".group"
 _GROUP_HASH_RE = re.compile(r"^[0-9a-f]{32}$")
 _STAMP_RE = re.compile(r"[0-9]{8}T[0-9]{6}_[0-9]{6}")  # message_key's timestamp, UTC
+_STAMP_LENGTH = 22
+# Follows the timestamp of a delayed message. 0.1.x reads the id from the name's end only.
+DELAYED_MARK = "d"
 
 
 def validate_name(name: object, what: str = "name") -> str:
@@ -140,16 +144,40 @@ def messages_prefix(topic: str) -> str:
     return f"{topic}/{MESSAGES}"
 
 
-def message_key(topic: str, message_id: str, at: datetime, *, batch: bool = False) -> str:
-    """The key of a message (or of a batch object); the UTC timestamp first makes listing
-    order FIFO. ``at`` is when the message becomes visible: publish time, or later for a
-    delayed message. Batch objects end in ``.batch``, which pawn-queue 0.1.x skips."""
+def _stamp(at: datetime, delayed: bool) -> str:
     ts = at.astimezone(UTC).strftime("%Y%m%dT%H%M%S_%f")
-    return f"{topic}/{MESSAGES}{ts}-{message_id}{BATCH_SUFFIX if batch else MESSAGE_SUFFIX}"
+    return ts + DELAYED_MARK if delayed else ts
+
+
+def message_key(
+    topic: str, message_id: str, at: datetime, *, batch: bool = False, delayed: bool = False
+) -> str:
+    """The key of a message (or of a batch object); the UTC timestamp first makes listing
+    order FIFO. ``at`` is when the message becomes visible: publish time, or its due time
+    for a ``delayed`` one, whose timestamp is marked so that no consumer takes it early (see
+    :func:`visible_from`). Batch objects end in ``.batch``, which pawn-queue 0.1.x skips."""
+    suffix = BATCH_SUFFIX if batch else MESSAGE_SUFFIX
+    return f"{topic}/{MESSAGES}{_stamp(at, delayed)}-{message_id}{suffix}"
+
+
+def visible_from(key: str, skew_margin: timedelta) -> datetime | None:
+    """When a consumer may take the message at ``key``: at its due time if it was delayed
+    (never early: rule 9 of docs/protocol.md), else ``skew_margin`` before its timestamp, so
+    a producer whose clock runs ahead does not hide its messages."""
+    due = due_from_key(key)
+    if due is None or is_delayed_key(key):
+        return due
+    return due - skew_margin
+
+
+def is_delayed_key(key: str) -> bool:
+    """Whether the message at ``key`` was published (or requeued) with a delay."""
+    name = key.rsplit("/", 1)[-1]
+    return name[_STAMP_LENGTH : _STAMP_LENGTH + len(DELAYED_MARK)] == DELAYED_MARK
 
 
 def due_from_key(key: str) -> datetime | None:
-    """When the message at ``key`` becomes visible: the UTC timestamp its name starts with."""
+    """When the message at ``key`` is due: the UTC timestamp its name starts with."""
     name = key.rsplit("/", 1)[-1]
     if not _STAMP_RE.match(name):
         return None
@@ -211,11 +239,13 @@ def group_hash(group: str) -> str:
     return hashlib.sha256(group.encode()).hexdigest()[:32]
 
 
-def group_message_key(topic: str, message_id: str, at: datetime, group: str) -> str:
+def group_message_key(
+    topic: str, message_id: str, at: datetime, group: str, *, delayed: bool = False
+) -> str:
     """A message of a group: FIFO like any message, and the group in its name, so a
     listing tells the groups apart without reading bodies. 0.1.x skips the suffix."""
-    ts = at.astimezone(UTC).strftime("%Y%m%dT%H%M%S_%f")
-    return f"{topic}/{MESSAGES}{ts}-{message_id}.{group_hash(group)}{GROUP_SUFFIX}"
+    stamp = _stamp(at, delayed)
+    return f"{topic}/{MESSAGES}{stamp}-{message_id}.{group_hash(group)}{GROUP_SUFFIX}"
 
 
 def dedup_key(topic: str, dedup_id: str) -> str:

@@ -251,9 +251,9 @@ class LeaseManager:
             remembers = requeue_delay is not None or lease.settled or lease.body.receive_count > 1
             if not message_gone and remembers:
                 with contextlib.suppress(LeaseLostError):
-                    await self._renew(lease, delay, released=delay <= 0)
+                    await self._renew(lease, delay, released=True)
                     # We know when it frees up: consumers here need not look it up.
-                    self._busy_until[lease.key] = lease.expires + self.margin
+                    self._busy_until[lease.key] = lease.expires
                 lease.released = True
                 return
             if not self._safe_for(lease, windows=1):
@@ -339,15 +339,17 @@ class LeaseManager:
         return (lease.expires - self.clock()).total_seconds() > windows * window
 
     async def _renew(self, lease: Lease, seconds: float, *, released: bool = False) -> None:
-        """Write our lease again, expiring ``seconds`` from now (``released``: long ago)."""
+        """Write our lease again, expiring ``seconds`` from now; ``released``: given up, free
+        to take at that moment exactly (for 0 seconds: long ago, whatever the clocks)."""
         if lease.lost:
             raise LeaseLostError(f"lease on message {lease.message_id} was lost")
         body = replace(
             self._new_body(lease.body.consumer_id, lease.message_id, lease.message_key, seconds),
             settled=tuple(sorted(lease.settled)),
             receive_count=lease.body.receive_count,
+            released=released,
         )
-        if released:
+        if released and seconds <= 0:
             body = replace(body, expires_at=_RELEASED)
         etag = await self._replace(lease, body)
         if etag is None:
@@ -381,7 +383,7 @@ class LeaseManager:
         live). A corrupt lease counts as expiring at its write time."""
         try:
             previous = LeaseBody.decode(data)
-            free_at = previous.expires + self.margin
+            free_at = previous.expires if previous.released else previous.expires + self.margin
         except (CorruptObject, OverflowError):  # overflow: an expiry at the end of time
             previous = LeaseBody("", "", "", last_modified.isoformat(), "")
             free_at = last_modified + self.margin

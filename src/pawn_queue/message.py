@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from pawn_queue import layout
@@ -28,17 +28,10 @@ logger = logging.getLogger(__name__)
 _MAX_SECONDS = 100 * 365 * 86400.0  # a lease expiry must stay a datetime (NaN, inf refused)
 
 
-async def write_message(
-    store: Store,
-    envelope: Envelope,
-    due: datetime,
-    signals: ChangeSignals,
-    key: str | None = None,
-) -> str:
-    """Write one message object that becomes visible at ``due`` (or at ``key``, which already
-    says when); return its id."""
+async def write_message(store: Store, envelope: Envelope, key: str, signals: ChangeSignals) -> str:
+    """Write one message object at ``key`` (whose timestamp says when it becomes visible);
+    return its id."""
     body = envelope.encode()
-    key = key or layout.message_key(envelope.topic, envelope.id, due)
     try:
         await store.put(key, body, "overwrite")
     except StoreError as exc:
@@ -106,7 +99,8 @@ class ClaimedObject:
         # (durable first), then counts as settled here.
         moved = replace(envelope, prior_receives=self.receive_count(envelope))
         due = now_utc() + timedelta(seconds=delay)
-        await write_message(self._store, moved, due, self._signals)
+        key = layout.message_key(envelope.topic, envelope.id, due, delayed=delay > 0)
+        await write_message(self._store, moved, key, self._signals)
         await self.settle(index)
 
     def receive_count(self, envelope: Envelope) -> int:

@@ -103,14 +103,15 @@ class Producer:
         )
         envelope.encode()  # a payload that cannot be encoded fails before anything is written
         due = _due(now, delay)
+        delayed = due > now  # never delivered before it is due, whatever the skew margin
         if group is None:
-            key = layout.message_key(topic, envelope.id, due)
+            key = layout.message_key(topic, envelope.id, due, delayed=delayed)
         else:
-            key = layout.group_message_key(topic, envelope.id, due, group)
+            key = layout.group_message_key(topic, envelope.id, due, group, delayed=delayed)
         if settings.max_pending:
             await self._wait_for_room(topic, settings.max_pending, wait_for_room)
         if dedup_id is None:
-            return await write_message(self._store, envelope, due, self._signals, key=key)
+            return await write_message(self._store, envelope, key, self._signals)
         marker = dedup.Marker(dedup_id, envelope.id, key, now.isoformat())
         return await self._publish_once(envelope, due, marker, settings.dedup_window_seconds)
 
@@ -128,7 +129,7 @@ class Producer:
                 )
                 return marker.message_id
             envelope = replace(envelope, id=marker.message_id)
-            await write_message(self._store, envelope, due, self._signals, key=marker.message_key)
+            await write_message(self._store, envelope, marker.message_key, self._signals)
             await dedup.mark_written(self._store, marker_key, decision)
         except StoreError as exc:
             raise PublishError(f"could not publish to topic {envelope.topic!r}: {exc}") from exc

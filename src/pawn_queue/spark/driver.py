@@ -211,7 +211,7 @@ class StreamDriver:
 
     async def _scan_topic(self, topic: str, budget: Budget, refs: list[ObjectRef]) -> None:
         """Claim the topic's messages in key order (FIFO) while the budget allows."""
-        due_by = self._bound if self._bound is not None else now_utc() + self._leases.margin
+        due_by = self._bound if self._bound is not None else now_utc()
         start_after: str | None = None
         groups_seen: set[str] = set()
         while not budget.full():
@@ -265,14 +265,14 @@ class StreamDriver:
         self, topic: str, page: list[ObjectMeta], due_by: datetime, groups_seen: set[str]
     ) -> tuple[list[tuple[layout.PendingKey, ObjectMeta]], bool]:
         """The claimable objects of a listing page, and whether the listing ends here."""
-        found, not_due = scan_page(page, due_by, groups_seen)
+        scanned = scan_page(page, due_by, self._leases.margin, groups_seen)
         claimable = [
             (pending, meta)
-            for pending, meta in found
+            for pending, meta in scanned.found
             if layout.lease_key(topic, pending.lease_id()) not in self._held
             and self._leases.worth_claiming(topic, pending.lease_id(), meta.key)
         ]
-        return claimable, not_due is not None or len(page) < _LIST_PAGE
+        return claimable, scanned.ends or len(page) < _LIST_PAGE
 
     async def _claim(
         self, topic: str, pending: layout.PendingKey, meta: ObjectMeta, count_rows: bool
