@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import traceback
 import uuid
+from pathlib import Path
 
 import pytest
 
 from pawn_queue import ConfigError, PawnQueue, PawnQueueConfig
 from pawn_queue.config import S3Config
-from pawn_queue.exceptions import BucketNotFound, PawnQueueError, StoreUnavailable
+from pawn_queue.exceptions import AccessDenied, BucketNotFound, PawnQueueError, StoreUnavailable
+from pawn_queue.store._s3_errors import CREDENTIAL_CHAIN
 
 SECRET = "do-not-print-this-secret-value"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def closed_port() -> int:
@@ -79,3 +84,51 @@ async def test_unreachable_endpoint() -> None:
     with pytest.raises(StoreUnavailable) as info:
         await pq.setup()
     assert_clean(info.value)
+
+
+async def test_no_credentials_says_where_they_were_looked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "PAWNQUEUE_")):
+            monkeypatch.delenv(name)
+    # The client's last resort, the instance-metadata service, answers nothing here, as on
+    # any host that is not a cloud VM (a closed port, so the test does not wait for a timeout).
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    url = f"s3://some-bucket?endpoint_url=http://127.0.0.1:{closed_port()}&max_retries=0"
+    pq = PawnQueue.from_url(url)
+    with pytest.raises(AccessDenied) as info:
+        await pq.setup()
+    assert_clean(info.value)
+    message = str(info.value)
+    assert "no S3 credentials found" in message
+    for place in ("PAWNQUEUE_S3_ACCESS_KEY", "s3.aws_access_key_id", "AWS_ACCESS_KEY_ID"):
+        assert place in message
+    assert "instance" in message and "\n" not in message
+    assert "connection refused" in message  # what the last lookup got
+
+
+async def test_session_token_without_keys_is_a_config_error() -> None:
+    config = {
+        "backend": "s3",
+        "s3": {
+            "endpoint_url": "http://127.0.0.1:1",
+            "bucket_name": "abc",
+            "aws_session_token": SECRET,
+        },
+    }
+    pq = await PawnQueue.from_config(config)
+    with pytest.raises(ConfigError) as info:
+        await pq.setup()
+    assert_clean(info.value)
+    assert "aws_session_token" in str(info.value) and "aws_access_key_id" in str(info.value)
+
+
+def test_readme_documents_the_credential_chain() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Credentials", 1)[1].split("\n#", 1)[0]
+    names = re.findall(r"[A-Z][A-Z0-9_]{2,}|s3\.[a-z_]+", CREDENTIAL_CHAIN)
+    assert len(names) >= 9
+    for name in names:
+        assert name in section, name
+    assert "instance" in section and "AccessDenied" in section

@@ -42,6 +42,18 @@ _TRANSIENT_CODES = frozenset(
     {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
 )
 _NETWORK_KINDS = frozenset({"Connect", "Timeout", "Request", "Io", "Interrupted", "Body"})
+# A request of the client's last credential source, the instance-metadata service (IMDS).
+_METADATA_REQUEST = re.compile(r"https?://[^\s/]+/latest/(?:api/token|meta-data/)")
+
+CREDENTIAL_CHAIN = (
+    "the config (s3.aws_access_key_id, s3.aws_secret_access_key), "
+    "PAWNQUEUE_S3_ACCESS_KEY / PAWNQUEUE_S3_SECRET_KEY, "
+    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+    "AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, "
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI, "
+    "then the instance-metadata service (an instance role)"
+)
+"""Where credentials are looked for, in order (the README's "Credentials")."""
 
 
 class S3ErrorDetail(Exception):
@@ -66,9 +78,15 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def translate(exc: Exception, op: str, where: str, endpoint: str) -> StoreError:
+def translate(
+    exc: Exception, op: str, where: str, endpoint: str, *, keys_given: bool = True
+) -> StoreError:
     """A client exception as a StoreError that carries only what is safe to show (see
-    :class:`S3ErrorDetail`), with a sanitised ``__cause__``."""
+    :class:`S3ErrorDetail`), with a sanitised ``__cause__``.
+
+    ``keys_given``: whether the config had keys. Without them, a failed instance-metadata
+    request means no credentials were found anywhere, and the error says so.
+    """
     text = str(exc)
     status_match = re.search(r"status(?: code)?: (\d{3})", text)
     status = int(status_match.group(1)) if status_match else None
@@ -119,7 +137,16 @@ def translate(exc: Exception, op: str, where: str, endpoint: str) -> StoreError:
     detail = f"{name}: {summary}"
     if message_match:
         detail += f": {message_match.group(1).strip()}"
-    error = cls(f"S3 {op} failed for {where} at {endpoint}: {summary}")
+    problem = summary
+    if not keys_given and _METADATA_REQUEST.search(text):
+        # The request never reached the store: every credential source came up empty and
+        # the last one, the instance-metadata service, failed (what it answered is moot).
+        cls = AccessDenied
+        problem = (
+            f"no S3 credentials found; looked in {CREDENTIAL_CHAIN} "
+            f"(the instance-metadata lookup: {summary})"
+        )
+    error = cls(f"S3 {op} failed for {where} at {endpoint}: {problem}")
     # The failures obstore resends only for requests it deems idempotent.
     no_answer = status is None and bool(kinds & {"Interrupted", "Timeout"})
     error.__cause__ = (NoAnswer if no_answer else S3ErrorDetail)(detail)

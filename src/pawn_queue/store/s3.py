@@ -117,7 +117,8 @@ class S3Store:
 
     Etags are returned as the server sends them (S3: quoted, ``'"<md5>"'``) and passed back
     verbatim in ``If-Match``. Without credentials in the config obstore's default chain
-    (``AWS_*`` variables, web identity, instance metadata) is used.
+    (``AWS_*`` variables, web identity, container role, instance metadata; see
+    ``CREDENTIAL_CHAIN``) is used, and an error says when it found none.
     """
 
     def __init__(self, config: S3Config) -> None:
@@ -150,6 +151,12 @@ class S3Store:
         key_id, secret = config.aws_access_key_id, config.aws_secret_access_key
         if (key_id is None) != (secret is None):
             raise ConfigError("set both aws_access_key_id and aws_secret_access_key, or neither")
+        if key_id is None and config.aws_session_token is not None:
+            raise ConfigError(
+                "aws_session_token needs aws_access_key_id and aws_secret_access_key "
+                "(temporary credentials come as all three)"
+            )
+        self._keys_given = key_id is not None
         secrets: list[str] = []
         provider: Callable[[], S3Credential] | None = None
         if key_id is not None and secret is not None:
@@ -387,7 +394,9 @@ class S3Store:
         try:
             return await asyncio.shield(request)
         except Exception as exc:  # the store boundary: nothing from the client escapes
-            error = translate(exc, op, self._where(key, what), self._endpoint)
+            error = translate(
+                exc, op, self._where(key, what), self._endpoint, keys_given=self._keys_given
+            )
         # Raised outside the handler so the client exception is not kept as __context__.
         raise error
 
