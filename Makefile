@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,cli,metrics,spark]"
+	$(PY) -m pip install --quiet -e ".[cli,metrics,spark]" --group dev
 	touch $(STAMP)
 
 # pawn-queue 0.1.3 from PyPI, in its own venv (same import name), for the compatibility tests.
