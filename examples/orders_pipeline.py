@@ -14,9 +14,12 @@ The query runs with Trigger.AvailableNow: it processes what is there and stops. 
     python examples/orders_pipeline.py --url "s3://bucket/demo?endpoint_url=http://127.0.0.1:8333"
     spark-submit --master spark://host:7077 examples/orders_pipeline.py --url s3://... --out s3a://...
 
-On a cluster, executors need ``pip install "pawn-queue[spark]"`` and the store's credentials
-(``PAWNQUEUE_S3_ACCESS_KEY``/``PAWNQUEUE_S3_SECRET_KEY``, e.g. via spark.executorEnv.*), and
-``--out`` must be a path every node can reach.
+On a cluster, every node needs this package with the ``spark`` extra, the driver and the
+executors need the store's credentials (``PAWNQUEUE_S3_ACCESS_KEY``/``PAWNQUEUE_S3_SECRET_KEY``:
+the driver in its environment, executors e.g. via spark.executorEnv.*), and ``--out`` must be a
+path every node can reach; an ``s3a://`` one needs Hadoop's S3A filesystem (``--packages
+org.apache.hadoop:hadoop-aws:<Hadoop version>`` and ``spark.hadoop.fs.s3a.*``; see the README).
+The script checks that Spark can write ``--out`` before it publishes anything.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import shutil
 import sys
 from urllib.parse import urlsplit
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -105,6 +109,41 @@ def spark_session(master: str | None) -> SparkSession:
     return spark
 
 
+def check_output(spark: SparkSession, out: str) -> None:
+    """Exit, before anything is published, when Spark has no filesystem for ``out``'s scheme.
+
+    A pip-installed PySpark has none for ``s3a://`` (Hadoop's hadoop-aws is not in the wheel);
+    without this check the first round would publish and only the query would fail.
+    """
+    scheme = urlsplit(out).scheme.lower()
+    if "://" not in out or scheme in ("", "file"):
+        return
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop = jvm.org.apache.hadoop
+    try:
+        # Resolves the class from fs.<scheme>.impl without creating or contacting anything.
+        hadoop.fs.FileSystem.getFileSystemClass(scheme, spark._jsc.hadoopConfiguration())
+    except Py4JJavaError:  # its Java stack trace says no more than the message below
+        version = hadoop.util.VersionInfo.getVersion()
+        missing = (
+            "org.apache.hadoop.fs.s3a.S3AFileSystem"
+            if scheme == "s3a"
+            else f"a filesystem for {scheme}://"
+        )
+        hint = (
+            f"add it with --packages org.apache.hadoop:hadoop-aws:{version} (the Hadoop of this "
+            "Spark; --packages also fetches the AWS SDK) and set spark.hadoop.fs.s3a.endpoint, "
+            "spark.hadoop.fs.s3a.path.style.access and the credentials"
+            if scheme == "s3a"
+            else "add the jars of that filesystem to Spark (--packages or spark.jars.packages)"
+        )
+        raise SystemExit(
+            f"--out {out}: Spark cannot write there, {missing} is not available: {hint}; "
+            "nothing was published"
+        ) from None
+
+
 def run_query(spark: SparkSession, url: str, out: str, threshold: float) -> None:
     orders = (
         spark.readStream.format("pawnqueue")
@@ -172,6 +211,7 @@ def main() -> None:
         reset(args.url, args.out)
 
     spark = spark_session(args.master)
+    check_output(spark, args.out)
     published, value, alerts = 0, 0.0, 0
     for round_ in range(1, args.rounds + 1):
         value += asyncio.run(publish_orders(args.url, published, args.orders, seed=round_))

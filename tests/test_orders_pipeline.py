@@ -1,0 +1,66 @@
+"""examples/orders_pipeline.py refuses an output Spark cannot write before publishing anything."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_s3a_output_without_the_s3a_filesystem_fails_before_publishing(tmp_path: Path) -> None:
+    store = tmp_path / "queue"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAWNQUEUE_", "AWS_"))}
+    env["PYSPARK_PYTHON"] = sys.executable
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "orders_pipeline.py"),
+            "--url",
+            f"file://{store}",
+            "--out",
+            "s3a://lake/demo",
+            "--orders",
+            "10",
+            "--rounds",
+            "1",
+            "--master",
+            "local[1]",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode != 0
+    assert "round 1: published" not in run.stdout
+    assert not store.exists(), "nothing may be published"  # the store is made by publishing
+    # One clear line: what is missing, and how to add it.
+    [message] = [line for line in run.stderr.splitlines() if "s3a://lake/demo" in line]
+    assert "org.apache.hadoop.fs.s3a.S3AFileSystem" in message
+    assert (
+        "hadoop-aws" in message and "--packages" in message and "nothing was published" in message
+    )
+    assert "Traceback" not in run.stderr
+
+
+def test_readme_cluster_example_says_what_the_driver_and_s3a_need() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("**On a cluster.**", 1)[1].split("\n## ", 1)[0]
+    command = section.split("```bash", 1)[1].split("```", 1)[0]
+    assert "--out s3a://" in command
+    # The driver's own environment, not only the executors'.
+    assert "export PAWNQUEUE_S3_ACCESS_KEY" in command
+    assert "spark.executorEnv.PAWNQUEUE_S3_ACCESS_KEY" in command
+    for needed in (
+        "--packages org.apache.hadoop:hadoop-aws:",
+        "spark.hadoop.fs.s3a.endpoint",
+        "spark.hadoop.fs.s3a.path.style.access",
+        "spark.hadoop.fs.s3a.access.key",
+    ):
+        assert needed in command, needed
+    assert "AWS SDK" in section
