@@ -18,6 +18,7 @@ from pawn_queue.config import (
     load_config,
 )
 from tests.config_support import (  # no_pawnqueue_env: an autouse fixture
+    README_YAML,
     S3_BASE,
     SECRET,
     config_error,
@@ -26,35 +27,6 @@ from tests.config_support import (  # no_pawnqueue_env: an autouse fixture
 )
 
 REPO = Path(__file__).resolve().parent.parent
-
-# Word for word from the README's "Configuration" section.
-README_YAML = """\
-s3:
-  endpoint_url: "https://fsn1.your-objectstorage.com"   # Hetzner FSN1
-  bucket_name: "my-queue-bucket"
-  aws_access_key_id: "..."
-  aws_secret_access_key: "..."
-  region_name: "eu-central-1"
-  use_ssl: true
-
-polling:
-  interval_seconds: 5            # idle consumers' full-poll period when notify is off
-  max_messages_per_poll: 10      # max messages returned per poll() call
-  visibility_timeout_seconds: 30 # lease TTL — message reappears if not acked within this time
-  lease_refresh_interval_seconds: 10  # background task renews lease at this interval
-  jitter_max_ms: 200             # accepted from 0.1 configs; has no effect
-
-concurrency:
-  strategy: "auto"               # auto | conditional_write | csprng_verify
-  csprng_verify:
-    jitter_min_ms: 100           # minimum write→verify sleep
-    jitter_max_ms: 400           # maximum write→verify sleep
-    verify_retries: 2            # number of additional HEAD re-checks
-    verify_retry_delay_ms: 150   # sleep between re-checks
-
-registry:
-  heartbeat_interval_seconds: 60 # how often last_seen is updated in _registry/
-"""
 
 
 # --- YAML and load_config -------------------------------------------------------------------
