@@ -250,6 +250,7 @@ ENV_VARS: Final[Mapping[str, str]] = {
     "PAWNQUEUE_NOTIFY_CHECK_INTERVAL_SECONDS": "notify.check_interval_seconds",
     "PAWNQUEUE_NOTIFY_IDLE_CHECK_INTERVAL_SECONDS": "notify.idle_check_interval_seconds",
     "PAWNQUEUE_NOTIFY_BACKFILL_INTERVAL_SECONDS": "notify.backfill_interval_seconds",
+    "PAWNQUEUE_POLLING_SHUTDOWN_GRACE_SECONDS": "polling.shutdown_grace_seconds",
 }
 """Every ``PAWNQUEUE_*`` variable and the config path it sets (docs are checked against it)."""
 

@@ -207,6 +207,8 @@ class PollingConfig(Section):
     visibility_timeout_seconds: float = Field(default=30.0, gt=0)
     lease_refresh_interval_seconds: float = Field(default=10.0, gt=0)
     jitter_max_ms: int = Field(default=200, ge=0)  # accepted for 0.1 configs; unused
+    # How long a stopping listen() lets running handlers finish before releasing their leases.
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0)
 
     @model_validator(mode="after")
     def _refresh_before_expiry(self) -> Self:

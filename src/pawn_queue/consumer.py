@@ -7,14 +7,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from pawn_queue import handlers
 from pawn_queue._aio import gather_limited
 from pawn_queue.claiming import IO_CONCURRENCY, Claimer
 from pawn_queue.config import PollingConfig
 from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ConfigError, LeaseLostError, PawnQueueError, StoreError
+from pawn_queue.handlers import Handler
 from pawn_queue.leases import Lease, LeaseManager
 from pawn_queue.message import Message
 from pawn_queue.notify import ChangeSignals
@@ -24,7 +27,7 @@ from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
 
-MessageHandler = Callable[[Message], Awaitable[Any]]
+MessageHandler = Callable[[Message], Awaitable[Any]]  # the async kind of handlers.Handler
 
 _DUE_SLACK = 0.01
 
@@ -88,6 +91,7 @@ class Consumer:
         self._refresher_stop = asyncio.Event()
         self._next_topic = 0
         self._refresh_paused = False  # lets tests stand in for a stalled process
+        self._stopping = False  # listen() was cancelled and waits for its handlers
 
     @property
     def id(self) -> str:
@@ -181,34 +185,78 @@ class Consumer:
 
     # -- push -------------------------------------------------------------------------------
 
-    async def listen(self, handler: MessageHandler, *, retry: Retry | None = None) -> None:
+    async def listen(
+        self,
+        handler: Handler,
+        *,
+        retry: Retry | None = None,
+        grace: float | None = None,
+        executor: Executor | None = None,
+    ) -> None:
         """Poll and call ``handler`` for each message until cancelled.
 
+        ``handler`` is an ``async def`` function, run on the loop, or a plain function, run
+        in a worker thread of ``executor`` (default: the loop's) with a blocking message
+        whose ``ack()``/``nack()`` work from that thread (:mod:`pawn_queue.handlers`).
         Messages of one poll are handled concurrently. A handler that raises dead-letters its
         message (the README's behaviour), unless ``retry`` is given: then the message is
         requeued with exponential backoff until it was received ``retry.max_receives``
         times, and dead-lettered after that. A message the handler neither acked nor nacked
-        is redelivered after the visibility timeout. On cancellation the leases still held
-        are released, so other consumers can take those messages at once.
+        is redelivered after the visibility timeout.
+
+        Cancelling it stops claiming, lets running handlers finish (and settle) within
+        ``grace`` seconds (default ``polling.shutdown_grace_seconds``), cancels those still
+        running, then releases every lease still held so others take those messages at
+        once, without counting a receive. A second cancel cuts the grace short.
         """
+        call = handlers.as_async(handler, executor=executor)
+        grace = self._polling.shutdown_grace_seconds if grace is None else grace
+        running: set[asyncio.Task[None]] = set()
         try:
-            while True:
-                seen = self._signals.snapshot(self._topics)
+            # No handler outlives the listener: the group waits for (or cancels) them all.
+            async with asyncio.TaskGroup() as group:
                 try:
-                    messages = await self._poll_once()
-                except StoreError as exc:
-                    logger.warning("poll failed consumer=%s error=%s", self.name, exc)
-                    messages = []
-                if not messages:
-                    # Idle: wake on a change signal, or poll anyway after the backfill interval.
-                    await self._signals.wait(self._topics, self._idle_seconds(), seen)
-                    continue
-                await asyncio.gather(*(self._dispatch(handler, m, retry) for m in messages))
+                    await self._serve(call, retry, group, running)
+                except asyncio.CancelledError:
+                    self._stopping = True
+                    if running:
+                        _, late = await asyncio.wait(running, timeout=grace)
+                        for task in late:
+                            task.cancel()
+                    raise
         finally:
-            await asyncio.shield(self.release_all())
+            try:
+                await asyncio.shield(self.release_all())
+            finally:
+                self._stopping = False
+
+    async def _serve(
+        self,
+        call: handlers.AsyncHandler,
+        retry: Retry | None,
+        group: asyncio.TaskGroup,
+        running: set[asyncio.Task[None]],
+    ) -> None:
+        """Claim and hand out messages, a poll at a time, until cancelled."""
+        while True:
+            seen = self._signals.snapshot(self._topics)
+            try:
+                messages = await self._poll_once()
+            except StoreError as exc:
+                logger.warning("poll failed consumer=%s error=%s", self.name, exc)
+                messages = []
+            if not messages:
+                # Idle: wake on a change signal, or poll anyway after the backfill interval.
+                await self._signals.wait(self._topics, self._idle_seconds(), seen)
+                continue
+            tasks = [group.create_task(self._dispatch(call, m, retry)) for m in messages]
+            running.update(tasks)
+            for task in tasks:
+                task.add_done_callback(running.discard)
+            await asyncio.wait(tasks)
 
     async def _dispatch(
-        self, handler: MessageHandler, message: Message, retry: Retry | None
+        self, handler: handlers.AsyncHandler, message: Message, retry: Retry | None
     ) -> None:
         try:
             await handler(message)
@@ -219,6 +267,7 @@ class Consumer:
                 message.topic,
                 message.receive_count,
                 exc,
+                exc_info=exc,
             )
             if message.settled:
                 return
@@ -228,15 +277,21 @@ class Consumer:
                 else:
                     await message.dead_letter("handler_error", repr(exc))
             except PawnQueueError as nack_exc:
-                logger.error("settling failed message=%s error=%s", message.id, nack_exc)
+                logger.error(
+                    "settling failed message=%s error=%s; it is redelivered after the "
+                    "visibility timeout",
+                    message.id,
+                    nack_exc,
+                )
             return
-        if not message.settled:
+        if not message.settled and not self._stopping:
             logger.warning(
                 "handler returned without ack or nack message=%s; redelivered after the "
                 "visibility timeout",
                 message.id,
             )
             message.abandon()
+        # Stopping: the lease stays held until the stop releases it, for redelivery at once.
 
     # -- leases -----------------------------------------------------------------------------
 
@@ -283,7 +338,8 @@ class Consumer:
                 logger.warning("lease refresh failed key=%s error=%s", lease.key, exc)
 
     async def release_all(self) -> None:
-        """Release every lease this consumer holds and stop refreshing."""
+        """Release every lease this consumer holds and stop refreshing. Their messages can be
+        claimed again at once, and this delivery does not count as a receive."""
         # Claims still in flight may yet win a lease: let them finish, then release it too.
         await asyncio.gather(*self._claimer.background, return_exceptions=True)
         if self._refresher is not None:
@@ -295,7 +351,7 @@ class Consumer:
         self._claimer.buffer.clear()
         held, self._held = list(self._held.values()), {}
         results = await gather_limited(
-            IO_CONCURRENCY, (self._leases.release(lease) for lease in held)
+            IO_CONCURRENCY, (self._leases.release(lease, counted=False) for lease in held)
         )
         for lease, result in zip(held, results, strict=True):
             if isinstance(result, BaseException):

@@ -320,7 +320,8 @@ class LeaseBody:
             nonce=str(obj.get("nonce", "")),
             message_key=str(obj.get("message_key", "")),
             settled=_settled(obj.get("settled")),
-            receive_count=_positive_int(obj.get("receive_count"), 1),
+            # 0: released by a stop before any delivery counted.
+            receive_count=_count(obj.get("receive_count"), 1),
             released=obj.get("released") is True,
         )
 
@@ -330,6 +331,13 @@ def _settled(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list):
         return ()
     return tuple(i for i in value if isinstance(i, int) and not isinstance(i, bool) and i >= 0)
+
+
+def _count(value: Any, default: int) -> int:
+    """``value`` if it is an int >= 0, else ``default``."""
+    return (
+        value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+    )
 
 
 def _positive_int(value: Any, default: int) -> int:

@@ -231,7 +231,12 @@ class LeaseManager:
             await self.refresh(lease)
 
     async def release(
-        self, lease: Lease, *, message_gone: bool = False, requeue_delay: float | None = None
+        self,
+        lease: Lease,
+        *,
+        message_gone: bool = False,
+        requeue_delay: float | None = None,
+        counted: bool = True,
     ) -> None:
         """Give the lease up; a lost lease is left be.
 
@@ -239,7 +244,8 @@ class LeaseManager:
         nothing to remember: delete the lease. Otherwise (a requeue, or a batch with settled
         members, or a message received before) leave a lease that others may take over after
         ``requeue_delay`` seconds (at once for 0 or None, whatever their clocks) and that
-        keeps the receive count and the settled batch members.
+        keeps the receive count and the settled batch members. ``counted=False`` (a stop:
+        the message was not handled) takes this delivery off the receive count (rule 10).
         """
         if message_gone:
             self._note_settled(lease.message_key)
@@ -248,10 +254,11 @@ class LeaseManager:
             if lease.lost or lease.released:
                 return
             delay = requeue_delay or 0.0
-            remembers = requeue_delay is not None or lease.settled or lease.body.receive_count > 1
+            receives = lease.body.receive_count - (0 if counted else 1)
+            remembers = requeue_delay is not None or lease.settled or receives > 0
             if not message_gone and remembers:
                 with contextlib.suppress(LeaseLostError):
-                    await self._renew(lease, delay, released=True)
+                    await self._renew(lease, delay, released=True, receives=receives)
                     # We know when it frees up: consumers here need not look it up.
                     self._busy_until[lease.key] = lease.expires
                 lease.released = True
@@ -338,15 +345,18 @@ class LeaseManager:
         window = self.margin.total_seconds() + min(1.0, lease.visibility / 4)
         return (lease.expires - self.clock()).total_seconds() > windows * window
 
-    async def _renew(self, lease: Lease, seconds: float, *, released: bool = False) -> None:
+    async def _renew(
+        self, lease: Lease, seconds: float, *, released: bool = False, receives: int | None = None
+    ) -> None:
         """Write our lease again, expiring ``seconds`` from now; ``released``: given up, free
-        to take at that moment exactly (for 0 seconds: long ago, whatever the clocks)."""
+        to take at that moment exactly (for 0 seconds: long ago, whatever the clocks), with
+        ``receives`` deliveries counted so far (default: as now)."""
         if lease.lost:
             raise LeaseLostError(f"lease on message {lease.message_id} was lost")
         body = replace(
             self._new_body(lease.body.consumer_id, lease.message_id, lease.message_key, seconds),
             settled=tuple(sorted(lease.settled)),
-            receive_count=lease.body.receive_count,
+            receive_count=lease.body.receive_count if receives is None else receives,
             released=released,
         )
         if released and seconds <= 0:

@@ -79,12 +79,16 @@ class LoopThread:
 
     def cancel(self, call: Call[Any]) -> None:
         """Cancel ``call`` unless it is over, and wait until it is (its cleanup has run)."""
+        self.cancel_soon(call)
+        concurrent.futures.wait([call.future])
+
+    def cancel_soon(self, call: Call[Any]) -> None:
+        """Ask the loop to cancel ``call`` (unless it is over), without waiting."""
         if call.future.done():
             return
         assert self._loop is not None
         with contextlib.suppress(RuntimeError):  # loop closed: every call is already over
             self._loop.call_soon_threadsafe(call.cancel)
-        concurrent.futures.wait([call.future])
 
     async def cancel_calls(self) -> None:
         """Cancel the running calls but this one (and settlements) and wait for them."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -215,12 +215,26 @@ class Message:
 
     async def ack(self) -> None:
         """Remove the message from the queue: it will not be delivered again."""
-        async with self._lock:
+        async with self._settling():
             if self._settled:
                 return
             await self._claimed.ensure_held()
             await self._claimed.settle(self._index)
             self._settled = True
+
+    @contextlib.asynccontextmanager
+    async def _settling(self) -> AsyncIterator[None]:
+        """One settlement at a time. If it fails, the lease is no longer refreshed in the
+        background: the message comes back after the visibility timeout at the latest, not
+        held for as long as the consumer runs by a caller who could not settle it (rule 10).
+        Settling again may still succeed while the lease lasts."""
+        async with self._lock:
+            try:
+                yield
+            except BaseException:
+                if not self._settled:
+                    self._claimed.abandon(self._index)
+                raise
 
     @property
     def receive_count(self) -> int:
@@ -244,7 +258,7 @@ class Message:
             return
         if not 0 <= delay < _MAX_SECONDS:
             raise ConfigError(f"delay: got {delay!r}, must be a number of seconds >= 0")
-        async with self._lock:
+        async with self._settling():
             if self._settled:
                 return
             await self._claimed.ensure_held()
@@ -253,7 +267,7 @@ class Message:
 
     async def dead_letter(self, reason: str, error: str | None = None) -> None:
         """Dead-letter with a reason (and the error text of a failed handler)."""
-        async with self._lock:
+        async with self._settling():
             if self._settled:
                 return
             await self._claimed.ensure_held()

@@ -10,21 +10,23 @@ made on the loop thread itself raises :class:`PawnQueueError` instead of deadloc
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import contextlib
 import os
+import signal
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, TypeVar
 
-from pawn_queue import client, consumer, message, producer, registry
+from pawn_queue import client, consumer, handlers, producer, registry
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import PawnQueueError
+from pawn_queue.handlers import Forwarded
 from pawn_queue.layout import Role
 from pawn_queue.leases import ResolvedStrategy
-from pawn_queue.loop_thread import CLOSED, LoopThread
+from pawn_queue.loop_thread import CLOSED, Call, LoopThread
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.store.base import Store
 from pawn_queue.topics import TopicStats
@@ -197,23 +199,13 @@ class Registry:
         return self._runner.call(self._inner.list(role))
 
 
-class _Same(Generic[T]):
-    """A read-only attribute forwarded to the wrapped async object (``self._inner``)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> T:
-        return cast(T, getattr(obj._inner, self._name))
-
-
 class Producer:
     """Publishes messages, blocking. Obtain one with ``PawnQueue.register_producer()``.
 
     ``id`` (stable UUIDv4) and ``name`` as in the async API."""
 
-    id = _Same[str]()
-    name = _Same[str]()
+    id = Forwarded[str]()
+    name = Forwarded[str]()
 
     def __init__(self, inner: producer.Producer, queue: PawnQueue) -> None:
         self._inner = inner
@@ -259,9 +251,9 @@ class Consumer:
 
     ``id``, ``name`` and ``topics`` as in the async API."""
 
-    id = _Same[str]()
-    name = _Same[str]()
-    topics = _Same[list[str]]()
+    id = Forwarded[str]()
+    name = Forwarded[str]()
+    topics = Forwarded[list[str]]()
 
     def __init__(self, inner: consumer.Consumer, queue: PawnQueue) -> None:
         self._inner = inner
@@ -281,102 +273,95 @@ class Consumer:
 
     def listen(
         self,
-        handler: Callable[[Message], object],
+        handler: Callable[[Any], object],
         *,
         stop: threading.Event | None = None,
         retry: consumer.Retry | None = None,
         workers: int | None = None,
+        grace: float | None = None,
     ) -> None:
-        """Poll and call ``handler(message)`` for each message until ``stop`` is set.
+        """Poll and call ``handler(message)`` for each message until ``stop`` is set, Ctrl-C
+        or SIGTERM.
 
-        Handlers run in a pool of ``workers`` threads (default ``max_messages_per_poll``),
-        never on the loop thread; the calling thread waits. As in the async API, a raising
+        A plain function runs in a pool of ``workers`` threads (default
+        ``max_messages_per_poll``) with a blocking :class:`Message`; an ``async def`` one
+        runs on the loop thread with the async message. As in the async API, a raising
         handler dead-letters its message (with ``retry``: requeues it with backoff), and an
-        unsettled one is redelivered after the visibility timeout. On ``stop`` or Ctrl-C
-        (re-raised), running handlers finish, then every lease still held is released for
-        immediate redelivery. A closed queue raises :class:`PawnQueueError` here.
+        unsettled one is redelivered after the visibility timeout. Stopping (``stop``,
+        Ctrl-C or SIGTERM, the latter two re-raised as ``KeyboardInterrupt`` and
+        ``SystemExit(143)``) stops claiming, lets running handlers finish within ``grace``
+        seconds (default ``polling.shutdown_grace_seconds``), and releases every other lease
+        at once without counting a receive. A second Ctrl-C or SIGTERM stops at once. A
+        closed queue raises :class:`PawnQueueError` here.
         """
-        runner, halt = self._runner, threading.Event()
-        stopping = stop if stop is not None else halt
+        runner = self._runner
         pool = ThreadPoolExecutor(workers or self._workers, f"pawn-queue-{self.name}")
+        listening: list[Call[None]] = []
 
-        async def dispatch(inner: message.Message) -> None:
-            loop = asyncio.get_running_loop()
-            work = loop.run_in_executor(pool, _run_handler, runner, handler, Message(inner, runner))
-            try:
-                await asyncio.shield(work)
-            except asyncio.CancelledError:
-                with contextlib.suppress(Exception):  # stopping: the handler finishes first
-                    await work
-                raise
-            if not inner.settled and (stopping.is_set() or halt.is_set()):
-                await loop.create_future()  # keep the lease until the stop releases it
+        def in_handler_context(call: Callable[[], Any]) -> Callable[[], Any]:
+            def run() -> Any:
+                try:
+                    return _run_handler(runner, call)
+                finally:
+                    if stop is not None and stop.is_set():
+                        # Stopped by its own handler: the stop begins before this handler's
+                        # message is looked at, so an unsettled one is released at once.
+                        runner.cancel_soon(listening[0])
 
-        call = runner.submit(self._inner.listen(dispatch, retry=retry))
+            return run
+
+        call = runner.submit(
+            self._inner.listen(
+                handlers.as_async(handler, executor=pool, runner=runner, wrap=in_handler_context),
+                retry=retry,
+                grace=grace,
+            )
+        )
+        listening.append(call)
         try:
-            while not call.future.done():
-                if stopping.wait(_STOP_CHECK_SECONDS):
-                    halt.set()
-                    runner.cancel(call)
+            with _sigterm_raises():
+                while not call.future.done():
+                    if stop is not None and stop.wait(_STOP_CHECK_SECONDS):
+                        break
+                    if stop is None:
+                        concurrent.futures.wait([call.future], _STOP_CHECK_SECONDS)
+                if stop is None or not stop.is_set():
+                    call.future.result()  # the listener ended by itself: raise why
                     return
-            call.future.result()  # the listener ended by itself: raise why
+                runner.cancel(call)
         except BaseException:
-            halt.set()
-            runner.cancel(call)
+            # Ctrl-C or SIGTERM: a graceful stop, which a second signal cuts short.
+            with _sigterm_raises():
+                runner.cancel(call)
             raise
         finally:
             pool.shutdown(wait=False)
 
 
-def _run_handler(runner: LoopThread, handler: Callable[[Message], object], msg: Message) -> None:
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """In the main thread, SIGTERM raises ``SystemExit(143)`` (as Ctrl-C raises
+    KeyboardInterrupt) instead of killing the process, so a stop can release its leases."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_handler(runner: LoopThread, call: Callable[[], object]) -> object:
     _handler_context.runner = runner
     try:
-        handler(msg)
+        return call()
     finally:
         _handler_context.runner = None
 
 
-class Message:
-    """A claimed message. ``ack()``, ``nack()`` (idempotent) and ``extend()`` block; call
-    them from any thread but the loop's. A lost lease raises ``LeaseLostError``.
-
-    Read-only, as in the async API: ``id``, ``topic``, ``producer_id``, ``created_at``
-    (ISO-8601 UTC), ``payload``, ``attributes``, ``receive_count``, ``settled`` (acked or
-    nacked) and ``lease_held``.
-    """
-
-    __slots__ = ("_inner", "_runner")
-    id = _Same[str]()
-    topic = _Same[str]()
-    producer_id = _Same[str]()
-    created_at = _Same[str]()
-    payload = _Same[Any]()
-    attributes = _Same[dict[str, str]]()
-    group = _Same[str | None]()
-    receive_count = _Same[int]()
-    settled = _Same[bool]()
-    lease_held = _Same[bool]()
-
-    def __init__(self, inner: message.Message, runner: LoopThread) -> None:
-        self._inner = inner
-        self._runner = runner
-
-    def __repr__(self) -> str:
-        return repr(self._inner)
-
-    def ack(self) -> None:
-        """Remove the message from the queue: it will not be delivered again."""
-        self._runner.call(self._inner.ack(), on_close=False)
-
-    def nack(self, requeue: bool = False, delay: float = 0) -> None:
-        """Dead-letter the message (durable copy first), or with ``requeue=True`` make it
-        visible again after ``delay`` seconds."""
-        self._runner.call(self._inner.nack(requeue, delay), on_close=False)
-
-    def extend(self, seconds: float) -> None:
-        """Keep the message for ``seconds`` from now; the refresh keeps renewing by that much."""
-        self._runner.call(self._inner.extend(seconds), on_close=False)
-
-    def dead_letter(self, reason: str, error: str | None = None) -> None:
-        """Dead-letter with a reason (and an error text)."""
-        self._runner.call(self._inner.dead_letter(reason, error), on_close=False)
+Message = handlers.BlockingMessage
