@@ -97,6 +97,9 @@ def test_help_lists_every_command() -> None:
     [
         ["topics", "list"],
         ["topics", "create"],
+        ["topics", "update"],
+        ["topics", "show"],
+        ["topics", "purge"],
         ["topics", "delete"],
         ["topics", "stats"],
         ["publish"],
@@ -122,6 +125,11 @@ def test_help_of_each_command(command: list[str]) -> None:
 def test_publish_help_documents_invalid_lines() -> None:
     text = " ".join(cli(None, "publish", "--help").stdout.split())
     assert "line number" in text and "exit code is 1" in text
+
+
+def test_metrics_help_shows_the_extra_to_install() -> None:
+    text = " ".join(cli(None, "metrics", "--help").stdout.split())
+    assert "pip install 'pawn-queue[metrics]'" in text
 
 
 def test_version() -> None:
@@ -153,6 +161,101 @@ def test_topics_create_list_stats_delete(url: str) -> None:
     assert cli(url, "topics", "list").stdout.split() == ["jobs"]
 
 
+def test_topics_create_never_changes_settings_update_does(url: str) -> None:
+    cli(url, "topics", "create", "orders", "--max-receive-count", "3")
+    cli(url, "topics", "create", "orders")  # as a service's start-up script would
+    shown = json.loads(cli(url, "topics", "show", "orders", "--json").stdout)
+    assert shown["topic"] == "orders"
+    assert shown["settings"]["max_receive_count"] == 3
+    assert shown["stats"]["pending"] == 0
+    cli(url, "topics", "create", "orders", "--max-receive-count", "3")  # the same: fine
+    conflict = cli(url, "topics", "create", "orders", "--max-receive-count", "5", code=1)
+    assert conflict.stderr == (
+        "error: topic orders exists with other settings: max_receive_count is 3, asked 5 "
+        "(change them with 'pawn-queue topics update')\n"
+    )
+    updated = cli(
+        url, "topics", "update", "orders", "--max-receive-count", "none", "--max-pending", "10"
+    )
+    assert "max_receive_count=none" in updated.stderr and "max_pending=10" in updated.stderr
+    settings = json.loads(cli(url, "--json", "topics", "show", "orders").stdout)["settings"]
+    assert settings["max_receive_count"] is None and settings["max_pending"] == 10
+    again = json.loads(
+        cli(url, "topics", "update", "orders", "--retention-seconds", "60", "--json").stdout
+    )
+    assert again["settings"]["retention_seconds"] == 60 and again["settings"]["max_pending"] == 10
+    table = cli(url, "topics", "show", "orders").stdout
+    for text in ("topic orders", "max_pending", "retention_seconds", "pending", "dead_letter"):
+        assert text in table
+    bad = cli(url, "topics", "update", "orders", "--max-pending", "lots", code=2)
+    assert bad.stderr == "error: --max-pending: expected a whole number or 'none', got 'lots'\n"
+    invalid = cli(url, "topics", "update", "orders", "--max-pending", "0", code=1)
+    assert invalid.stderr.startswith("error: max_pending: got 0")
+    for command in (["update", "nope", "--max-pending", "1"], ["show", "nope"]):
+        missing = cli(url, "topics", *command, code=1)
+        assert missing.stderr == "error: topic 'nope' does not exist\n"
+
+
+def test_topics_purge(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    cli(url, "publish", "orders", input="1\n2\n3\n")
+    cli(url, "publish", "orders", "4", "--delay", "3600")
+    refused = cli(url, "topics", "purge", "orders", input="n\n", code=1)
+    assert "not confirmed" in refused.stderr
+    assert json.loads(cli(url, "topics", "stats", "orders", "--json").stdout)["pending"] == 3
+    assert cli(url, "topics", "purge", "orders", input="y\n").stdout.endswith(
+        "purged 4 message objects of orders\n"
+    )
+    stats = json.loads(cli(url, "topics", "stats", "orders", "--json").stdout)
+    assert (stats["pending"], stats["delayed"]) == (0, 0)
+    assert json.loads(cli(url, "--json", "topics", "purge", "orders", "--yes").stdout) == {
+        "topic": "orders",
+        "purged": 0,
+    }
+    missing = cli(url, "topics", "purge", "nope", "--yes", code=1)
+    assert missing.stderr == "error: topic 'nope' does not exist\n"
+
+
+# -- global options and usage errors --------------------------------------------------------
+
+
+def test_global_options_after_the_command(url: str, tmp_path: Path) -> None:
+    cli(None, "topics", "create", "orders", "--url", url)
+    assert json.loads(cli(None, "topics", "list", "--url", url, "--json").stdout) == ["orders"]
+    assert json.loads(cli(None, "topics", "list", "--json", f"--url={url}").stdout) == ["orders"]
+    assert cli(None, "topics", "--url", url, "list").stdout.split() == ["orders"]
+    logged = cli(None, "topics", "create", "jobs", "--url", url, "--log-level", "debug")
+    assert "topic created topic=jobs" in logged.stderr
+    debug = cli(None, "topics", "list", "--url", "ftp://nowhere", "--debug", code=1)
+    assert "Traceback" in debug.stderr
+    config = tmp_path / "pq.yaml"
+    config.write_text(f"backend: filesystem\nfilesystem:\n  path: {tmp_path / 'q'}\n")
+    cli(None, "topics", "create", "fromfile", "--config", str(config))
+    assert cli(None, "topics", "list", "-c", str(config)).stdout.split() == ["fromfile"]
+    # After "--", an argument that looks like a global option is left where it is.
+    cli(url, "publish", "orders", "--", '"--json"')
+    [msg] = json_lines(cli(url, "consume", "orders").stdout)
+    assert msg["payload"] == "--json"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["topics", "create"],
+        ["topics", "list", "--bogus"],
+        ["no-such-command"],
+        ["topics", "list", "--url"],
+        ["consume", "t", "--count", "many"],
+        ["--log-level", "loud", "topics", "list"],
+        ["publish", "t", "1", "--delay", "-1"],
+    ],
+)
+def test_usage_errors_are_one_line(argv: list[str]) -> None:
+    result = cli(None, *argv, code=2)
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
+    assert result.stdout == ""
+
+
 # -- publish / consume / peek ---------------------------------------------------------------
 
 
@@ -181,6 +284,64 @@ def test_publish_stdin_reports_invalid_line_and_publishes_the_rest(url: str) -> 
     assert sorted(json.dumps(m["payload"]) for m in consumed) == sorted(
         ['{"n": 1}', "[2, 3]", '"four"']
     )
+
+
+def test_publish_skips_nan_lines_with_their_number(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    lines = '{"n": 1}\nNaN\n{"n": 3}\n[Infinity]\n{"n": 5}\n'
+    for extra in ([], ["--batch", "2"], ["--concurrency", "3"]):
+        result = cli(url, "publish", "orders", *extra, input=lines, code=1)
+        assert "line 2: invalid JSON (NaN is not valid JSON); skipped" in result.stderr
+        assert "line 4: invalid JSON (Infinity is not valid JSON); skipped" in result.stderr
+        assert "error: 2 invalid JSON lines skipped" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert len(result.stdout.split()) == 3
+        consumed = json_lines(cli(url, "consume", "orders", "--count", "10").stdout)
+        assert sorted(m["payload"]["n"] for m in consumed) == [1, 3, 5]
+    single = cli(url, "publish", "orders", "NaN", code=2)
+    assert single.stderr == "error: invalid JSON message: NaN is not valid JSON\n"
+
+
+def test_publish_delay_group_dedup_id_and_attributes(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    once = ["publish", "orders", '{"a": 1}', "--dedup-id", "o-1", "--group", "g", "-a", "k=v"]
+    first = cli(url, *once).stdout.strip()
+    assert cli(url, *once).stdout.strip() == first  # a repeat within the window: same id
+    cli(url, "publish", "orders", '"later"', "--delay", "3600", "--attribute", "when=later")
+    cli(url, "publish", "orders", "--group", "h", input="1\n2\n3\n")
+    stats = json.loads(cli(url, "topics", "stats", "orders", "--json").stdout)
+    assert stats["delayed"] == 1
+    consumed = json_lines(cli(url, "consume", "orders", "--count", "10").stdout)
+    assert [(m["payload"], m.get("group")) for m in consumed] == [
+        ({"a": 1}, "g"),
+        (1, "h"),
+        (2, "h"),
+        (3, "h"),
+    ]
+    assert consumed[0]["id"] == first and consumed[0]["attributes"] == {"k": "v"}
+    stdin_dedup = cli(url, "publish", "orders", "--dedup-id", "x", input="1\n", code=2)
+    assert stdin_dedup.stderr.startswith("error: --dedup-id needs one message")
+    batched = cli(url, "publish", "orders", "--batch", "2", "--delay", "5", input="1\n", code=2)
+    assert "--batch cannot be combined" in batched.stderr
+
+
+def test_publish_into_a_full_topic_says_it_waits_and_how_long(url: str) -> None:
+    cli(url, "topics", "create", "small", "--max-pending", "1")
+    cli(url, "publish", "small", "1")
+    result = cli(url, "publish", "small", "2", "--wait-for-room", "1.5", code=1)
+    lines = result.stderr.splitlines()
+    assert lines[0] == (
+        "topic small is full (max_pending 1): waiting up to 1.5s for room (--wait-for-room)"
+    )
+    assert lines[1].startswith("error: topic 'small' holds 1 pending messages")
+    assert lines[1].endswith("had no room within 1.5s") and len(lines) == 2
+    piped = cli(url, "publish", "small", "--wait-for-room", "0", input="3\n4\n", code=1)
+    assert piped.stderr.startswith("error: line 1: topic 'small' holds 1 pending messages")
+    assert "stopped there" in piped.stderr and piped.stdout == ""
+    cli(url, "topics", "update", "small", "--max-pending", "5")
+    roomy = cli(url, "publish", "small", "5")
+    assert roomy.stderr == ""
+    assert json.loads(cli(url, "topics", "stats", "small", "--json").stdout)["pending"] == 2
 
 
 def test_publish_concurrently(url: str) -> None:
@@ -251,6 +412,22 @@ def test_dlq_list_show_redrive_purge(url: str) -> None:
     }
     assert "purged 1" in cli(url, "dlq", "purge", "orders", "--yes").stdout
     assert json.loads(cli(url, "dlq", "list", "orders", "--json").stdout) == []
+
+
+def test_dlq_list_is_oldest_first_and_show_reads_one(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    ids = dead_letter_some(url, "orders", 6)  # in the order they were dead-lettered
+    listed = json.loads(cli(url, "dlq", "list", "orders", "--json").stdout)
+    assert [d["id"] for d in listed] == ids
+    limited = json.loads(cli(url, "dlq", "list", "orders", "--limit", "2", "--json").stdout)
+    assert [d["id"] for d in limited] == ids[:2]
+    shown = json.loads(cli(url, "dlq", "show", "orders", ids[3]).stdout)
+    assert shown == listed[3]
+    unknown = "00000000-0000-4000-8000-000000000000"
+    missing = cli(url, "dlq", "show", "orders", unknown, code=1)
+    assert missing.stderr == f"error: no dead letter '{unknown}' in topic 'orders'\n"
+    no_topic = cli(url, "dlq", "show", "nope", ids[0], code=1)
+    assert no_topic.stderr == "error: topic 'nope' does not exist\n"
 
 
 # -- registry, doctor, demo, metrics --------------------------------------------------------

@@ -168,7 +168,7 @@ async def test_topic_settings_are_stored_in_the_marker(pq: PawnQueue) -> None:
     assert marker["topic"] == "s"
     assert marker["settings"]["max_receive_count"] == 3
     assert marker["settings"]["max_pending"] == 100
-    await pq.create_topic("s", max_receive_count=5)
+    await pq.update_topic("s", max_receive_count=5)  # create_topic never changes settings
     marker = json.loads((await pq.store.get("s/.topic")).data)
     assert marker["settings"]["max_receive_count"] == 5
 

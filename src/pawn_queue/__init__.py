@@ -19,6 +19,7 @@ from pawn_queue.exceptions import (
     QueueFullError,
     StoreError,
     TopicNotFoundError,
+    TopicSettingsConflictError,
 )
 from pawn_queue.message import Message
 from pawn_queue.producer import Producer
@@ -47,5 +48,6 @@ __all__ = [
     "StoreError",
     "TopicNotFoundError",
     "TopicSettings",
+    "TopicSettingsConflictError",
     "TopicStats",
 ]

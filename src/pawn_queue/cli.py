@@ -2,8 +2,9 @@
 
 The store comes from ``--url``, ``--config FILE`` or the ``PAWNQUEUE_*`` environment
 (``PAWNQUEUE_URL`` and the credentials in ``PAWNQUEUE_S3_ACCESS_KEY`` /
-``PAWNQUEUE_S3_SECRET_KEY``). Errors are one line on stderr and exit code 1 (2 for a usage
-error); ``--debug`` adds the traceback. Listings take ``--json``.
+``PAWNQUEUE_S3_SECRET_KEY``). The global options go before or after the command. Errors are
+one line on stderr and exit code 1 (2 for a usage error); ``--debug`` adds the traceback.
+Listings take ``--json``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,17 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
+
+try:
+    from typer import _click as click  # Typer 0.20 and later carry their own copy of Click
+except ImportError:  # pragma: no cover
+    import click  # type: ignore[no-redef, import-not-found, unused-ignore]
 
 from pawn_queue import __version__
 from pawn_queue.cli_admin import consumers, dlq_app, producers, topics_app
@@ -23,7 +31,84 @@ from pawn_queue.cli_common import LOG_LEVELS, Options, setup_logging
 from pawn_queue.cli_doctor import demo, doctor, metrics
 from pawn_queue.cli_messages import consume, peek, publish
 
+# The global options, accepted anywhere on the line: before the command or after it.
+_GLOBAL_FLAGS = frozenset({"--json", "--debug"})
+_GLOBAL_VALUED = frozenset({"--url", "--config", "-c", "--log-level"})
+
+
+class MissingValue(ValueError):
+    """A global option at the end of the line, without its value."""
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """``args`` with the global options (and their values) moved to the front, in order, so
+    ``pawn-queue topics list --url X`` means ``pawn-queue --url X topics list``. Nothing
+    after ``--`` moves."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        name, has_value, _ = arg.partition("=")
+        if arg in _GLOBAL_FLAGS or (name in _GLOBAL_VALUED and name.startswith("--") and has_value):
+            front.append(arg)
+        elif arg in _GLOBAL_VALUED:
+            if i + 1 == len(args) or args[i + 1] == "--":
+                raise MissingValue(arg)
+            front.extend(args[i : i + 2])
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
+class _Root(TyperGroup):
+    """The top command: global options anywhere, and usage errors as one line."""
+
+    def parse_args(self, ctx: click.core.Context, args: list[str]) -> list[str]:
+        try:
+            hoisted = hoist_global_options(args)
+        except MissingValue as exc:
+            message = f"Option '{exc}' requires an argument."
+            raise click.exceptions.UsageError(message, ctx) from None
+        return super().parse_args(ctx, hoisted)
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        try:
+            # Not standalone: an exit or an error comes back here instead of being printed.
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.exceptions.ClickException as exc:
+            message = " ".join(exc.format_message().split())
+            ctx = getattr(exc, "ctx", None)
+            if isinstance(exc, click.exceptions.UsageError) and ctx is not None:
+                message += f" (see '{ctx.command_path} --help')"
+            typer.echo(f"error: {message}", err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=_Root,
     name="pawn-queue",
     help="Operate a pawn-queue: topics, messages, dead letters, registry, store checks.",
     no_args_is_help=True,

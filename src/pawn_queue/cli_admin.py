@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from pawn_queue.cli_common import (
+    CliError,
     JsonOption,
     age,
     fail,
@@ -23,10 +24,16 @@ from pawn_queue.cli_common import (
 )
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.envelope import now_utc
+from pawn_queue.exceptions import TopicSettingsConflictError
+from pawn_queue.topics import NotGiven, TopicSettings, TopicStats, given_settings
 
-topics_app = typer.Typer(help="Create, list, delete topics and show their counts.")
-dlq_app = typer.Typer(help="Dead letters: list, show, redrive, purge.")
+topics_app = typer.Typer(
+    help="Create, update, list, show, purge and delete topics; show their counts.",
+    no_args_is_help=True,
+)
+dlq_app = typer.Typer(help="Dead letters: list, show, redrive, purge.", no_args_is_help=True)
 
+NOT_GIVEN = NotGiven(None)  # an option left out
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 
@@ -50,6 +57,21 @@ def topics_list(ctx: typer.Context, json_output: JsonOption = False) -> None:
             typer.echo(name)
 
 
+def _conflict(exc: TopicSettingsConflictError) -> CliError:
+    shown = ", ".join(
+        f"{name} is {_shown(stored)}, asked {_shown(asked)}"
+        for name, (stored, asked) in exc.differences.items()
+    )
+    return CliError(
+        f"topic {exc.topic} exists with other settings: {shown} "
+        f"(change them with 'pawn-queue topics update')"
+    )
+
+
+def _shown(value: object) -> str:
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 @topics_app.command("create")
 def topics_create(
     ctx: typer.Context,
@@ -61,31 +83,156 @@ def topics_create(
         float | None, typer.Option(help="Expire messages not consumed within this.")
     ] = None,
     retention_action: Annotated[
-        str, typer.Option(help="What expiry does: delete or dead_letter.")
-    ] = "delete",
+        str | None, typer.Option(help="What expiry does: delete (default) or dead_letter.")
+    ] = None,
     max_pending: Annotated[
         int | None, typer.Option(help="publish waits (then fails) at this many pending.")
     ] = None,
     dedup_window_seconds: Annotated[
-        float, typer.Option(help="How long a dedup id is remembered.")
-    ] = 300.0,
+        float | None, typer.Option(help="How long a dedup id is remembered (default 300).")
+    ] = None,
 ) -> None:
-    """Create a topic (idempotent; new settings replace the stored ones)."""
+    """Create a topic, or check that it exists; never changes its settings.
+
+    An existing topic is fine if the settings given match the stored ones (settings not
+    given are not compared); a difference is an error. Change settings with 'topics update'.
+    """
     opts = options(ctx)
+    options_given: dict[str, Any] = {
+        "max_receive_count": max_receive_count,
+        "retention_seconds": retention_seconds,
+        "max_pending": max_pending,
+        "dedup_window_seconds": dedup_window_seconds,
+        "retention_action": retention_action,
+    }
+    given = {key: value for key, value in options_given.items() if value is not None}
 
     async def main() -> None:
         async with open_queue(opts) as pq:
-            await pq.create_topic(
-                name,
-                max_receive_count=max_receive_count,
-                retention_seconds=retention_seconds,
-                max_pending=max_pending,
-                dedup_window_seconds=dedup_window_seconds,
-                retention_action=retention_action,
-            )
+            try:
+                await pq.create_topic(name, **given)
+            except TopicSettingsConflictError as exc:
+                raise _conflict(exc) from None
 
     run(ctx, main)
     typer.echo(f"topic {name} ready", err=True)
+
+
+def _limit(value: str | None, option: str, *, whole: bool) -> object:
+    """A limit given as text: not given (None), ``none`` (clear it) or a number."""
+    if value is None:
+        return NOT_GIVEN
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return int(value) if whole else float(value)
+    except ValueError:
+        what = "a whole number" if whole else "a number"
+        fail(f"{option}: expected {what} or 'none', got {value!r}", code=2)
+
+
+@topics_app.command("update")
+def topics_update(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    max_receive_count: Annotated[
+        str | None, typer.Option(metavar="N|none", help="Dead-letter after N receives.")
+    ] = None,
+    retention_seconds: Annotated[
+        str | None, typer.Option(metavar="SECONDS|none", help="Expire messages after this.")
+    ] = None,
+    retention_action: Annotated[
+        str | None, typer.Option(help="What expiry does: delete or dead_letter.")
+    ] = None,
+    max_pending: Annotated[
+        str | None, typer.Option(metavar="N|none", help="publish waits at this many pending.")
+    ] = None,
+    dedup_window_seconds: Annotated[
+        float | None, typer.Option(help="How long a dedup id is remembered.")
+    ] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Change the settings given ('none' clears a limit) and keep the others.
+
+    Other processes see the change within 30 s (they cache topic settings that long).
+    """
+    opts = options(ctx, json_output)
+    given = given_settings(
+        max_receive_count=_limit(max_receive_count, "--max-receive-count", whole=True),
+        retention_seconds=_limit(retention_seconds, "--retention-seconds", whole=False),
+        max_pending=_limit(max_pending, "--max-pending", whole=True),
+        dedup_window_seconds=NOT_GIVEN if dedup_window_seconds is None else dedup_window_seconds,
+        retention_action=NOT_GIVEN if retention_action is None else retention_action,
+    )
+
+    async def main() -> TopicSettings:
+        async with open_queue(opts) as pq:
+            return await pq.update_topic(name, **given)
+
+    settings = run(ctx, main)
+    if opts.json:
+        print_json({"topic": name, "settings": asdict(settings)})
+    else:
+        typer.echo(f"topic {name} updated: {_settings_line(settings)}", err=True)
+
+
+def _settings_line(settings: TopicSettings) -> str:
+    return " ".join(f"{key}={_shown(value)}" for key, value in asdict(settings).items())
+
+
+@topics_app.command("show")
+def topics_show(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    json_output: JsonOption = False,
+) -> None:
+    """A topic's settings and approximate counts."""
+    opts = options(ctx, json_output)
+
+    async def main() -> tuple[TopicSettings, TopicStats]:
+        async with open_queue(opts) as pq:
+            settings = await pq.topic_settings(name)
+            return settings, await pq.topic_stats(name)
+
+    settings, stats = run(ctx, main)
+    if opts.json:
+        print_json({"topic": name, "settings": asdict(settings), "stats": asdict(stats)})
+        return
+    table = Table(title=f"topic {name}", show_header=False)
+    table.add_column("name")
+    table.add_column("value", justify="right")
+    for key, value in asdict(settings).items():
+        table.add_row(key, _shown(value))
+    table.add_section()
+    for key, value in asdict(stats).items():
+        table.add_row(key, age(value) if key == "oldest_age_seconds" else str(value))
+    stdout_console().print(table)
+
+
+@topics_app.command("purge")
+def topics_purge(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    yes: YesOption = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Delete all messages of a topic (pending, in flight, delayed); keep its dead letters.
+
+    A consumer holding a purged message finds it gone: see docs/protocol.md.
+    """
+    if not yes and not typer.confirm(f"delete all messages of topic {name!r}?"):
+        fail("not confirmed; nothing deleted (use --yes)")
+    opts = options(ctx, json_output)
+
+    async def main() -> int:
+        async with open_queue(opts) as pq:
+            return await pq.purge_topic(name)
+
+    count = run(ctx, main)
+    if opts.json:
+        print_json({"topic": name, "purged": count})
+    else:
+        typer.echo(f"purged {count} message objects of {name}")
 
 
 @topics_app.command("delete")
@@ -197,14 +344,14 @@ def dlq_show(
     """Show one dead letter in full (JSON)."""
     opts = options(ctx)
 
-    async def main() -> DeadLetter:
+    async def main() -> DeadLetter | None:
         async with open_queue(opts) as pq:
-            for letter in await pq.dead_letters(topic):
-                if letter.id == message_id:
-                    return letter
-        fail(f"no dead letter {message_id!r} in topic {topic!r}")
+            return await pq.dead_letter(topic, message_id)
 
-    print_json(_letter_dict(run(ctx, main)))
+    letter = run(ctx, main)
+    if letter is None:
+        fail(f"no dead letter {message_id!r} in topic {topic!r}")
+    print_json(_letter_dict(letter))
 
 
 @dlq_app.command("redrive")

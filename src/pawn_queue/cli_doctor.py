@@ -247,7 +247,7 @@ def metrics(
 ) -> None:
     """Serve Prometheus metrics: topic gauges every --interval, and store request counters.
 
-    Needs the metrics extra (pip install 'pawn-queue[metrics]').
+    Needs the metrics extra (pip install 'pawn-queue\\[metrics]').
     """
     opts = options(ctx)
 

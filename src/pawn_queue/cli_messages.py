@@ -6,8 +6,9 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -15,6 +16,7 @@ from rich.table import Table
 
 from pawn_queue import layout
 from pawn_queue.cli_common import (
+    CliError,
     JsonOption,
     Options,
     build_config,
@@ -31,9 +33,11 @@ from pawn_queue.cli_common import (
     stdout_console,
 )
 from pawn_queue.envelope import CorruptObject, Envelope, decode_batch, now_utc
-from pawn_queue.exceptions import NotFound
+from pawn_queue.exceptions import NotFound, PayloadError, PublishError
 from pawn_queue.message import Message
-from pawn_queue.producer import Producer
+from pawn_queue.store.base import Store
+
+_T = TypeVar("_T")
 
 
 def _attributes(values: list[str] | None) -> dict[str, str]:
@@ -44,6 +48,19 @@ def _attributes(values: list[str] | None) -> dict[str, str]:
             fail(f"--attribute: expected KEY=VALUE, got {item!r}", code=2)
         out[key] = value
     return out
+
+
+_ROOM_NOTICE_AFTER = 0.5  # a publish still running then may be waiting for room: look
+
+
+def _loads(text: str) -> Any:
+    """A JSON value; NaN and infinities are refused (they are not JSON, and no message holds
+    them)."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
 
 
 class _Counter:
@@ -78,31 +95,93 @@ class _Counter:
             self._progress.stop()
 
 
+class _RoomNotice:
+    """Says on stderr when a publish waits for room in a topic at its ``max_pending``.
+
+    The producer waits silently; a publish still running after a moment makes this look
+    (one LIST of up to ``max_pending`` keys) and, if the topic is full, say so once.
+    """
+
+    def __init__(self, store: Store, topic: str, max_pending: int | None, wait: float) -> None:
+        self._store = store
+        self._topic = topic
+        self._max_pending = max_pending
+        self._wait = wait
+        self._shown = False
+
+    async def publish(self, call: Awaitable[_T]) -> _T:
+        task = asyncio.ensure_future(call)
+        if self._max_pending is None or self._wait <= 0:
+            return await task
+        try:
+            done, _ = await asyncio.wait({task}, timeout=_ROOM_NOTICE_AFTER)
+            if not done and not self._shown:
+                prefix = layout.messages_prefix(self._topic)
+                pending = await self._store.list(prefix, limit=self._max_pending)
+                if len(pending) >= self._max_pending and not task.done():
+                    self._shown = True
+                    typer.echo(
+                        f"topic {self._topic} is full (max_pending {self._max_pending}): "
+                        f"waiting up to {self._wait:g}s for room (--wait-for-room)",
+                        err=True,
+                    )
+            result = await task
+        except BaseException:
+            task.cancel()
+            raise
+        if not done:
+            self._shown = False  # room came: a later wait is announced again
+        return result
+
+
+class _LineError(Exception):
+    """A stdin line stopped the publishing (not a bad line: those are skipped)."""
+
+
 async def _publish_stdin(
-    producer: Producer,
-    topic: str,
+    send: Callable[[Any], Awaitable[str]],
+    send_batch: Callable[[list[Any]], Awaitable[list[str]]] | None,
     batch: int | None,
-    attributes: dict[str, str],
     concurrency: int,
 ) -> tuple[int, int]:
-    """Publish every JSON line of stdin; returns (published, invalid lines)."""
+    """Publish every JSON line of stdin; returns (published, skipped lines)."""
     loop = asyncio.get_running_loop()
     counter = _Counter()
     invalid = 0
-    chunk: list[Any] = []
-    in_flight: list[asyncio.Task[str]] = []
+    chunk: list[tuple[int, Any]] = []
+    in_flight: list[tuple[int, asyncio.Future[str]]] = []
 
     async def flush_batch() -> None:
-        if chunk:
-            ids = await producer.publish_batch(topic, list(chunk), attributes=attributes)
+        nonlocal invalid
+        if not chunk or send_batch is None:
+            return
+        lines = f"lines {chunk[0][0]}-{chunk[-1][0]}" if len(chunk) > 1 else f"line {chunk[0][0]}"
+        try:
+            ids = await send_batch([payload for _, payload in chunk])
+        except PayloadError as exc:
+            invalid += len(chunk)
+            typer.echo(f"{lines} (one batch): cannot publish ({exc}); skipped", err=True)
+            return
+        except PublishError as exc:
+            raise _LineError(f"{lines} (one batch): {exc}") from exc
+        finally:
             chunk.clear()
-            for message_id in ids:
-                typer.echo(message_id)
-            counter.add(len(ids))
+        for message_id in ids:
+            typer.echo(message_id)
+        counter.add(len(ids))
 
     async def drain(keep: int) -> None:
+        nonlocal invalid
         while len(in_flight) > keep:
-            message_id = await in_flight.pop(0)
+            line_no, future = in_flight.pop(0)
+            try:
+                message_id = await future
+            except PayloadError as exc:
+                invalid += 1
+                typer.echo(f"line {line_no}: cannot publish ({exc}); skipped", err=True)
+                continue
+            except PublishError as exc:
+                raise _LineError(f"line {line_no}: {exc}") from exc
             typer.echo(message_id)
             counter.add(1)
 
@@ -116,24 +195,24 @@ async def _publish_stdin(
             if not line.strip():
                 continue
             try:
-                payload = json.loads(line)
-            except ValueError as exc:
+                payload = _loads(line)
+            except (ValueError, RecursionError) as exc:
                 invalid += 1
-                typer.echo(f"line {line_no}: invalid JSON ({exc}); skipped", err=True)
+                reason = exc if isinstance(exc, ValueError) else "nested too deeply"
+                typer.echo(f"line {line_no}: invalid JSON ({reason}); skipped", err=True)
                 continue
             if batch:
-                chunk.append(payload)
+                chunk.append((line_no, payload))
                 if len(chunk) >= batch:
                     await flush_batch()
             else:
-                coro = producer.publish(topic, payload, attributes=attributes or None)
-                in_flight.append(asyncio.ensure_future(coro))
+                in_flight.append((line_no, asyncio.ensure_future(send(payload))))
                 await drain(concurrency - 1)
         await flush_batch()
         await drain(0)
     finally:
-        for task in in_flight:
-            task.cancel()
+        for _, future in in_flight:
+            future.cancel()
         counter.close()
     return counter.count, invalid
 
@@ -154,6 +233,21 @@ def publish(
     attribute: Annotated[
         list[str] | None, typer.Option("--attribute", "-a", help="KEY=VALUE (repeatable).")
     ] = None,
+    delay: Annotated[
+        float | None, typer.Option(min=0, help="Keep the messages invisible this many seconds.")
+    ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(help="Message group: delivered in order, one at a time."),
+    ] = None,
+    dedup_id: Annotated[
+        str | None,
+        typer.Option(help="Dedup id of the one message: a repeat within the window is dropped."),
+    ] = None,
+    wait_for_room: Annotated[
+        float,
+        typer.Option(min=0, help="On a topic at its max_pending: wait this long for room."),
+    ] = 30.0,
     producer_name: Annotated[
         str, typer.Option("--producer", help="Producer name to register as.")
     ] = "pawn-queue-cli",
@@ -165,27 +259,59 @@ def publish(
     """Publish one message, or one per JSON line of stdin; prints the ids on stdout.
 
     Stdin lines are published in order (FIFO), one at a time unless --concurrency or --batch.
-    A stdin line that is not valid JSON is reported on stderr with its line number and
-    skipped; the other lines are published, and the exit code is 1 at the end.
+    A stdin line that is not valid JSON (NaN and Infinity included) is reported on stderr
+    with its line number and skipped; the other lines are published, and the exit code is 1
+    at the end. On a topic at its max_pending, a publish (not --batch) waits up to
+    --wait-for-room seconds for room (saying so on stderr), then fails with the line number;
+    later lines are not published.
     """
     opts = options(ctx)
     attributes = _attributes(attribute)
     payload: Any = None
     if message is not None:
         try:
-            payload = json.loads(message)
+            payload = _loads(message)
         except ValueError as exc:
             fail(f"invalid JSON message: {exc}", code=2)
+        except RecursionError:
+            fail("invalid JSON message: nested too deeply", code=2)
+    elif dedup_id is not None:
+        fail("--dedup-id needs one message (the JSON argument), not stdin lines", code=2)
+    if batch and (delay is not None or group is not None or dedup_id is not None):
+        fail("--batch cannot be combined with --delay, --group or --dedup-id", code=2)
+    if group == "":
+        fail("--group must not be empty", code=2)
 
     async def main() -> tuple[int, int]:
         layout.validate_name(topic, "topic name")  # before registering: a refusal writes nothing
         async with open_queue(opts) as pq:
+            settings = await pq.topic_settings(topic)
             producer = await pq.register_producer(producer_name)
+            notice = _RoomNotice(pq.store, topic, settings.max_pending, wait_for_room)
+
+            def send(value: Any, dedup: str | None = None) -> Awaitable[str]:
+                published = producer.publish(
+                    topic,
+                    value,
+                    delay=delay,
+                    attributes=attributes or None,
+                    group=group,
+                    dedup_id=dedup,
+                    wait_for_room=wait_for_room,
+                )
+                return notice.publish(published)
+
             if message is not None:
-                typer.echo(await producer.publish(topic, payload, attributes=attributes or None))
+                typer.echo(await send(payload, dedup_id))
                 return 1, 0
-            await require_topic(pq, topic)
-            return await _publish_stdin(producer, topic, batch, attributes, concurrency)
+
+            def send_batch(values: list[Any]) -> Awaitable[list[str]]:
+                return producer.publish_batch(topic, values, attributes=attributes)
+
+            try:
+                return await _publish_stdin(send, send_batch, batch, concurrency)
+            except _LineError as exc:
+                raise CliError(f"{exc}; stopped there (the ids printed were published)") from exc
 
     published, invalid = run(ctx, main)
     if message is None:

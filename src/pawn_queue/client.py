@@ -21,7 +21,17 @@ from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
-from pawn_queue.topics import Topics, TopicSettings, TopicStats, topic_stats
+from pawn_queue.topics import (
+    DEFAULT_DEDUP_WINDOW,
+    DEFAULT_RETENTION_ACTION,
+    NO_LIMIT,
+    NotGiven,
+    Topics,
+    TopicSettings,
+    TopicStats,
+    given_settings,
+    topic_stats,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -121,13 +131,19 @@ class PawnQueue:
         self,
         name: str,
         *,
-        max_receive_count: int | None = None,
-        retention_seconds: float | None = None,
-        max_pending: int | None = None,
-        dedup_window_seconds: float = 300.0,
-        retention_action: str = "delete",
+        max_receive_count: int | NotGiven | None = NO_LIMIT,
+        retention_seconds: float | NotGiven | None = NO_LIMIT,
+        max_pending: int | NotGiven | None = NO_LIMIT,
+        dedup_window_seconds: float | NotGiven = DEFAULT_DEDUP_WINDOW,
+        retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
     ) -> None:
-        """Create a topic (idempotent; new settings replace the stored ones).
+        """Create a topic, or make sure it exists. Never changes stored settings.
+
+        A new topic gets the settings passed and the defaults for the rest. For an existing
+        topic, the settings passed are compared with the stored ones: the same is fine, a
+        difference raises TopicSettingsConflictError (nothing written). Settings left out
+        are not compared, so ``create_topic(name)`` accepts any existing topic. Change
+        settings with :meth:`update_topic`.
 
         ``max_receive_count``: dead-letter a message received more often than that.
         ``retention_seconds``: a message not consumed that long after it was due is expired
@@ -135,14 +151,49 @@ class PawnQueue:
         ``max_pending``: ``publish`` waits for room, then raises QueueFullError.
         ``dedup_window_seconds``: how long a ``dedup_id`` is remembered.
         """
-        settings = TopicSettings(
-            max_receive_count,
-            retention_seconds,
-            max_pending,
-            dedup_window_seconds,
-            retention_action,
+        given = given_settings(
+            max_receive_count=max_receive_count,
+            retention_seconds=retention_seconds,
+            max_pending=max_pending,
+            dedup_window_seconds=dedup_window_seconds,
+            retention_action=retention_action,
         )
-        await self._ready_topics().create(name, settings)
+        await self._ready_topics().create(name, given)
+
+    async def update_topic(
+        self,
+        name: str,
+        *,
+        max_receive_count: int | NotGiven | None = NO_LIMIT,
+        retention_seconds: float | NotGiven | None = NO_LIMIT,
+        max_pending: int | NotGiven | None = NO_LIMIT,
+        dedup_window_seconds: float | NotGiven = DEFAULT_DEDUP_WINDOW,
+        retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
+    ) -> TopicSettings:
+        """Change the settings passed (None clears a limit) and keep the others; return the
+        topic's new settings. Raises TopicNotFoundError for a missing topic.
+
+        Other processes see the change within 30 s (they cache topic settings that long).
+        """
+        given = given_settings(
+            max_receive_count=max_receive_count,
+            retention_seconds=retention_seconds,
+            max_pending=max_pending,
+            dedup_window_seconds=dedup_window_seconds,
+            retention_action=retention_action,
+        )
+        return await self._ready_topics().update(name, given)
+
+    async def topic_settings(self, name: str) -> TopicSettings:
+        """The topic's stored settings (read now); raises TopicNotFoundError if it is missing."""
+        return await self._ready_topics().settings(name, fresh=True)
+
+    async def purge_topic(self, name: str) -> int:
+        """Delete the topic's messages (pending, in flight and delayed) and their leases, like
+        SQS's PurgeQueue; return the number of message objects deleted (a batch counts once).
+        Dead letters stay. A consumer holding a purged message learns it when it next writes
+        its lease: see docs/protocol.md."""
+        return await self._ready_topics().purge(name)
 
     async def list_topics(self) -> list[str]:
         """All topics in the store, sorted."""
@@ -165,6 +216,10 @@ class PawnQueue:
     async def dead_letters(self, topic: str, *, limit: int | None = None) -> list[DeadLetter]:
         """The topic's dead letters with why they ended there, oldest first."""
         return await self._dead_letters().list(topic, limit=limit)
+
+    async def dead_letter(self, topic: str, message_id: str) -> DeadLetter | None:
+        """One dead letter by its message id (one GET); None if the topic has none by that id."""
+        return await self._dead_letters().get(topic, message_id)
 
     async def redrive(
         self,

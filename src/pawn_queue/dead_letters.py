@@ -60,11 +60,34 @@ class DeadLetters:
         self._signals = signals
 
     async def list(self, topic: str, *, limit: int | None = None) -> list[DeadLetter]:
-        """The topic's dead letters, oldest key first. Costs a LIST per 1,000 and a GET each."""
+        """The topic's dead letters, oldest first (``limit``: the oldest ``limit``).
+
+        Costs a LIST per 1,000 dead letters and a GET for each one returned. Age is the time
+        the store wrote the dead letter; letters written within the same second (S3 keeps
+        times to the second) are ordered by ``dead_lettered_at``.
+        """
         await self._topics.settings(topic)
-        metas = await self._store.list(layout.dead_letter_prefix(topic), limit=limit)
-        letters = await asyncio.gather(*(self._read(m.key) for m in metas))
-        return [letter for letter in letters if letter is not None]
+        metas = await self._store.list(layout.dead_letter_prefix(topic))
+        metas.sort(key=lambda m: (m.last_modified, m.key))
+        if limit is not None:
+            if limit <= 0:
+                return []
+            if limit < len(metas):
+                # Keep the ties of the last one: their order is decided after reading them.
+                last = metas[limit - 1].last_modified
+                metas = [m for m in metas if m.last_modified <= last]
+        written = {m.key: m.last_modified for m in metas}
+        read = await asyncio.gather(*(self._read(m.key) for m in metas))
+        letters = [letter for letter in read if letter is not None]
+        letters.sort(key=lambda d: (written[d.key], d.dead_lettered_at, d.id))
+        return letters if limit is None else letters[:limit]
+
+    async def get(self, topic: str, message_id: str) -> DeadLetter | None:
+        """The dead letter of message ``message_id`` (one GET); None if there is none."""
+        await self._topics.settings(topic)
+        if not isinstance(message_id, str) or not layout.is_uuid(message_id):
+            return None  # every dead letter is named by a message's UUID
+        return await self._read(layout.dead_letter_key(topic, message_id))
 
     async def _read(self, key: str) -> DeadLetter | None:
         try:

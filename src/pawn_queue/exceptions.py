@@ -12,6 +12,7 @@ One root, so ``except PawnQueueError`` catches everything the library raises::
     │   ├── AccessDenied             credentials missing, wrong or without permission
     │   └── BucketNotFound           the bucket (or root directory) does not exist
     ├── TopicNotFoundError           the topic has no marker
+    ├── TopicSettingsConflictError   create_topic asked for settings other than the stored ones
     ├── PublishError                 a message could not be written (``__cause__`` says why)
     ├── QueueFullError               a topic stayed at ``max_pending`` for the whole wait
     ├── PayloadError                 the payload cannot be encoded (not JSON-serialisable, NaN...)
@@ -63,6 +64,25 @@ class BucketNotFound(StoreError):
 
 class TopicNotFoundError(PawnQueueError):
     """The topic has not been created."""
+
+
+class TopicSettingsConflictError(PawnQueueError, ValueError):
+    """``create_topic`` was given settings that differ from the topic's stored ones.
+
+    Nothing was written. ``differences`` maps each setting to ``(stored, asked)``; change
+    settings with ``update_topic``.
+    """
+
+    def __init__(self, topic: str, differences: dict[str, tuple[object, object]]) -> None:
+        self.topic = topic
+        self.differences = differences
+        shown = ", ".join(
+            f"{name} is {stored!r}, asked {asked!r}"
+            for name, (stored, asked) in differences.items()
+        )
+        super().__init__(
+            f"topic {topic!r} exists with other settings: {shown} (use update_topic to change them)"
+        )
 
 
 class PublishError(PawnQueueError):

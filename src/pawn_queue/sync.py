@@ -29,7 +29,14 @@ from pawn_queue.leases import ResolvedStrategy
 from pawn_queue.loop_thread import CLOSED, Call, LoopThread
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.store.base import Store
-from pawn_queue.topics import TopicStats
+from pawn_queue.topics import (
+    DEFAULT_DEDUP_WINDOW,
+    DEFAULT_RETENTION_ACTION,
+    NO_LIMIT,
+    NotGiven,
+    TopicSettings,
+    TopicStats,
+)
 
 __all__ = ["Consumer", "Message", "PawnQueue", "Producer", "Registry"]
 
@@ -111,13 +118,14 @@ class PawnQueue:
         self,
         name: str,
         *,
-        max_receive_count: int | None = None,
-        retention_seconds: float | None = None,
-        max_pending: int | None = None,
-        dedup_window_seconds: float = 300.0,
-        retention_action: str = "delete",
+        max_receive_count: int | NotGiven | None = NO_LIMIT,
+        retention_seconds: float | NotGiven | None = NO_LIMIT,
+        max_pending: int | NotGiven | None = NO_LIMIT,
+        dedup_window_seconds: float | NotGiven = DEFAULT_DEDUP_WINDOW,
+        retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
     ) -> None:
-        """Create a topic (idempotent). Settings are stored in the topic marker."""
+        """Create a topic, or make sure it exists; never changes stored settings (settings
+        passed that differ from the stored ones raise TopicSettingsConflictError)."""
         queue = self._ready_queue()
         self._runner.call(
             queue.create_topic(
@@ -129,6 +137,42 @@ class PawnQueue:
                 retention_action=retention_action,
             )
         )
+
+    def update_topic(
+        self,
+        name: str,
+        *,
+        max_receive_count: int | NotGiven | None = NO_LIMIT,
+        retention_seconds: float | NotGiven | None = NO_LIMIT,
+        max_pending: int | NotGiven | None = NO_LIMIT,
+        dedup_window_seconds: float | NotGiven = DEFAULT_DEDUP_WINDOW,
+        retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
+    ) -> TopicSettings:
+        """Change the settings passed (None clears a limit), keep the others; return the new
+        settings. Raises TopicNotFoundError for a missing topic."""
+        queue = self._ready_queue()
+        return self._runner.call(
+            queue.update_topic(
+                name,
+                max_receive_count=max_receive_count,
+                retention_seconds=retention_seconds,
+                max_pending=max_pending,
+                dedup_window_seconds=dedup_window_seconds,
+                retention_action=retention_action,
+            )
+        )
+
+    def topic_settings(self, name: str) -> TopicSettings:
+        """The topic's stored settings."""
+        return self._runner.call(self._ready_queue().topic_settings(name))
+
+    def purge_topic(self, name: str) -> int:
+        """Delete the topic's messages and their leases; returns how many message objects."""
+        return self._runner.call(self._ready_queue().purge_topic(name))
+
+    def dead_letter(self, topic: str, message_id: str) -> DeadLetter | None:
+        """One dead letter by its message id; None if there is none."""
+        return self._runner.call(self._ready_queue().dead_letter(topic, message_id))
 
     def topic_stats(self, name: str) -> TopicStats:
         """Approximate pending, in-flight, delayed and dead-letter counts."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any, final
 
 from pawn_queue import layout
 from pawn_queue.envelope import encode_json, now_utc
@@ -15,7 +17,9 @@ from pawn_queue.exceptions import (
     ConfigError,
     NotFound,
     PreconditionFailed,
+    StoreError,
     TopicNotFoundError,
+    TopicSettingsConflictError,
 )
 from pawn_queue.store.base import IfMatch, Store
 
@@ -23,6 +27,32 @@ logger = logging.getLogger(__name__)
 
 _CACHE_SECONDS = 30.0
 _DELETE_PAGE = 1000
+_MARKER_ATTEMPTS = 5
+
+
+@final
+class NotGiven:
+    """The default of a setting the caller left out. It is told apart from every value the
+    caller could pass (None included), and shows as the documented default it stands for."""
+
+    __slots__ = ("default",)
+
+    def __init__(self, default: object) -> None:
+        self.default = default
+
+    def __repr__(self) -> str:
+        return repr(self.default)
+
+
+# The defaults of create_topic / update_topic: "not given", shown as TopicSettings' defaults.
+NO_LIMIT = NotGiven(None)
+DEFAULT_DEDUP_WINDOW = NotGiven(300.0)
+DEFAULT_RETENTION_ACTION = NotGiven("delete")
+
+
+def given_settings(**values: object) -> dict[str, Any]:
+    """The settings among ``values`` that the caller passed (not :class:`NotGiven`)."""
+    return {name: value for name, value in values.items() if not isinstance(value, NotGiven)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +72,9 @@ class TopicSettings:
             )
         for name in ("max_receive_count", "retention_seconds", "max_pending"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is not None and not (_is_number(value) and value > 0):
                 raise ConfigError(f"{name}: got {value!r}, must be a positive number or None")
-        if self.dedup_window_seconds < 0:
+        if not (_is_number(self.dedup_window_seconds) and self.dedup_window_seconds >= 0):
             raise ConfigError(
                 f"dedup_window_seconds: got {self.dedup_window_seconds!r}, must be >= 0"
             )
@@ -52,55 +82,124 @@ class TopicSettings:
     @classmethod
     def from_marker(cls, data: bytes) -> TopicSettings:
         """Settings from a marker; markers of pawn-queue 0.1.x (no settings) give the defaults."""
-        try:
-            raw = json.loads(data).get("settings") or {}
-            known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
-            return cls(**known)
-        except (ValueError, TypeError, AttributeError, RecursionError, ConfigError):
+        settings = _read_marker(data)[1]
+        if settings is None:
             logger.warning("topic marker has unreadable settings; using defaults")
             return cls()
+        return settings
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _read_marker(data: bytes) -> tuple[str | None, TopicSettings | None]:
+    """The creation time and the settings a marker holds; None for what is unreadable.
+    A marker without settings (pawn-queue 0.1.x) holds the defaults."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        return None, None
+    if not isinstance(body, dict):
+        return None, None
+    created_at = body.get("created_at")
+    created = created_at if isinstance(created_at, str) else None
+    try:
+        raw = body.get("settings") or {}
+        known = {k: v for k, v in raw.items() if k in TopicSettings.__dataclass_fields__}
+        return created, TopicSettings(**known)
+    except (TypeError, AttributeError, ConfigError):
+        return created, None
 
 
 class Topics:
-    """Create, find, list and delete topics. Caches markers for a short time."""
+    """Create, find, update, list, purge and delete topics. Caches markers for a short time."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self._cache: dict[str, tuple[float, TopicSettings]] = {}
 
-    async def create(self, name: str, settings: TopicSettings) -> None:
+    async def create(self, name: str, given: Mapping[str, Any]) -> TopicSettings:
+        """Create the topic with the defaults and the ``given`` settings; return the stored
+        settings. If it exists, only the given settings are compared with the stored ones:
+        any difference raises TopicSettingsConflictError and nothing is written."""
         layout.validate_name(name, "topic name")
+        settings = replace(TopicSettings(), **given)  # invalid settings fail before any I/O
         key = layout.topic_marker_key(name)
-        body = {"topic": name, "created_at": now_utc().isoformat(), "settings": asdict(settings)}
-        try:
-            await self._store.put(key, encode_json(body), "create")
-            logger.info("topic created topic=%s", name)
-        except AlreadyExists:
-            current = await self._store.get(key)
-            created_at = _created_at(current.data)  # None: unreadable, rewritten below
-            if created_at is None or TopicSettings.from_marker(current.data) != settings:
-                body["created_at"] = created_at or body["created_at"]
+        for _ in range(_MARKER_ATTEMPTS):
+            try:
+                await self._store.put(key, _marker(name, None, settings), "create")
+                logger.info("topic created topic=%s", name)
+                return self._remember(name, settings)
+            except AlreadyExists:
+                pass
+            try:
+                current = await self._store.get(key)
+            except NotFound:
+                continue  # deleted meanwhile: create it again
+            created_at, stored = _read_marker(current.data)
+            if created_at is None or stored is None:
+                # An unreadable marker is repaired (if-match: one repair wins).
+                body = _marker(name, created_at, settings)
                 try:
-                    await self._store.put(key, encode_json(body), IfMatch(current.meta.etag))
-                    logger.info("topic settings updated topic=%s", name)
+                    await self._store.put(key, body, IfMatch(current.meta.etag))
                 except PreconditionFailed:
-                    logger.info("topic settings changed concurrently topic=%s", name)
-        self._cache[name] = (time.monotonic() + _CACHE_SECONDS, settings)
+                    continue
+                logger.warning("topic marker was unreadable; rewritten topic=%s", name)
+                return self._remember(name, settings)
+            differences = {
+                setting: (getattr(stored, setting), getattr(settings, setting))
+                for setting in given
+                if getattr(stored, setting) != getattr(settings, setting)
+            }
+            if differences:
+                raise TopicSettingsConflictError(name, differences)
+            return self._remember(name, stored)
+        raise StoreError(f"the marker of topic {name!r} kept changing while it was created")
 
-    async def settings(self, name: str) -> TopicSettings:
-        """The topic's settings; raise TopicNotFoundError if it does not exist."""
+    async def update(self, name: str, given: Mapping[str, Any]) -> TopicSettings:
+        """Change the ``given`` settings of an existing topic (None clears a limit), keep the
+        others; return the new settings. An if-match write: a concurrent change is read
+        again and the update applied on top of it."""
+        layout.validate_name(name, "topic name")
+        replace(TopicSettings(), **given)  # invalid settings fail before any I/O
+        key = layout.topic_marker_key(name)
+        for _ in range(_MARKER_ATTEMPTS):
+            try:
+                current = await self._store.get(key)
+            except NotFound:
+                self._cache.pop(name, None)
+                raise TopicNotFoundError(f"topic {name!r} does not exist") from None
+            created_at, stored = _read_marker(current.data)
+            settings = replace(stored or TopicSettings(), **given)
+            if settings == stored and created_at is not None:
+                return self._remember(name, settings)
+            body = _marker(name, created_at, settings)
+            try:
+                await self._store.put(key, body, IfMatch(current.meta.etag))
+            except PreconditionFailed:
+                continue  # changed (or deleted) meanwhile: read it again
+            logger.info("topic settings updated topic=%s settings=%s", name, sorted(given))
+            return self._remember(name, settings)
+        raise StoreError(f"the marker of topic {name!r} kept changing while it was updated")
+
+    def _remember(self, name: str, settings: TopicSettings) -> TopicSettings:
+        self._cache[name] = (time.monotonic() + _CACHE_SECONDS, settings)
+        return settings
+
+    async def settings(self, name: str, *, fresh: bool = False) -> TopicSettings:
+        """The topic's settings (``fresh``: read now, not from the cache); raise
+        TopicNotFoundError if it does not exist."""
         layout.validate_name(name, "topic name")  # first: a name may not even be hashable
         cached = self._cache.get(name)
-        if cached and cached[0] > time.monotonic():
+        if cached and cached[0] > time.monotonic() and not fresh:
             return cached[1]
         try:
             marker = await self._store.get(layout.topic_marker_key(name))
         except NotFound:
             self._cache.pop(name, None)
             raise TopicNotFoundError(f"topic {name!r} does not exist") from None
-        settings = TopicSettings.from_marker(marker.data)
-        self._cache[name] = (time.monotonic() + _CACHE_SECONDS, settings)
-        return settings
+        return self._remember(name, TopicSettings.from_marker(marker.data))
 
     async def list(self) -> list[str]:
         """All topics, sorted. Costs two requests per top-level name in the bucket."""
@@ -119,6 +218,31 @@ class Topics:
             except NotFound:
                 continue
             topics.append(segment)
+
+    async def purge(self, name: str) -> int:
+        """Delete every object under the topic's ``messages/`` (pending, in flight, delayed)
+        and the leases of those messages; return how many objects under ``messages/`` were
+        deleted. Group leases stay: later messages of the group share them, so their holders
+        release them (or they expire) as usual."""
+        await self.settings(name, fresh=True)
+        prefix = layout.messages_prefix(name)
+        deleted = 0
+        cursor: str | None = None
+        # Paged from a cursor, so every object is listed once even while others publish.
+        while page := await self._store.list(prefix, start_after=cursor, limit=_DELETE_PAGE):
+            keys = [m.key for m in page]
+            await self._store.delete_many(keys)
+            leases = [
+                layout.lease_key(name, pending.object_id)
+                for key in keys
+                if (pending := layout.parse_pending_key(key)) and pending.kind != "group"
+            ]
+            if leases:
+                await self._store.delete_many(leases)
+            deleted += len(keys)
+            cursor = keys[-1]
+        logger.info("topic purged topic=%s objects=%d", name, deleted)
+        return deleted
 
     async def delete(self, name: str) -> int:
         """Delete the topic and everything in it; returns the number of objects deleted."""
@@ -140,13 +264,9 @@ class Topics:
         return deleted
 
 
-def _created_at(marker: bytes) -> str | None:
-    """The creation time recorded in a marker; None if the marker is unreadable."""
-    try:
-        value = json.loads(marker).get("created_at")
-    except (ValueError, AttributeError, RecursionError):
-        return None
-    return value if isinstance(value, str) else None
+def _marker(name: str, created_at: str | None, settings: TopicSettings) -> bytes:
+    created = created_at or now_utc().isoformat()
+    return encode_json({"topic": name, "created_at": created, "settings": asdict(settings)})
 
 
 @dataclass(frozen=True, slots=True)
