@@ -5,6 +5,9 @@ concurrently; a fraction of the orders fail and end in dead letter. Prints a sum
 
     python examples/demo.py [--orders 3000] [--workers 4] [--dir ./queue-demo]
 
+``--dir`` must be new, empty, or the queue of an earlier run (cleared: only what the demo
+wrote); any other directory is refused, untouched.
+
 The job itself lives in ``pawn_queue.demo`` (also run by ``pawn-queue demo``).
 """
 

@@ -281,9 +281,12 @@ def metrics(
 def demo(
     orders: Annotated[int, typer.Option(help="Orders to publish.")] = 3000,
     workers: Annotated[int, typer.Option(help="Consumer workers.")] = 4,
-    directory: Annotated[Path, typer.Option("--dir", help="Queue directory (recreated).")] = Path(
-        "queue-demo"
-    ),
+    directory: Annotated[
+        Path,
+        typer.Option(
+            "--dir", help="Queue directory: new, empty, or an earlier demo's (then cleared)."
+        ),
+    ] = Path("queue-demo"),
     fail_rate: Annotated[float, typer.Option(help="Fraction of orders that fail.")] = 0.05,
 ) -> None:
     """Run the demo job (the same as make demo) on a local directory."""

@@ -6,6 +6,9 @@ concurrently; a fraction of the orders fail and end in dead letter. Prints a sum
     python examples/demo.py [--orders 3000] [--workers 4] [--dir ./queue-demo]
     pawn-queue demo [--orders 3000] [--workers 4] [--dir ./queue-demo]
 
+``--dir`` must be new, empty, or the queue of an earlier run, of which only what the demo
+wrote is deleted; any other directory is refused, untouched.
+
 Needs Rich (the ``cli`` extra); the core does not import this module.
 """
 
@@ -15,8 +18,10 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import shutil
+import stat
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -26,9 +31,26 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pawn_queue import Message, PawnQueue, PawnQueueConfig
+from pawn_queue import Message, PawnQueue, PawnQueueConfig, layout
+from pawn_queue.store._fs_support import RESERVED
 
 ITEMS = ["widget", "gadget", "gizmo", "doohickey", "sprocket"]
+TOPIC = "orders"
+MARKER = ".pawn-queue-demo"
+"""The file the demo writes into the directory it takes for its queue: only a directory
+holding it is cleared by a later run."""
+# What the demo's queue writes at the top of its directory (_probe/: earlier versions).
+_DEMO_ENTRIES = (
+    TOPIC,
+    layout.REGISTRY.rstrip("/"),
+    layout.NOTIFY.rstrip("/"),
+    layout.PROBE.rstrip("/"),
+    RESERVED,
+)
+_MARKER_TEXT = (
+    "The pawn-queue demo keeps its queue in this directory. A later run of the demo here\n"
+    f"deletes only what the demo wrote: {', '.join(_DEMO_ENTRIES)}.\n"
+)
 
 
 class OrderFailed(Exception):
@@ -40,7 +62,7 @@ async def run(orders: int, workers: int, directory: Path, fail_rate: float) -> N
     url = f"file://{directory}"
     config = PawnQueueConfig.from_url(url, polling={"interval_seconds": 0.05})
     async with PawnQueue(config) as pq:
-        await pq.create_topic("orders")
+        await pq.create_topic(TOPIC)
         producer = await pq.register_producer("order-service")
         rng = random.Random(7)
         expected_failures: set[int] = set()
@@ -69,7 +91,7 @@ async def run(orders: int, workers: int, directory: Path, fail_rate: float) -> N
                     "fail": fail,
                 }
                 async with semaphore:
-                    await producer.publish("orders", order)
+                    await producer.publish(TOPIC, order)
                 progress.advance(task)
 
             await asyncio.gather(*(publish(i) for i in range(orders)))
@@ -100,7 +122,7 @@ async def run(orders: int, workers: int, directory: Path, fail_rate: float) -> N
 
         started = time.perf_counter()
         consumers = [
-            await pq.register_consumer(f"worker-{i}", topics=["orders"]) for i in range(workers)
+            await pq.register_consumer(f"worker-{i}", topics=[TOPIC]) for i in range(workers)
         ]
         tasks = [asyncio.create_task(c.listen(handle)) for c in consumers]
         await done.wait()
@@ -110,8 +132,8 @@ async def run(orders: int, workers: int, directory: Path, fail_rate: float) -> N
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        remaining = await pq.store.list("orders/messages/")
-        dead = await pq.store.list("orders/dead-letter/")
+        remaining = await pq.store.list(f"{TOPIC}/messages/")
+        dead = await pq.store.list(f"{TOPIC}/dead-letter/")
 
     table = Table(title=f"pawn-queue demo on {directory}")
     table.add_column("metric")
@@ -137,17 +159,62 @@ async def run(orders: int, workers: int, directory: Path, fail_rate: float) -> N
         raise SystemExit("demo FAILED: messages lost or duplicated")
 
 
+def prepare_directory(directory: Path) -> None:
+    """Make ``directory`` an empty demo queue, deleting only what an earlier run wrote.
+
+    A missing or empty directory is taken (and marked with :data:`MARKER`); a marked one has
+    the demo's own entries removed, anything else in it is left alone. Any other directory
+    is refused with SystemExit: the demo never deletes what it did not create.
+    """
+    marker = directory / MARKER
+    if not os.path.lexists(directory):
+        directory.mkdir(mode=0o700, parents=True)
+    elif not directory.is_dir():
+        raise SystemExit(f"error: {directory} is not a directory")
+    elif _is_file(marker):
+        for name in _DEMO_ENTRIES:
+            _remove(directory / name)
+        return
+    elif any(directory.iterdir()):
+        raise SystemExit(
+            f"error: {directory} is not empty and holds no demo queue (no {MARKER} file); "
+            "the demo deletes nothing it did not create: give a new or empty directory (--dir)"
+        )
+    marker.write_text(_MARKER_TEXT)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path``; a symbolic link is removed itself, never what it points to."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def run_demo(
     orders: int = 3000,
     workers: int = 4,
     directory: Path = Path("queue-demo"),
     fail_rate: float = 0.05,
 ) -> None:
-    """Run the demo in a fresh ``directory`` (deleted first). Raises SystemExit on failure."""
+    """Run the demo with its queue in ``directory`` (see :func:`prepare_directory`: a
+    directory holding anything but an earlier demo queue is refused). Raises SystemExit on
+    failure."""
     # Failed orders are expected here and counted in the summary; keep their log lines quiet.
     logging.getLogger("pawn_queue.consumer").setLevel(logging.CRITICAL)
     directory = directory.resolve()
-    shutil.rmtree(directory, ignore_errors=True)
+    prepare_directory(directory)
     asyncio.run(run(orders, workers, directory, fail_rate))
 
 
@@ -155,7 +222,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--orders", type=int, default=3000)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--dir", type=Path, default=Path("queue-demo"))
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("queue-demo"),
+        help="queue directory: new, empty, or an earlier demo's (then cleared)",
+    )
     parser.add_argument("--fail-rate", type=float, default=0.05)
     args = parser.parse_args(argv)
     run_demo(args.orders, args.workers, args.dir, args.fail_rate)
