@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
@@ -122,7 +124,8 @@ def fail(message: str, code: int = 1) -> NoReturn:
 def run(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
     """Run ``main`` on a fresh event loop; errors become one line on stderr and exit 1.
 
-    ``--debug`` prints the traceback as well. Ctrl-C exits with 130.
+    ``--debug`` prints the traceback as well. Ctrl-C exits with 130, SIGTERM with 143: both
+    first release what the command holds (its messages can be consumed again at once).
     """
     opts = options(ctx)
     try:
@@ -132,6 +135,9 @@ def run(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         raise typer.Exit(130) from None
+    except _Terminated:
+        typer.echo("terminated", err=True)
+        raise typer.Exit(128 + signal.SIGTERM) from None
     except CliError as exc:
         _report(opts, f"error: {exc}", exc)
         raise typer.Exit(exc.code) from None
@@ -144,8 +150,33 @@ def run(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(1) from None
 
 
+class _Terminated(Exception):
+    """The command was stopped by SIGTERM."""
+
+
 async def _call(main: Callable[[], Awaitable[T]]) -> T:
-    return await main()
+    # SIGTERM cancels the command as Ctrl-C does, so its cleanup (releasing leases) runs.
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    terminated = False
+
+    def terminate() -> None:
+        nonlocal terminated
+        terminated = True
+        if task is not None:
+            task.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # no signals here
+        loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        return await main()
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated from None
+        raise
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _report(opts: Options, line: str, exc: BaseException) -> None:
