@@ -47,6 +47,8 @@ def make_store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
     if backend == "filesystem":
         from pawn_queue.store.filesystem import FilesystemStore
 
+        # Like the bucket of the S3 store: it exists (reads of a missing root fail).
+        (tmp_path / "store").mkdir()
         return FilesystemStore(tmp_path / "store")
     if backend == "s3":
         from pawn_queue.store.s3 import S3Store

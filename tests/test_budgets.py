@@ -36,6 +36,17 @@ async def counted(queue_config: dict[str, Any]) -> AsyncIterator[tuple[PawnQueue
         yield pq, store
 
 
+async def test_setup_probes_s3_only(backend: str, queue_config: dict[str, Any]) -> None:
+    """On S3: an access check and the strategy probe. Memory and a local directory are known
+    to enforce conditional writes: no request (a local directory is not even created)."""
+    config = load_config(queue_config)
+    store = CountingStore(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        assert pq.strategy == "conditional_write"
+        probe = Counter({"LIST": 1, "PUT": 1, "PUT create": 1, "PUT if-match": 1, "DELETE": 1})
+        assert store.reset() == (probe if backend == "s3" else Counter())
+
+
 async def test_publish_costs_one_put(counted: tuple[PawnQueue, CountingStore]) -> None:
     pq, store = counted
     producer = await pq.register_producer("p")

@@ -44,7 +44,7 @@ def _race_worker(
     async def main() -> dict[str, str]:
         store = FilesystemStore(root)
         try:
-            await store.list("warm-up/")  # prepare the root before the starting line
+            await store.put(f"warm-up/{worker}", b"")  # prepare the root before the start
             await asyncio.to_thread(barrier.wait)
 
             async def one(key: str) -> tuple[str, str]:

@@ -505,6 +505,7 @@ async def test_csprng_verify_drain_has_no_duplicates(queue_config: dict[str, Any
 
 async def test_auto_strategy_resolves_conditional_write(pq: PawnQueue) -> None:
     assert pq.strategy == "conditional_write"
+    await pq.create_topic("t")  # a local directory exists from its first write on
     assert await keys_under(pq, "_probe/") == []
 
 

@@ -46,7 +46,7 @@ def topics_list(ctx: typer.Context, json_output: JsonOption = False) -> None:
     opts = options(ctx, json_output)
 
     async def main() -> list[str]:
-        async with open_queue(opts) as pq:
+        async with open_queue(opts, must_exist=True) as pq:
             return await pq.list_topics()
 
     names = run(ctx, main)
@@ -190,7 +190,7 @@ def topics_show(
     opts = options(ctx, json_output)
 
     async def main() -> tuple[TopicSettings, TopicStats]:
-        async with open_queue(opts) as pq:
+        async with open_queue(opts, must_exist=True) as pq:
             settings = await pq.topic_settings(name)
             return settings, await pq.topic_stats(name)
 
@@ -264,7 +264,7 @@ def topics_stats(
     opts = options(ctx, json_output)
 
     async def main() -> list[dict[str, Any]]:
-        async with open_queue(opts) as pq:
+        async with open_queue(opts, must_exist=True) as pq:
             names = [name] if name else await pq.list_topics()
             rows = []
             for topic in names:
@@ -312,7 +312,7 @@ def dlq_list(
     opts = options(ctx, json_output)
 
     async def main() -> list[DeadLetter]:
-        async with open_queue(opts) as pq:
+        async with open_queue(opts, must_exist=True) as pq:
             return await pq.dead_letters(topic, limit=limit)
 
     letters = run(ctx, main)
@@ -345,7 +345,7 @@ def dlq_show(
     opts = options(ctx)
 
     async def main() -> DeadLetter | None:
-        async with open_queue(opts) as pq:
+        async with open_queue(opts, must_exist=True) as pq:
             return await pq.dead_letter(topic, message_id)
 
     letter = run(ctx, main)
@@ -409,7 +409,7 @@ def _registry(ctx: typer.Context, role: str, json_output: bool) -> None:
     opts = options(ctx, json_output)
 
     async def main() -> list[dict[str, Any]]:
-        async with open_queue(opts) as pq:
+        async with open_queue(opts, must_exist=True) as pq:
             entries = await pq.registry.list(role)  # type: ignore[arg-type]
             window = 2 * pq.config.registry.heartbeat_interval_seconds
         now = now_utc()

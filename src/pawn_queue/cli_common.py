@@ -99,9 +99,20 @@ def open_queue(
     opts: Options,
     metrics: QueueMetrics | None = None,
     config: PawnQueueConfig | None = None,
+    *,
+    must_exist: bool = False,
 ) -> PawnQueue:
-    """A queue (not set up yet); with ``metrics`` its store requests are observed."""
+    """A queue (not set up yet); with ``metrics`` its store requests are observed.
+
+    ``must_exist`` (commands that only read): a local directory that does not exist raises
+    RootNotFound naming it, before anything (a consumer's registration) could create it.
+    A missing S3 bucket fails at setup either way.
+    """
     config = config or build_config(opts)
+    if must_exist and config.backend == "filesystem" and config.filesystem is not None:
+        from pawn_queue.store.filesystem import require_root
+
+        require_root(config.filesystem.path)
     store = metrics.wrap_store(open_store(config)) if metrics is not None else None
     return PawnQueue(config, store=store)
 

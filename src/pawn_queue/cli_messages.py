@@ -383,7 +383,7 @@ async def _consume(
         metrics = default_metrics()
         start_exporter(metrics_port)
     printed = 0
-    async with open_queue(opts, metrics, config) as pq:
+    async with open_queue(opts, metrics, config, must_exist=True) as pq:
         consumer = await pq.register_consumer(consumer_name, topics)
         while count is None or printed < count:
             poll_wait = max(wait, 30.0) if follow else wait
@@ -413,7 +413,7 @@ def peek(
     opts = options(ctx, json_output)
 
     async def main() -> list[dict[str, Any]]:
-        async with open_queue(opts) as pq:
+        async with open_queue(opts, must_exist=True) as pq:
             await require_topic(pq, topic)
             return await _peek(pq.store, topic, limit, pq.config.polling.visibility_timeout_seconds)
 

@@ -7,20 +7,23 @@ import contextlib
 import logging
 import os
 import reprlib
+import sys
 from collections.abc import Collection
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
-from pawn_queue.exceptions import ConfigError, PawnQueueError
+from pawn_queue.exceptions import ConfigError, PawnQueueError, RootNotFound
 from pawn_queue.leases import LeaseManager, ResolvedStrategy, probe_strategy
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
+from pawn_queue.store.counting import CountingStore
+from pawn_queue.store.memory import MemoryStore
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_RETENTION_ACTION,
@@ -66,17 +69,24 @@ class PawnQueue:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        """Open the store, verify access and resolve the concurrency strategy. Idempotent."""
+        """Open the store, verify access and resolve the concurrency strategy. Idempotent.
+
+        On S3: one LIST (a missing bucket or bad credentials fail here) and, for ``auto``,
+        the probe. A local directory or memory gets no request: both enforce conditional
+        writes, and a local directory is created by the first write, not by opening it.
+        """
         if self._store is not None:
             return
         store = self._custom_store or open_store(self.config)
         try:
-            await store.list("", limit=1)
             strategy: ResolvedStrategy
-            if self.config.concurrency.strategy == "auto":
-                strategy = await probe_strategy(store)
+            configured = self.config.concurrency.strategy
+            if _is_local(store):
+                strategy = "conditional_write" if configured == "auto" else configured
             else:
-                strategy = self.config.concurrency.strategy
+                with contextlib.suppress(RootNotFound):  # a local directory in a custom wrapper
+                    await store.list("", limit=1)
+                strategy = await probe_strategy(store) if configured == "auto" else configured
         except BaseException:
             await store.close()
             raise
@@ -314,6 +324,23 @@ class PawnQueue:
         if self._topics is None:
             raise _not_set_up()
         return self._topics
+
+
+def _is_local(store: Store) -> bool:
+    """Whether ``store`` is memory or a local directory (both known to enforce create-only
+    and if-match puts), also inside the counting and metrics wrappers, which change nothing.
+    Any other store or wrapper is probed."""
+    wrappers: tuple[type, ...] = (CountingStore,)
+    metrics = sys.modules.get("pawn_queue.metrics")
+    if metrics is not None:
+        wrappers += (metrics.MetricsStore,)
+    while isinstance(store, wrappers):
+        store = cast(CountingStore, store).inner
+    # Loaded whenever such a store exists (importing it needs fcntl, POSIX only).
+    filesystem = sys.modules.get("pawn_queue.store.filesystem")
+    if filesystem is not None and isinstance(store, filesystem.FilesystemStore):
+        return True
+    return isinstance(store, MemoryStore)
 
 
 def _not_set_up() -> PawnQueueError:

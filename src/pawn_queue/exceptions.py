@@ -11,6 +11,7 @@ One root, so ``except PawnQueueError`` catches everything the library raises::
     │   ├── StoreUnavailable         transient: timeout, connection refused, 5xx, throttling
     │   ├── AccessDenied             credentials missing, wrong or without permission
     │   └── BucketNotFound           the bucket (or root directory) does not exist
+    │       └── RootNotFound         the local directory does not exist (yet): also a NotFound
     ├── TopicNotFoundError           the topic has no marker
     ├── TopicSettingsConflictError   create_topic asked for settings other than the stored ones
     ├── PublishError                 a message could not be written (``__cause__`` says why)
@@ -60,6 +61,16 @@ class AccessDenied(StoreError):
 
 class BucketNotFound(StoreError):
     """The bucket or root directory does not exist."""
+
+
+class RootNotFound(BucketNotFound, NotFound):
+    """The local directory of a filesystem store does not exist (yet).
+
+    Reads raise it, naming the directory (a delete there has nothing to delete); the first
+    write creates the directory. It is also a :class:`NotFound`: a key read there does not
+    exist, so code that reads before its first write (a registration) sees a missing key,
+    as in an empty store.
+    """
 
 
 class TopicNotFoundError(PawnQueueError):

@@ -16,6 +16,7 @@ from pawn_queue.exceptions import (
     ConfigError,
     NotFound,
     PreconditionFailed,
+    RootNotFound,
     StoreError,
 )
 from pawn_queue.layout import ROLES, Role
@@ -139,7 +140,11 @@ class Registry:
 
     async def _scan_legacy(self, role: Role, name: str) -> str | None:
         """An id registered for ``name`` by pawn-queue 0.1.x, which keeps no name index."""
-        for entry in await self.list(role):
+        try:
+            entries = await self.list(role)
+        except RootNotFound:
+            return None  # a local directory not created yet: registering creates it
+        for entry in entries:
             if entry.name == name and layout.is_uuid(entry.entity_id):
                 return entry.entity_id
         return None

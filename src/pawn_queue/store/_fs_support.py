@@ -16,9 +16,11 @@ from datetime import UTC, datetime
 from pawn_queue.exceptions import (
     AccessDenied,
     AlreadyExists,
+    BucketNotFound,
     ConfigError,
     NotFound,
     PreconditionFailed,
+    RootNotFound,
     StoreError,
     StoreUnavailable,
 )
@@ -103,6 +105,20 @@ def translate(exc: OSError, action: str, path: str) -> StoreError:
     if exc.errno in _TRANSIENT:
         return StoreUnavailable(message)
     return StoreError(message)
+
+
+def root_error(root: str) -> StoreError | None:
+    """Why ``root`` cannot hold a store (RootNotFound: nothing is there), or None if it is
+    a directory (or a link to one)."""
+    try:
+        st = os.stat(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return RootNotFound(f"store root {root} does not exist")
+    except OSError as exc:
+        return translate(exc, "open store root", root)
+    if not stat.S_ISDIR(st.st_mode):
+        return BucketNotFound(f"store root {root} is not a directory")
+    return None
 
 
 def collision(key: str) -> StoreError:

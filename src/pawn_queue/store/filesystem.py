@@ -2,9 +2,15 @@
 
 Layout: key ``a/b/c.json`` is the file ``ROOT/a/b/c.json``. ``ROOT/.pawnqueue/`` is reserved
 for temp files (``tmp/``, which also holds deleted files until they are unlinked) and lock
-files (``locks/``); it never shows in listings and keys cannot start with it. The root is
-created by the first operation, not the constructor. Files are created ``0o600`` and
-directories ``0o700``: the store is private to the user running it.
+files (``locks/``); it never shows in listings and keys cannot start with it. Files are
+created ``0o600`` and directories ``0o700``: the store is private to the user running it.
+
+The root (with its missing parents) and ``.pawnqueue/`` are created by the first write, never
+by the constructor, a read or a delete. Reads of a root that does not exist raise
+RootNotFound naming it (also a NotFound: a key there is missing), so a mistyped path is not
+silently taken for a new, empty store; a delete there has nothing to delete. A root that
+vanishes after this store prepared it (an unmounted volume?) is not recreated: every
+operation then raises BucketNotFound.
 
 Guarantees, across threads and processes on one host (not across NFS clients):
 
@@ -51,13 +57,14 @@ import stat
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pawn_queue.exceptions import (
     AlreadyExists,
     BucketNotFound,
     ConfigError,
     NotFound,
+    RootNotFound,
     StoreError,
 )
 from pawn_queue.store import _fs_listing
@@ -72,6 +79,7 @@ from pawn_queue.store._fs_support import (
     make_parents,
     meta_of,
     read_all,
+    root_error,
     segment_problem,
     sweep_stale_temps,
     translate,
@@ -80,6 +88,7 @@ from pawn_queue.store._fs_support import (
 from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, StoredObject
 
 T = TypeVar("T")
+Access = Literal["read", "write", "delete"]  # what an operation may do to a missing root
 
 _LOCK_STRIPES = 256
 _INLINE_PUT_BYTES = 64 * 1024
@@ -88,6 +97,14 @@ _INLINE_DELETES = 32
 _O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
 _temp_names = itertools.count()
 _TEMP_TOKEN = secrets.token_hex(4)  # with the pid: distinct across forks and pid namespaces
+
+
+def require_root(root: str | os.PathLike[str]) -> None:
+    """Raise RootNotFound or BucketNotFound unless ``root`` is a directory: for tools that
+    only read, which must refuse a mistyped path before anything writes there."""
+    error = root_error(os.path.abspath(os.fspath(root)))
+    if error is not None:
+        raise error
 
 
 class _Offload(Exception):
@@ -117,7 +134,7 @@ class FilesystemStore:
             lambda path: self._open_internal(path, os.O_RDWR | os.O_CREAT),
         )
         self._closed = False
-        self._ready = False  # the root is prepared by the first operation: no I/O here
+        self._ready = False  # the root is prepared by the first write: no I/O here
         self._ready_lock = threading.Lock()
         self._unnamed_temps = False  # O_TMPFILE works here (probed when preparing)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pawnqueue-fs")
@@ -136,13 +153,13 @@ class FilesystemStore:
         if self._ready and not self._closed:
             with contextlib.suppress(_Offload):
                 return self._get(key, True)
-        return await self._run(self._get, key, False)
+        return await self._run("read", self._get, key, False)
 
     async def head(self, key: str) -> ObjectMeta:
         check_key(key)
         if self._ready and not self._closed:
             return self._head(key)  # a few lstat calls
-        return await self._run(self._head, key)
+        return await self._run("read", self._head, key)
 
     async def put(
         self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
@@ -153,14 +170,14 @@ class FilesystemStore:
         if not durable and len(data) <= _INLINE_PUT_BYTES and self._ready and not self._closed:
             with contextlib.suppress(_Offload):
                 return self._put(key, data, mode, durable, True)
-        return await self._run(self._put, key, data, mode, durable, False)
+        return await self._run("write", self._put, key, data, mode, durable, False)
 
     async def list(
         self, prefix: str = "", start_after: str | None = None, limit: int | None = None
     ) -> list[ObjectMeta]:
         if limit is not None and limit <= 0:
             return []
-        return await self._run(self._list, prefix, start_after, limit)
+        return await self._run("read", self._list, prefix, start_after, limit)
 
     async def delete(self, key: str) -> None:
         await self.delete_many([key])
@@ -169,6 +186,8 @@ class FilesystemStore:
         keys = list(keys)
         for key in keys:
             check_key(key)
+        if not self._ready and isinstance(root_error(self._root), RootNotFound):
+            return  # no directory holds no keys, and a delete must not create one
         if len(keys) <= _INLINE_DELETES and self._ready and not self._closed:
             trash: builtins.list[str] = []
             keys = keys[self._delete_batch(keys, trash) :]
@@ -180,7 +199,9 @@ class FilesystemStore:
         # A few large batches in parallel: each delete is a lock plus an unlink.
         chunk = max(64, -(-len(keys) // 8))
         batches = [keys[i : i + chunk] for i in range(0, len(keys), chunk)]
-        await asyncio.gather(*(self._run(self._delete_batch, batch, None) for batch in batches))
+        await asyncio.gather(
+            *(self._run("delete", self._delete_batch, batch, None) for batch in batches)
+        )
 
     async def close(self) -> None:
         if self._closed:
@@ -190,24 +211,34 @@ class FilesystemStore:
         await asyncio.to_thread(self._pool.shutdown, True)
         self._stripes.close()
 
-    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+    async def _run(self, access: Access, fn: Callable[..., T], *args: object) -> T:
         if self._closed:
             raise StoreError(f"{self!r} is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, fn, *args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._call, access, fn, *args)
 
     # -- blocking helpers (on the pool, or on the loop when ``inline``) ---------------------
 
-    def _call(self, fn: Callable[..., T], *args: object) -> T:
-        if not self._ready:
-            self._prepare()
+    def _call(self, access: Access, fn: Callable[..., T], *args: object) -> T:
+        # Reads need nothing prepared (they report a missing root themselves); a delete
+        # needs the lock files, in a root that exists; only a write may create the root.
+        if access != "read" and not self._ready:
+            self._prepare(create=access == "write")
         return fn(*args)
 
-    def _prepare(self) -> None:
-        """Create the root and the reserved directories, and sweep crashed writers' temp files."""
+    def _prepare(self, create: bool) -> None:
+        """Create the root (if ``create``; else raise unless it exists) and the reserved
+        directories, and sweep crashed writers' temp files."""
         with self._ready_lock:
             if self._ready:
                 return
+            if not create:
+                error = root_error(self._root)
+                if error is not None:
+                    raise error
             try:
+                # exist_ok: another process or store creating the root at the same moment
+                # is no error (makedirs tolerates that race at every level).
                 os.makedirs(self._root, mode=0o700, exist_ok=True)
                 self._make_internal_dirs()
                 for path in (self._tmp, self._locks):
@@ -215,10 +246,10 @@ class FilesystemStore:
                         raise StoreError(f"{path} is a symbolic link; the store does not follow")
                 sweep_stale_temps(self._tmp)
                 self._unnamed_temps = self._probe_unnamed_temps()
-            except (FileExistsError, NotADirectoryError) as exc:
-                raise BucketNotFound(f"store root {self._root} is not a directory") from exc
             except OSError as exc:
-                raise translate(exc, "prepare store root", self._root) from exc
+                raise (
+                    root_error(self._root) or translate(exc, "prepare store root", self._root)
+                ) from exc
             self._ready = True
 
     def _probe_unnamed_temps(self) -> bool:
@@ -277,8 +308,9 @@ class FilesystemStore:
         try:
             return os.open(path, flags | os.O_CLOEXEC, 0o600)
         except FileNotFoundError:
-            if not os.path.isdir(self._root):
-                raise BucketNotFound(f"store root {self._root} does not exist") from None
+            error = self._root_error()
+            if error is not None:
+                raise error from None
             self._make_internal_dirs()
             return os.open(path, flags | os.O_CLOEXEC, 0o600)
 
@@ -290,10 +322,15 @@ class FilesystemStore:
             raise _Offload
         return stripe
 
+    def _root_error(self) -> StoreError | None:
+        error = root_error(self._root)
+        if self._ready and isinstance(error, RootNotFound):
+            # Gone since this store prepared it (an unmounted volume?): not an empty store.
+            return BucketNotFound(f"store root {self._root} no longer exists")
+        return error
+
     def _missing(self, key: str) -> StoreError:
-        if not os.path.isdir(self._root):
-            return BucketNotFound(f"store root {self._root} does not exist")
-        return NotFound(f"no object at {key!r}")
+        return self._root_error() or NotFound(f"no object at {key!r}")
 
     def _get(self, key: str, inline: bool) -> StoredObject:
         path = self._path(key)
@@ -501,6 +538,8 @@ class FilesystemStore:
             result.append(meta)
             if limit is not None and len(result) >= limit:
                 break
-        if not result and not os.path.isdir(self._root):
-            raise BucketNotFound(f"store root {self._root} does not exist")
+        if not result:
+            error = self._root_error()
+            if error is not None:
+                raise error
         return result
