@@ -225,6 +225,9 @@ def test_idle_query_picks_up_new_messages(
 
 
 def test_query_start_errors(spark: SparkSession, fs_queue: SparkQueue, tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"store root .+ does not exist"):  # nothing written yet
+        stream(spark, fs_queue.read_options(topic=TOPIC))
+    asyncio.run(publish(fs_queue, TOPIC, 0))
     with pytest.raises(Exception, match="topic 'missing' does not exist"):
         stream(spark, fs_queue.read_options(topic="missing"))
     with pytest.raises(Exception, match="needs option 'topic'"):
