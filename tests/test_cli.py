@@ -567,6 +567,7 @@ def test_store_from_config_file(tmp_path: Path) -> None:
     ],
 )
 def test_unknown_topic(url: str, command: list[str]) -> None:
+    cli(url, "topics", "create", "other")  # the queue exists; only the topic does not
     result = cli(url, *command, code=1)
     assert result.stderr.strip() == "error: topic 'nope' does not exist"
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pawn_queue.demo import MARKER, run_demo
+from pawn_queue.demo import run_demo
+from pawn_queue.demo_dirs import MARKER
 
 REPO = Path(__file__).resolve().parent.parent
 

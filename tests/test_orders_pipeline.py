@@ -64,3 +64,31 @@ def test_readme_cluster_example_says_what_the_driver_and_s3a_need() -> None:
     ):
         assert needed in command, needed
     assert "AWS SDK" in section
+
+
+def test_reset_never_deletes_a_directory_the_pipeline_did_not_make(tmp_path: Path) -> None:
+    """--reset used to rmtree --url and --out whatever they held."""
+    mine = tmp_path / "precious"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("years of work")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAWNQUEUE_", "AWS_"))}
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "orders_pipeline.py"),
+            "--reset",
+            "--url",
+            f"file://{tmp_path / 'queue'}",
+            "--out",
+            str(mine),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode != 0
+    assert "was not made by orders_pipeline.py" in run.stderr
+    assert (mine / "thesis.txt").read_text() == "years of work"

@@ -18,10 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import random
-import shutil
-import stat
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -32,24 +29,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pawn_queue import Message, PawnQueue, PawnQueueConfig, layout
+from pawn_queue.demo_dirs import claim_directory
 from pawn_queue.store._fs_support import RESERVED
 
 ITEMS = ["widget", "gadget", "gizmo", "doohickey", "sprocket"]
 TOPIC = "orders"
-MARKER = ".pawn-queue-demo"
-"""The file the demo writes into the directory it takes for its queue: only a directory
-holding it is cleared by a later run."""
 # What the demo's queue writes at the top of its directory (_probe/: earlier versions).
-_DEMO_ENTRIES = (
+QUEUE_ENTRIES = (
     TOPIC,
     layout.REGISTRY.rstrip("/"),
     layout.NOTIFY.rstrip("/"),
     layout.PROBE.rstrip("/"),
     RESERVED,
-)
-_MARKER_TEXT = (
-    "The pawn-queue demo keeps its queue in this directory. A later run of the demo here\n"
-    f"deletes only what the demo wrote: {', '.join(_DEMO_ENTRIES)}.\n"
 )
 
 
@@ -159,62 +150,19 @@ async def run(orders: int, workers: int, directory: Path, fail_rate: float) -> N
         raise SystemExit("demo FAILED: messages lost or duplicated")
 
 
-def prepare_directory(directory: Path) -> None:
-    """Make ``directory`` an empty demo queue, deleting only what an earlier run wrote.
-
-    A missing or empty directory is taken (and marked with :data:`MARKER`); a marked one has
-    the demo's own entries removed, anything else in it is left alone. Any other directory
-    is refused with SystemExit: the demo never deletes what it did not create.
-    """
-    marker = directory / MARKER
-    if not os.path.lexists(directory):
-        directory.mkdir(mode=0o700, parents=True)
-    elif not directory.is_dir():
-        raise SystemExit(f"error: {directory} is not a directory")
-    elif _is_file(marker):
-        for name in _DEMO_ENTRIES:
-            _remove(directory / name)
-        return
-    elif any(directory.iterdir()):
-        raise SystemExit(
-            f"error: {directory} is not empty and holds no demo queue (no {MARKER} file); "
-            "the demo deletes nothing it did not create: give a new or empty directory (--dir)"
-        )
-    marker.write_text(_MARKER_TEXT)
-
-
-def _is_file(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _remove(path: Path) -> None:
-    """Remove ``path``; a symbolic link is removed itself, never what it points to."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def run_demo(
     orders: int = 3000,
     workers: int = 4,
     directory: Path = Path("queue-demo"),
     fail_rate: float = 0.05,
 ) -> None:
-    """Run the demo with its queue in ``directory`` (see :func:`prepare_directory`: a
-    directory holding anything but an earlier demo queue is refused). Raises SystemExit on
-    failure."""
+    """Run the demo with its queue in ``directory`` (a directory holding anything but an
+    earlier demo queue is refused: :func:`~pawn_queue.demo_dirs.claim_directory`). Raises
+    SystemExit on failure."""
     # Failed orders are expected here and counted in the summary; keep their log lines quiet.
     logging.getLogger("pawn_queue.consumer").setLevel(logging.CRITICAL)
     directory = directory.resolve()
-    prepare_directory(directory)
+    claim_directory(directory, QUEUE_ENTRIES)
     asyncio.run(run(orders, workers, directory, fail_rate))
 
 
