@@ -30,7 +30,7 @@ from tests.config_support import (  # no_pawnqueue_env: an autouse fixture
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The README's "Environment Variable Overrides" table, with the path each name always meant.
+# The README's "Environment variables" table, with the path each name always meant.
 README_ENV_TABLE = {
     "PAWNQUEUE_S3_ENDPOINT_URL": "s3.endpoint_url",
     "PAWNQUEUE_S3_BUCKET_NAME": "s3.bucket_name",

@@ -9,7 +9,7 @@ ValidationError) with the key path, the bad value (never a secret) and what is a
   fill the rest (credentials come from the config or ``PAWNQUEUE_S3_ACCESS_KEY`` /
   ``PAWNQUEUE_S3_SECRET_KEY``, never from the URL).
 - :func:`load_config`: what ``PawnQueue.from_config`` takes; a YAML path or a dict gets the
-  environment applied on top (the README's "Environment Variable Overrides"), a
+  environment applied on top (the README's "Environment variables"), a
   :class:`PawnQueueConfig` is used as it is.
 
 Config objects are immutable, so a checked combination (rule 8) cannot be broken later. The

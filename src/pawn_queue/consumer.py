@@ -115,8 +115,9 @@ class Consumer:
         """Claim and return up to ``polling.max_messages_per_poll`` messages, FIFO per topic.
 
         With ``wait`` (seconds), an empty poll waits for messages: it returns as soon as a
-        change signal says one arrived (or a full poll every ``polling.interval_seconds``
-        finds one), or ``[]`` when ``wait`` has passed. Messages of a batch object beyond the
+        change signal says one arrived (or a full poll finds one: every
+        ``notify.backfill_interval_seconds``, or ``polling.interval_seconds`` with signals
+        off), or ``[]`` when ``wait`` has passed. Messages of a batch object beyond the
         maximum stay leased here and come first in the next poll.
         """
         deadline = time.monotonic() + (wait or 0.0)

@@ -5,10 +5,11 @@ Two strategies (see docs/protocol.md):
 * ``conditional_write``: claim with a create-only put, refresh and release with if-match on
   our own etag, take over an expired lease with if-match on its etag. Atomic.
 * ``csprng_verify``: for stores without conditional writes. Write a lease with a fresh
-  random nonce, wait, and check with HEADs that our write survived (the README's 4 steps).
-  Probabilistic; the docs and the startup log say so.
+  random nonce, wait, and check with HEADs that our write survived (the steps are in
+  docs/protocol.md). Probabilistic; the docs and the startup log say so (rule 7).
 
-A lease is expired for a taker only when ``now > expires_at + clock_skew_margin``, and its
+A lease is expired for a taker only when ``now > expires_at + clock_skew_margin`` (at
+``expires_at`` for a lease its holder released: nobody holds it), and its
 holder treats it as safe only while ``now < expires_at - clock_skew_margin``: clocks that
 differ by less than the margin never see a live lease as expired. Every one of these
 decisions reads :attr:`LeaseManager.clock`, the host's UTC wall clock.
