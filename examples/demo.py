@@ -8,12 +8,12 @@ concurrently; a fraction of the orders fail and end in dead letter. Prints a sum
 ``--dir`` must be new, empty, or the queue of an earlier run (cleared: only what the demo
 wrote); any other directory is refused, untouched.
 
-The job itself lives in ``pawn_queue.demo`` (also run by ``pawn-queue demo``).
+The job itself lives in ``pawn_queue.cli.demo`` (also run by ``pawn-queue demo``).
 """
 
 from __future__ import annotations
 
-from pawn_queue.demo import main
+from pawn_queue.cli.demo import main
 
 if __name__ == "__main__":
     main()

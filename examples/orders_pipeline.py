@@ -38,7 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pawn_queue import PawnQueue
-from pawn_queue.demo_dirs import claim_directory
+from pawn_queue.cli.demo_dirs import claim_directory
 from pawn_queue.spark import register
 
 ITEMS = {"widget": 4.5, "gadget": 19.0, "gizmo": 7.25, "sprocket": 2.0, "flux-capacitor": 121.0}
@@ -192,7 +192,7 @@ def run_query(spark: SparkSession, url: str, out: str, threshold: float) -> None
 
 def reset(url: str, out: str) -> None:
     """Clear what an earlier run wrote in its local directories, and nothing else (a
-    directory this pipeline did not make is refused: see pawn_queue.demo_dirs)."""
+    directory this pipeline did not make is refused: see pawn_queue.cli.demo_dirs)."""
     parts = urlsplit(url)
     if parts.scheme != "file" or "://" in out:
         raise SystemExit("--reset only deletes local directories (a file:// URL and a local --out)")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pawn_queue.demo import run_demo
-from pawn_queue.demo_dirs import MARKER
+from pawn_queue.cli.demo import run_demo
+from pawn_queue.cli.demo_dirs import MARKER
 
 REPO = Path(__file__).resolve().parent.parent
 

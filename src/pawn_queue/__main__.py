@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def main() -> None:
     try:
-        from pawn_queue.cli import main as cli_main
+        from pawn_queue.cli.root import main as cli_main
     except ImportError as exc:  # Typer or Rich missing
         raise SystemExit(
             f"pawn-queue: the command line needs the cli extra "

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from pawn_queue.cli_common import (
+from pawn_queue.cli.common import (
     CliError,
     JsonOption,
     age,

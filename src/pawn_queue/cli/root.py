@@ -26,10 +26,10 @@ except ImportError:  # pragma: no cover
     import click  # type: ignore[no-redef, import-not-found, unused-ignore]
 
 from pawn_queue import __version__
-from pawn_queue.cli_admin import consumers, dlq_app, producers, topics_app
-from pawn_queue.cli_common import LOG_LEVELS, Options, setup_logging
-from pawn_queue.cli_doctor import demo, doctor, metrics
-from pawn_queue.cli_messages import consume, peek, publish
+from pawn_queue.cli.admin import consumers, dlq_app, producers, topics_app
+from pawn_queue.cli.common import LOG_LEVELS, Options, setup_logging
+from pawn_queue.cli.doctor import demo, doctor, metrics
+from pawn_queue.cli.messages import consume, peek, publish
 
 # The global options, accepted anywhere on the line: before the command or after it.
 _GLOBAL_FLAGS = frozenset({"--json", "--debug"})

@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pawn_queue import Message, PawnQueue, PawnQueueConfig, layout
-from pawn_queue.demo_dirs import claim_directory
+from pawn_queue.cli.demo_dirs import claim_directory
 from pawn_queue.store._fs_support import RESERVED
 
 ITEMS = ["widget", "gadget", "gizmo", "doohickey", "sprocket"]
@@ -157,7 +157,7 @@ def run_demo(
     fail_rate: float = 0.05,
 ) -> None:
     """Run the demo with its queue in ``directory`` (a directory holding anything but an
-    earlier demo queue is refused: :func:`~pawn_queue.demo_dirs.claim_directory`). Raises
+    earlier demo queue is refused: :func:`~pawn_queue.cli.demo_dirs.claim_directory`). Raises
     SystemExit on failure."""
     # Failed orders are expected here and counted in the summary; keep their log lines quiet.
     logging.getLogger("pawn_queue.consumer").setLevel(logging.CRITICAL)

@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from pawn_queue import layout
-from pawn_queue.cli_common import (
+from pawn_queue.cli.common import (
     JsonOption,
     build_config,
     open_queue,
@@ -290,6 +290,6 @@ def demo(
     fail_rate: Annotated[float, typer.Option(help="Fraction of orders that fail.")] = 0.05,
 ) -> None:
     """Run the demo job (the same as make demo) on a local directory."""
-    from pawn_queue.demo import run_demo
+    from pawn_queue.cli.demo import run_demo
 
     run_demo(orders, workers, directory, fail_rate)

@@ -15,7 +15,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pawn_queue import layout
-from pawn_queue.cli_common import (
+from pawn_queue.cli.common import (
     CliError,
     JsonOption,
     Options,
