@@ -388,6 +388,28 @@ def test_peek_does_not_claim(url: str) -> None:
     assert len(json_lines(cli(url, "consume", "orders", "--count", "10").stdout)) == 5
 
 
+def test_peek_shows_a_group_waiting_behind_its_head(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    for n in range(3):
+        cli(url, "publish", "orders", json.dumps({"n": n}), "--group", "g")
+
+    async def main() -> list[dict[str, Any]]:
+        async with PawnQueue.from_url(url) as pq:
+            consumer = await pq.register_consumer("holder", topics=["orders"])
+            [head] = await consumer.poll(wait=2)
+            shown = await asyncio.to_thread(cli, url, "peek", "orders", "--json")
+            await head.ack()
+            rows: list[dict[str, Any]] = json.loads(shown.stdout)
+            return rows
+
+    rows = asyncio.run(main())
+    assert [(r["payload"], r["state"], r["group"]) for r in rows] == [
+        ({"n": 0}, "in_flight", "g"),  # the group's lease covers its oldest message only
+        ({"n": 1}, "pending", "g"),
+        ({"n": 2}, "pending", "g"),
+    ]
+
+
 # -- dead letters ---------------------------------------------------------------------------
 
 

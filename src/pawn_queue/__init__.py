@@ -24,7 +24,7 @@ from pawn_queue.exceptions import (
 from pawn_queue.message import Message
 from pawn_queue.producer import Producer
 from pawn_queue.registry import RegistryEntry
-from pawn_queue.topics import TopicSettings, TopicStats
+from pawn_queue.topics import PeekedMessage, TopicSettings, TopicStats
 
 __version__ = "0.2.0"
 
@@ -40,6 +40,7 @@ __all__ = [
     "PawnQueueConfig",
     "PawnQueueError",
     "PayloadError",
+    "PeekedMessage",
     "Producer",
     "PublishError",
     "QueueFullError",

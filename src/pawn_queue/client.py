@@ -29,6 +29,7 @@ from pawn_queue.topics import (
     DEFAULT_RETENTION_ACTION,
     NO_LIMIT,
     NotGiven,
+    PeekedMessage,
     Topics,
     TopicSettings,
     TopicStats,
@@ -220,6 +221,13 @@ class PawnQueue:
         return await topic_stats(
             self._ready_store(), name, self.config.polling.visibility_timeout_seconds
         )
+
+    async def peek(self, topic: str, limit: int = 10) -> list[PeekedMessage]:
+        """The topic's oldest messages (at most ``limit``), each with its state (``pending``,
+        ``in_flight`` or ``delayed``), read without claiming them. Costs two LISTs and a GET
+        per message object shown."""
+        visibility = self.config.polling.visibility_timeout_seconds
+        return await self._ready_topics().peek(topic, limit, visibility)
 
     # -- dead letters -----------------------------------------------------------------------
 

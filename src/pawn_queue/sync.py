@@ -34,6 +34,7 @@ from pawn_queue.topics import (
     DEFAULT_RETENTION_ACTION,
     NO_LIMIT,
     NotGiven,
+    PeekedMessage,
     TopicSettings,
     TopicStats,
 )
@@ -177,6 +178,10 @@ class PawnQueue:
     def topic_stats(self, name: str) -> TopicStats:
         """Approximate pending, in-flight, delayed and dead-letter counts."""
         return self._runner.call(self._ready_queue().topic_stats(name))
+
+    def peek(self, topic: str, limit: int = 10) -> list[PeekedMessage]:
+        """The topic's oldest messages with their state, read without claiming them."""
+        return self._runner.call(self._ready_queue().peek(topic, limit))
 
     def dead_letters(self, topic: str, *, limit: int | None = None) -> list[DeadLetter]:
         """The topic's dead letters with why they ended there."""

@@ -1,17 +1,18 @@
-"""Topics: markers that say a topic exists and hold its settings."""
+"""Topics: markers that say a topic exists and hold its settings; what a topic holds (its
+stats, and peeking at its oldest messages), from one classification of its listing."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, final
+from typing import Any, Literal, final
 
 from pawn_queue import layout
-from pawn_queue.envelope import encode_json, now_utc
+from pawn_queue.envelope import CorruptObject, Envelope, decode_batch, encode_json, now_utc
 from pawn_queue.exceptions import (
     AlreadyExists,
     ConfigError,
@@ -21,7 +22,7 @@ from pawn_queue.exceptions import (
     TopicNotFoundError,
     TopicSettingsConflictError,
 )
-from pawn_queue.store.base import IfMatch, Store
+from pawn_queue.store.base import IfMatch, ObjectMeta, Store
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +202,28 @@ class Topics:
             raise TopicNotFoundError(f"topic {name!r} does not exist") from None
         return self._remember(name, TopicSettings.from_marker(marker.data))
 
+    async def peek(self, name: str, limit: int, visibility_seconds: float) -> list[PeekedMessage]:
+        """The topic's oldest messages (at most ``limit``, from its oldest ``limit`` objects),
+        each with its state, read without claiming them. A lease written within
+        ``visibility_seconds`` makes a message in flight. Costs one LIST of the leases, one of
+        the messages and a GET per object returned; raises TopicNotFoundError."""
+        await self.settings(name)
+        if limit <= 0:
+            return []
+        now = now_utc()
+        leases = await self._store.list(layout.leases_prefix(name))
+        listing = await self._store.list(layout.messages_prefix(name), limit=limit)
+        peeked: list[PeekedMessage] = []
+        for listed in classify(name, listing, leases, now, visibility_seconds):
+            try:
+                data = (await self._store.get(listed.meta.key)).data
+            except NotFound:
+                continue  # acked meanwhile
+            peeked += _peeked(name, listed, data)
+            if len(peeked) >= limit:
+                return peeked[:limit]
+        return peeked
+
     async def list(self) -> list[str]:
         """All topics, sorted. Costs two requests per top-level name in the bucket."""
         topics: list[str] = []
@@ -269,6 +292,96 @@ def _marker(name: str, created_at: str | None, settings: TopicSettings) -> bytes
     return encode_json({"topic": name, "created_at": created, "settings": asdict(settings)})
 
 
+MessageState = Literal["pending", "in_flight", "delayed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A message object of a listing, and its state at the time of :func:`classify`."""
+
+    meta: ObjectMeta
+    pending: layout.PendingKey
+    due: datetime  # the time in its key (due time if delayed), else when it was written
+    state: MessageState
+
+
+def classify(
+    name: str,
+    messages: Iterable[ObjectMeta],
+    leases: Iterable[ObjectMeta],
+    now: datetime,
+    visibility_seconds: float,
+) -> Iterator[Listed]:
+    """The message objects of a listing of topic ``name``'s messages (in key order, from
+    its start), each with its state: delayed while not due, in flight while a lease among
+    ``leases`` written within ``visibility_seconds`` covers it, else pending. A group's lease
+    covers only the group's oldest message: the rest of the group is pending behind it.
+    Keys that are not messages are left out."""
+    fresh_after = now - timedelta(seconds=visibility_seconds)
+    leased = {m.key for m in leases if m.last_modified > fresh_after}
+    groups_seen: set[str] = set()
+    for meta in messages:
+        pending = layout.parse_pending_key(meta.key)
+        if pending is None:
+            continue
+        due = layout.due_from_key(meta.key) or meta.last_modified
+        head = pending.kind != "group" or pending.group_hash not in groups_seen
+        groups_seen.add(pending.group_hash)
+        state: MessageState
+        if due > now:
+            state = "delayed"
+        elif head and layout.lease_key(name, pending.lease_id()) in leased:
+            state = "in_flight"
+        else:
+            state = "pending"
+        yield Listed(meta, pending, due, state)
+
+
+@dataclass(frozen=True, slots=True)
+class PeekedMessage:
+    """A message as :meth:`PawnQueue.peek` shows it: read, not claimed (nothing to ack)."""
+
+    id: str
+    topic: str
+    state: MessageState  # "pending", "in_flight" or "delayed"
+    key: str  # its object (a batch object holds several messages)
+    due: datetime  # when it became (or becomes) due; for a key without a time, its write time
+    producer_id: str
+    created_at: str
+    attributes: dict[str, str]
+    payload: Any
+    group: str | None = None
+    error: str | None = None  # why the object is not a valid message (its fields are empty)
+
+
+def _peeked(name: str, listed: Listed, data: bytes) -> list[PeekedMessage]:
+    """The messages of one listed object; one with ``error`` set if it is not readable."""
+    key, state, due = listed.meta.key, listed.state, listed.due
+    try:
+        if listed.pending.kind == "batch":
+            envelopes = decode_batch(data)
+        else:
+            envelopes = [Envelope.decode(data)]
+    except CorruptObject as exc:
+        object_id = listed.pending.object_id
+        return [PeekedMessage(object_id, name, state, key, due, "", "", {}, None, error=str(exc))]
+    return [
+        PeekedMessage(
+            id=e.id,
+            topic=e.topic,
+            state=state,
+            key=key,
+            due=due,
+            producer_id=e.producer_id,
+            created_at=e.created_at,
+            attributes=e.attributes,
+            payload=e.payload,
+            group=e.group,
+        )
+        for e in envelopes
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class TopicStats:
     """Approximate counts for a topic (objects, not messages: a batch object counts once)."""
@@ -288,25 +401,11 @@ async def topic_stats(store: Store, name: str, visibility_seconds: float) -> Top
         await store.list(layout.leases_prefix(name)),
         await store.list(layout.dead_letter_prefix(name)),
     )
-    fresh_after = now - timedelta(seconds=visibility_seconds)
-    leased = {m.key for m in leases if m.last_modified > fresh_after}
-    pending = in_flight = delayed = 0
+    counts = dict.fromkeys(("pending", "in_flight", "delayed"), 0)
     oldest: datetime | None = None
-    group_heads: set[str] = set()
-    for meta in messages:
-        pending_key = layout.parse_pending_key(meta.key)
-        if pending_key is None:
-            continue
-        due = layout.due_from_key(meta.key) or meta.last_modified
-        # A group's lease covers only its oldest message; the rest of the group waits.
-        head = pending_key.kind != "group" or pending_key.group_hash not in group_heads
-        group_heads.add(pending_key.group_hash)
-        if due > now:
-            delayed += 1
-        elif head and layout.lease_key(name, pending_key.lease_id()) in leased:
-            in_flight += 1
-        else:
-            pending += 1
-            oldest = due if oldest is None else min(oldest, due)
+    for listed in classify(name, messages, leases, now, visibility_seconds):
+        counts[listed.state] += 1
+        if listed.state == "pending":
+            oldest = listed.due if oldest is None else min(oldest, listed.due)
     age = (now - oldest).total_seconds() if oldest is not None else None
-    return TopicStats(pending, in_flight, delayed, len(dead), age)
+    return TopicStats(counts["pending"], counts["in_flight"], counts["delayed"], len(dead), age)

@@ -7,7 +7,6 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -26,16 +25,15 @@ from pawn_queue.cli.common import (
     options,
     payload_fields,
     print_json,
-    require_topic,
     run,
     short,
     stderr_console,
     stdout_console,
 )
-from pawn_queue.envelope import CorruptObject, Envelope, decode_batch, now_utc
-from pawn_queue.exceptions import NotFound, PayloadError, PublishError
+from pawn_queue.exceptions import PayloadError, PublishError
 from pawn_queue.message import Message
 from pawn_queue.store.base import Store
+from pawn_queue.topics import PeekedMessage
 
 _T = TypeVar("_T")
 
@@ -412,12 +410,11 @@ def peek(
     """Show the oldest messages without claiming them (state: pending, in_flight, delayed)."""
     opts = options(ctx, json_output)
 
-    async def main() -> list[dict[str, Any]]:
+    async def main() -> list[PeekedMessage]:
         async with open_queue(opts, must_exist=True) as pq:
-            await require_topic(pq, topic)
-            return await _peek(pq.store, topic, limit, pq.config.polling.visibility_timeout_seconds)
+            return await pq.peek(topic, limit)
 
-    rows = run(ctx, main)
+    rows = [_peek_row(message) for message in run(ctx, main)]
     if opts.json:
         print_json(rows)
         return
@@ -432,49 +429,19 @@ def peek(
     stdout_console().print(table)
 
 
-async def _peek(store: Any, topic: str, limit: int, visibility: float) -> list[dict[str, Any]]:
-    now = now_utc()
-    fresh_after = now - timedelta(seconds=visibility)
-    leases = await store.list(layout.leases_prefix(topic))
-    leased = {m.key for m in leases if m.last_modified > fresh_after}
-    metas = await store.list(layout.messages_prefix(topic), limit=limit)
-    rows: list[dict[str, Any]] = []
-    for meta in metas:
-        pending = layout.parse_pending_key(meta.key)
-        if pending is None:
-            continue
-        try:
-            data = (await store.get(meta.key)).data
-        except NotFound:
-            continue  # acked meanwhile
-        due = layout.due_from_key(meta.key)
-        if due is not None and due > now:
-            state = "delayed"
-        elif layout.lease_key(topic, pending.lease_id()) in leased:
-            state = "in_flight"
-        else:
-            state = "pending"
-        try:
-            envelopes = decode_batch(data) if pending.kind == "batch" else [Envelope.decode(data)]
-        except CorruptObject as exc:
-            rows.append({"id": pending.object_id, "key": meta.key, "state": "corrupt",
-                         "created_at": "", "attributes": {}, "payload": str(exc)})  # fmt: skip
-            continue
-        for envelope in envelopes:
-            rows.append(
-                {
-                    "id": envelope.id,
-                    "key": meta.key,
-                    "state": state,
-                    "due": due.isoformat() if due else None,
-                    "topic": envelope.topic,
-                    "producer_id": envelope.producer_id,
-                    "created_at": envelope.created_at,
-                    "attributes": envelope.attributes,
-                    **({"group": envelope.group} if envelope.group else {}),
-                    **payload_fields(envelope.payload),
-                }
-            )
-            if len(rows) >= limit:
-                return rows
-    return rows
+def _peek_row(message: PeekedMessage) -> dict[str, Any]:
+    if message.error is not None:
+        return {"id": message.id, "key": message.key, "state": "corrupt",
+                "created_at": "", "attributes": {}, "payload": message.error}  # fmt: skip
+    return {
+        "id": message.id,
+        "key": message.key,
+        "state": message.state,
+        "due": message.due.isoformat(),
+        "topic": message.topic,
+        "producer_id": message.producer_id,
+        "created_at": message.created_at,
+        "attributes": message.attributes,
+        **({"group": message.group} if message.group else {}),
+        **payload_fields(message.payload),
+    }
