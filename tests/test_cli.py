@@ -583,6 +583,7 @@ def test_store_from_config_file(tmp_path: Path) -> None:
         ["consume", "nope"],
         ["publish", "nope", "1"],
         ["peek", "nope"],
+        ["metrics", "nope", "--duration", "0"],
         ["dlq", "list", "nope"],
         ["topics", "stats", "nope"],
         ["topics", "delete", "nope", "--yes"],

@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 
-from pawn_queue import layout
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import URL_ENV_VAR, PawnQueueConfig, load_config
-from pawn_queue.exceptions import NotFound, PawnQueueError, TopicNotFoundError
+from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.store import open_store
 
 if TYPE_CHECKING:
@@ -115,15 +114,6 @@ def open_queue(
         require_root(config.filesystem.path)
     store = metrics.wrap_store(open_store(config)) if metrics is not None else None
     return PawnQueue(config, store=store)
-
-
-async def require_topic(pq: PawnQueue, topic: str) -> None:
-    """Raise TopicNotFoundError unless ``topic`` exists (one HEAD of its marker)."""
-    layout.validate_name(topic, "topic name")
-    try:
-        await pq.store.head(layout.topic_marker_key(topic))
-    except NotFound:
-        raise TopicNotFoundError(f"topic {topic!r} does not exist") from None
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

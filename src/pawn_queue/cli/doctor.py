@@ -23,7 +23,6 @@ from pawn_queue.cli.common import (
     open_queue,
     options,
     print_json,
-    require_topic,
     run,
     stdout_console,
 )
@@ -262,7 +261,7 @@ def metrics(
         queue_metrics = default_metrics()
         async with open_queue(opts, queue_metrics, config) as pq:
             for topic in topics:
-                await require_topic(pq, topic)
+                await pq.topic_settings(topic)  # TopicNotFoundError before serving anything
             start_exporter(port, addr)
             typer.echo(f"serving metrics on http://{addr}:{port}/metrics", err=True)
             deadline = None if duration is None else time.monotonic() + duration
