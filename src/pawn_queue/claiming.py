@@ -49,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 IO_CONCURRENCY = 32  # requests in flight per consumer
 
-_LIST_PAGE = 1000  # one S3 LIST request
 _MIN_PAGE = 100
 _LANES = 8
 _LANE_WIDTH = 4  # page size under contention, in claims per poll and lane
@@ -188,7 +187,7 @@ class Claimer:
         # Alone, the head of the listing is enough (FIFO). Competing, a page wide enough for
         # a few polls in every lane. Not wider: every key of a page costs CPU to look at.
         width = _LANES * _LANE_WIDTH if contended else 2
-        page_size = min(_LIST_PAGE, max(_MIN_PAGE, wanted * width))
+        page_size = min(layout.LIST_PAGE, max(_MIN_PAGE, wanted * width))
         while len(claimed) < wanted:
             page = await self._store.list(
                 layout.messages_prefix(topic), start_after=start_after, limit=page_size

@@ -25,7 +25,6 @@ from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
 
-_PAGE = 1000
 _MARK_ATTEMPTS = 5
 
 
@@ -183,7 +182,8 @@ class DeadLetters:
         """Delete every dead letter of the topic; return how many."""
         await self._topics.settings(topic)
         purged = 0
-        while page := await self._store.list(layout.dead_letter_prefix(topic), limit=_PAGE):
+        prefix = layout.dead_letter_prefix(topic)
+        while page := await self._store.list(prefix, limit=layout.LIST_PAGE):
             await self._store.delete_many([m.key for m in page])
             purged += len(page)
         logger.info("purged dead letters topic=%s count=%d", topic, purged)

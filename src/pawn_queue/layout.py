@@ -42,6 +42,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pawn_queue.exceptions import ConfigError
+from pawn_queue.store.base import LIST_PAGE as LIST_PAGE  # the page of listings and deletes
 
 Role = Literal["producers", "consumers"]
 ROLES: tuple[Role, ...] = ("producers", "consumers")
@@ -289,7 +290,7 @@ def registry_name_key(role: Role, name: str) -> str:
 
 NOTIFY = "_notify/"
 NOTIFY_ROOT = "_notify/_"
-NOTIFY_SLOTS = 1000  # one LIST page holds every slot
+NOTIFY_SLOTS = 1000  # fixed by the protocol; one LIST page (LIST_PAGE) holds every slot
 
 
 def notify_slot_key(topic: str) -> str:

@@ -27,7 +27,6 @@ from pawn_queue.store.base import IfMatch, ObjectMeta, Store
 logger = logging.getLogger(__name__)
 
 _CACHE_SECONDS = 30.0
-_DELETE_PAGE = 1000
 _MARKER_ATTEMPTS = 5
 
 
@@ -252,7 +251,7 @@ class Topics:
         deleted = 0
         cursor: str | None = None
         # Paged from a cursor, so every object is listed once even while others publish.
-        while page := await self._store.list(prefix, start_after=cursor, limit=_DELETE_PAGE):
+        while page := await self._store.list(prefix, start_after=cursor, limit=layout.LIST_PAGE):
             keys = [m.key for m in page]
             await self._store.delete_many(keys)
             leases = [
@@ -280,7 +279,7 @@ class Topics:
         self._cache.pop(name, None)
         deleted = 1
         prefix = layout.topic_prefix(name)
-        while page := await self._store.list(prefix, limit=_DELETE_PAGE):
+        while page := await self._store.list(prefix, limit=layout.LIST_PAGE):
             await self._store.delete_many([m.key for m in page])
             deleted += len(page)
         logger.info("topic deleted topic=%s objects=%d", name, deleted)

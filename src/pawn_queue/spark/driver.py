@@ -39,7 +39,6 @@ from pawn_queue.store.base import ObjectMeta, Store
 logger = logging.getLogger(__name__)
 
 _NAMESPACE = uuid.UUID("0b5c8f0e-3f52-4b8e-9d0c-7a1f2e6d4c10")
-_LIST_PAGE = 1000
 _IO_CONCURRENCY = 64
 
 
@@ -216,7 +215,7 @@ class StreamDriver:
         groups_seen: set[str] = set()
         while not budget.full():
             page = await self._store.list(
-                layout.messages_prefix(topic), start_after=start_after, limit=_LIST_PAGE
+                layout.messages_prefix(topic), start_after=start_after, limit=layout.LIST_PAGE
             )
             candidates, finished = self._candidates(topic, page, due_by, groups_seen)
             excess: list[Lease] = []
@@ -272,7 +271,7 @@ class StreamDriver:
             if layout.lease_key(topic, pending.lease_id()) not in self._held
             and self._leases.worth_claiming(topic, pending.lease_id(), meta.key)
         ]
-        return claimable, scanned.ends or len(page) < _LIST_PAGE
+        return claimable, scanned.ends or len(page) < layout.LIST_PAGE
 
     async def _claim(
         self, topic: str, pending: layout.PendingKey, meta: ObjectMeta, count_rows: bool

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
+LIST_PAGE = 1000
+"""The most keys one S3 LIST request returns, and the most one DeleteObjects request takes:
+the page in which the queue lists and deletes (re-exported as ``layout.LIST_PAGE``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class IfMatch:

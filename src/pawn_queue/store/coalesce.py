@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pawn_queue.store.base import Store
-
-_MAX_KEYS = 1000  # one S3 DeleteObjects request
+from pawn_queue.store.base import LIST_PAGE, Store
 
 
 class DeleteCoalescer:
@@ -38,7 +36,7 @@ class DeleteCoalescer:
     def _start_flush(self) -> None:
         self._flush_scheduled = False
         while self._pending:
-            keys = list(self._pending)[:_MAX_KEYS]
+            keys = list(self._pending)[:LIST_PAGE]  # one S3 DeleteObjects request
             batch = {key: self._pending.pop(key) for key in keys}
             task = asyncio.ensure_future(self._flush(batch))
             self._flushing.add(task)

@@ -41,7 +41,7 @@ from pawn_queue.exceptions import (
 )
 from pawn_queue.store._s3_errors import NoAnswer, S3ErrorDetail, redact_url, translate
 from pawn_queue.store._s3_listing import ServerSortsBytes, key_problem, offset_below, tree_walk
-from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, StoredObject
+from pawn_queue.store.base import LIST_PAGE, IfMatch, ObjectMeta, PutMode, StoredObject
 
 if TYPE_CHECKING:
     from obstore import ListStream
@@ -55,7 +55,6 @@ __all__ = ["S3ErrorDetail", "S3Store"]
 _T = TypeVar("_T")
 
 _MAX_KEY_BYTES = 1024
-_LIST_PAGE = 1000  # S3's own page size; obstore always asks for it
 _RESEND_BACKOFF_SECONDS = 0.1  # obstore's initial backoff
 _CLOSE_WAIT_SECONDS = 10.0
 _CLOSE_SETTLE_SECONDS = 0.15
@@ -266,7 +265,7 @@ class S3Store:
             bound = start_after
         # obstore always asks the server for pages of 1,000; a small chunk only spares
         # converting keys that the limit would drop.
-        source = functools.partial(self._pages, chunk=min(limit or _LIST_PAGE, _LIST_PAGE))
+        source = functools.partial(self._pages, chunk=min(limit or LIST_PAGE, LIST_PAGE))
         results: list[ObjectMeta] = []
         if not self._sorts_bytes:
             try:
@@ -348,7 +347,7 @@ class S3Store:
     # -- internals ------------------------------------------------------------------------
 
     async def _pages(
-        self, directory: str, offset: str | None, *, chunk: int = _LIST_PAGE
+        self, directory: str, offset: str | None, *, chunk: int = LIST_PAGE
     ) -> AsyncGenerator[ObjectMeta, None]:
         """Every key under ``directory/`` after ``offset``, in the server's order."""
         store = self._live()
