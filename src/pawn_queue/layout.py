@@ -137,6 +137,11 @@ def topic_prefix(topic: str) -> str:
     return f"{topic}/"
 
 
+def topic_of(key: str) -> str:
+    """The topic a key under ``{topic}/`` belongs to: its first segment."""
+    return key.partition("/")[0]
+
+
 def topic_marker_key(topic: str) -> str:
     return f"{topic}/{TOPIC_MARKER}"
 

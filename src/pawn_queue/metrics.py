@@ -81,10 +81,6 @@ def _outcome(exc: BaseException) -> str:
     return "error"
 
 
-def _topic_of(key: str) -> str:
-    return key.split("/", 1)[0]
-
-
 class QueueMetrics:
     """The metric families, registered in ``registry`` (default: prometheus' global one)."""
 
@@ -239,7 +235,7 @@ class MetricsStore:
         else:
             operation = "put_create" if mode == "create" else "put"
         etag: str = await self._timed(operation, self.inner.put(key, data, mode, durable=durable))
-        topic = _topic_of(key)
+        topic = layout.topic_of(key)
         if key.startswith(layout.dead_letter_prefix(topic)):
             self.metrics.dead_lettered_total.labels(topic).inc()
         return etag

@@ -231,7 +231,7 @@ class Topics:
             first = await self._store.list("", start_after=cursor, limit=1)
             if not first:
                 return topics
-            segment = first[0].key.split("/", 1)[0]
+            segment = layout.topic_of(first[0].key)
             cursor = layout.after_subtree(segment)
             if segment.startswith(layout.RESERVED_PREFIXES) or "/" not in first[0].key:
                 continue

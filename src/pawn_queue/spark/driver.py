@@ -42,15 +42,11 @@ _NAMESPACE = uuid.UUID("0b5c8f0e-3f52-4b8e-9d0c-7a1f2e6d4c10")
 _IO_CONCURRENCY = 64
 
 
-def _topic_of(key: str) -> str:
-    return key.split("/", 1)[0]
-
-
 def _lease_key(ref: ObjectRef) -> str:
     pending = layout.parse_pending_key(ref.key)
     if pending is None:
         raise PawnQueueError(f"manifest names {ref.key!r}, which is not a message key")
-    return layout.lease_key(_topic_of(ref.key), pending.lease_id())
+    return layout.lease_key(layout.topic_of(ref.key), pending.lease_id())
 
 
 class StreamDriver:
@@ -363,7 +359,7 @@ class StreamDriver:
         pending = layout.parse_pending_key(ref.key)
         if pending is None:
             return None
-        topic, key = _topic_of(ref.key), _lease_key(ref)
+        topic, key = layout.topic_of(ref.key), _lease_key(ref)
         try:
             current = await self._store.get(key)
             body: LeaseBody | None = LeaseBody.decode(current.data)

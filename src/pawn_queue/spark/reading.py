@@ -158,7 +158,7 @@ async def _fetch(store: Store, ref: ObjectRef) -> tuple[bytes | None, LeaseBody 
     if ref.leased:
         pending = layout.parse_pending_key(ref.key)
         if pending is not None:
-            topic = ref.key.split("/", 1)[0]
+            topic = layout.topic_of(ref.key)
             try:
                 lease = LeaseBody.decode(
                     (await store.get(layout.lease_key(topic, pending.lease_id()))).data
@@ -174,7 +174,7 @@ async def _dead_letter_corrupt(options: SourceOptions, key: str, data: bytes, er
     pending = layout.parse_pending_key(key)
     if pending is None:
         return
-    topic = key.split("/", 1)[0]
+    topic = layout.topic_of(key)
     info = DeadLetterInfo("corrupt", error, now_utc().isoformat(), key)
     store = await runtime.shared_store(options)
     await store.put(
