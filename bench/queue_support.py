@@ -13,12 +13,11 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.seaweedfs
@@ -28,8 +27,7 @@ for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.s
 from bench import common  # noqa: E402
 
 from pawn_queue import PawnQueue, PawnQueueConfig  # noqa: E402
-from pawn_queue.store import open_store  # noqa: E402
-from pawn_queue.store.base import Store  # noqa: E402
+from pawn_queue.store import counting, open_store  # noqa: E402
 
 PQ013_PYTHON = REPO / ".venv-pq013" / "bin" / "python"
 VSQS_PYTHON = REPO / ".venv-vsqs" / "bin" / "python"
@@ -191,33 +189,9 @@ class Skipped(Exception):
     """A case that cannot run here (missing venv or API); reported, not failed."""
 
 
-class CountingStore:
-    """Counts store calls, named like S3 requests, for stores without server metrics."""
-
-    _NAMES = {
-        "get": "GET",
-        "head": "HEAD",
-        "put": "PUT",
-        "list": "LIST",
-        "delete": "DELETE",
-        "delete_many": "DELETE",
-    }
-
-    def __init__(self, inner: Store) -> None:
-        self._inner = inner
-        self.counts: Counter[str] = Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        kind = self._NAMES.get(name)
-        if kind is None:
-            return attr
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            self.counts[kind] += 1
-            return await attr(*args, **kwargs)
-
-        return counted
+class CountingStore(counting.CountingStore):
+    """Counts store calls as the S3 requests they stand for (LIST pages, DeleteObjects
+    batches), for stores without server metrics: comparable with SeaweedFS' own counts."""
 
     def snapshot(self) -> dict[str, int]:
         return dict(self.counts)
@@ -233,7 +207,7 @@ def filesystem_config(path: Path, **polling: float) -> dict[str, Any]:
 def counting_queue(config: dict[str, Any]) -> tuple[PawnQueue, CountingStore]:
     parsed = PawnQueueConfig.from_dict(config)
     store = CountingStore(open_store(parsed))
-    return PawnQueue(parsed, store=cast(Store, store)), store
+    return PawnQueue(parsed, store=store), store
 
 
 def settings_of(pq: PawnQueue) -> str:

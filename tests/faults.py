@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from pawn_queue.store.base import ObjectMeta, PutMode, Store, StoredObject
+from pawn_queue.store.base import Store
+from pawn_queue.store.wrapper import StoreCall, StoreWrapper
+
+T = TypeVar("T")
 
 Hook = Callable[[str, str], Awaitable[None]]
 
 
-@dataclass
-class FaultyStore:
+@dataclass(repr=False)
+class FaultyStore(StoreWrapper):
     """Delegates to ``inner``. ``hooks`` run before each call and may raise or pause it;
-    ``observers`` run after a call that succeeded."""
+    ``observers`` run after a put or delete that succeeded. Both get ``(operation, key)``:
+    the prefix for a list, and one ``("delete", key)`` per key of a delete_many."""
 
     inner: Store
     hooks: list[Hook] = field(default_factory=list)
     observers: list[Hook] = field(default_factory=list)
+
+    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
+        if call.operation == "delete_many":
+            for key in call.keys:
+                await self._before("delete", key)
+            result = await run()
+            for key in call.keys:
+                await self._after("delete", key)
+            return result
+        await self._before(call.operation, call.key)
+        result = await run()
+        if call.operation in ("put", "delete"):
+            await self._after(call.operation, call.key)
+        return result
 
     async def _before(self, operation: str, key: str) -> None:
         for hook in list(self.hooks):
@@ -26,43 +45,3 @@ class FaultyStore:
     async def _after(self, operation: str, key: str) -> None:
         for observer in list(self.observers):
             await observer(operation, key)
-
-    async def get(self, key: str) -> StoredObject:
-        await self._before("get", key)
-        return await self.inner.get(key)
-
-    async def head(self, key: str) -> ObjectMeta:
-        await self._before("head", key)
-        return await self.inner.head(key)
-
-    async def put(
-        self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
-    ) -> str:
-        await self._before("put", key)
-        etag = await self.inner.put(key, data, mode, durable=durable)
-        await self._after("put", key)
-        return etag
-
-    async def list(
-        self, prefix: str = "", start_after: str | None = None, limit: int | None = None
-    ) -> list[ObjectMeta]:
-        await self._before("list", prefix)
-        return await self.inner.list(prefix, start_after, limit)
-
-    async def delete(self, key: str) -> None:
-        await self._before("delete", key)
-        await self.inner.delete(key)
-        await self._after("delete", key)
-
-    async def delete_many(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            await self._before("delete", key)
-        await self.inner.delete_many(keys)
-        for key in keys:
-            await self._after("delete", key)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def __repr__(self) -> str:
-        return f"FaultyStore({self.inner!r})"

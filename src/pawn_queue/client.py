@@ -10,7 +10,7 @@ import reprlib
 import sys
 from collections.abc import Collection
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
@@ -22,8 +22,8 @@ from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
-from pawn_queue.store.counting import CountingStore
 from pawn_queue.store.memory import MemoryStore
+from pawn_queue.store.wrapper import StoreWrapper
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_RETENTION_ACTION,
@@ -336,14 +336,10 @@ class PawnQueue:
 
 def _is_local(store: Store) -> bool:
     """Whether ``store`` is memory or a local directory (both known to enforce create-only
-    and if-match puts), also inside the counting and metrics wrappers, which change nothing.
-    Any other store or wrapper is probed."""
-    wrappers: tuple[type, ...] = (CountingStore,)
-    metrics = sys.modules.get("pawn_queue.metrics")
-    if metrics is not None:
-        wrappers += (metrics.MetricsStore,)
-    while isinstance(store, wrappers):
-        store = cast(CountingStore, store).inner
+    and if-match puts), also inside StoreWrappers (counting, metrics), which keep the inner
+    store's semantics. Any other store or wrapper is probed."""
+    while isinstance(store, StoreWrapper):
+        store = store.inner
     # Loaded whenever such a store exists (importing it needs fcntl, POSIX only).
     filesystem = sys.modules.get("pawn_queue.store.filesystem")
     if filesystem is not None and isinstance(store, filesystem.FilesystemStore):

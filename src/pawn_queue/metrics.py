@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pawn_queue import layout
 from pawn_queue.exceptions import (
@@ -32,13 +32,16 @@ from pawn_queue.exceptions import (
     StoreUnavailable,
 )
 from pawn_queue.message import Message
-from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, Store, StoredObject
+from pawn_queue.store.base import IfMatch, Store
+from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from pawn_queue.consumer import Consumer
     from pawn_queue.topics import TopicStats
+
+T = TypeVar("T")
 
 PREFIX = "pawnqueue"
 
@@ -198,18 +201,19 @@ def _observed_message_class(metrics: QueueMetrics) -> type[Message]:
     return ObservedMessage
 
 
-class MetricsStore:
+class MetricsStore(StoreWrapper):
     """Delegates to ``inner``; counts and times every request (a failure counts too)."""
 
     def __init__(self, inner: Store, metrics: QueueMetrics) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.metrics = metrics
 
-    async def _timed(self, operation: str, call: Awaitable[Any]) -> Any:
+    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
+        operation = _operation(call)
         started = time.perf_counter()
         outcome = "ok"
         try:
-            return await call
+            result = await run()
         except BaseException as exc:
             outcome = _outcome(exc)
             raise
@@ -218,47 +222,24 @@ class MetricsStore:
                 time.perf_counter() - started
             )
             self.metrics.store_requests_total.labels(operation, outcome).inc()
-
-    async def get(self, key: str) -> StoredObject:
-        result: StoredObject = await self._timed("get", self.inner.get(key))
+        if call.operation == "put":
+            self._count_dead_letter(call.key)
         return result
 
-    async def head(self, key: str) -> ObjectMeta:
-        result: ObjectMeta = await self._timed("head", self.inner.head(key))
-        return result
-
-    async def put(
-        self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
-    ) -> str:
-        if isinstance(mode, IfMatch):
-            operation = "put_if_match"
-        else:
-            operation = "put_create" if mode == "create" else "put"
-        etag: str = await self._timed(operation, self.inner.put(key, data, mode, durable=durable))
+    def _count_dead_letter(self, key: str) -> None:
+        """A successful write under a topic's dead letters is a dead-lettered message."""
         topic = layout.topic_of(key)
         if key.startswith(layout.dead_letter_prefix(topic)):
             self.metrics.dead_lettered_total.labels(topic).inc()
-        return etag
 
-    async def list(
-        self, prefix: str = "", start_after: str | None = None, limit: int | None = None
-    ) -> list[ObjectMeta]:
-        result: list[ObjectMeta] = await self._timed(
-            "list", self.inner.list(prefix, start_after, limit)
-        )
-        return result
 
-    async def delete(self, key: str) -> None:
-        await self._timed("delete", self.inner.delete(key))
-
-    async def delete_many(self, keys: Sequence[str]) -> None:
-        await self._timed("delete_many", self.inner.delete_many(keys))
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def __repr__(self) -> str:
-        return f"MetricsStore({self.inner!r})"
+def _operation(call: StoreCall) -> str:
+    """The ``operation`` label: puts are split by mode."""
+    if call.operation != "put":
+        return call.operation
+    if isinstance(call.mode, IfMatch):
+        return "put_if_match"
+    return "put_create" if call.mode == "create" else "put"
 
 
 _default: QueueMetrics | None = None
