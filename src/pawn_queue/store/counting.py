@@ -6,13 +6,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar, cast
 
-from pawn_queue.store.base import IfMatch, ObjectMeta, Store
+from pawn_queue.store.base import LIST_PAGE, IfMatch, ObjectMeta, Store
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 
 T = TypeVar("T")
-
-_DELETE_BATCH = 1000  # S3 DeleteObjects takes at most 1,000 keys per request
-_LIST_PAGE = 1000  # S3 ListObjectsV2 returns at most 1,000 keys per request
 
 
 class CountingStore(StoreWrapper):
@@ -37,7 +34,7 @@ class CountingStore(StoreWrapper):
     async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
         if call.operation == "list":
             result = await run()
-            pages = -(-len(cast("list[ObjectMeta]", result)) // _LIST_PAGE)
+            pages = -(-len(cast("list[ObjectMeta]", result)) // LIST_PAGE)
             self.counts["LIST"] += max(1, pages)
             return result
         if call.operation == "put":
@@ -46,7 +43,7 @@ class CountingStore(StoreWrapper):
             else:
                 self.counts["PUT create" if call.mode == "create" else "PUT"] += 1
         elif call.operation == "delete_many":
-            self.counts["DELETE"] += -(-len(call.keys) // _DELETE_BATCH)
+            self.counts["DELETE"] += -(-len(call.keys) // LIST_PAGE)
         else:
             self.counts[call.operation.upper()] += 1
         return await run()
