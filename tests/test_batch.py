@@ -125,7 +125,7 @@ async def test_batch_whose_delete_failed_is_deleted_by_the_next_holder(
         await settled(qa)
         [lease] = await store.inner.list("t/leases/")
         assert json.loads((await store.inner.get(lease.key)).data)["settled"] == [0, 1, 2]
-        assert a._held == {}, "the lease is left to expire"
+        assert len(a.held_leases) == 0, "the lease is left to expire"
 
         b = await qb.register_consumer("b", topics=["t"])
         async with asyncio.timeout(20):
@@ -147,11 +147,11 @@ async def test_takeover_redelivers_only_unsettled_members(queue_config: dict[str
         first = await a.poll()
         for message in first:
             await message.ack()
-        [lease] = a._held.values()
+        [lease] = a.held_leases
         await qa._leases.refresh(lease)  # what the background refresh does
         body = json.loads((await qa.store.get(layout.lease_key("t", lease.message_id))).data)
         assert sorted(body["settled"]) == list(range(10))
-        a._refresh_paused = True  # consumer a stalls, as if it crashed
+        a.held_leases.paused = True  # consumer a stalls, as if it crashed
 
         b = await qb.register_consumer("b", topics=["t"])
         got: list[str] = []

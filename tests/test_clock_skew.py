@@ -59,7 +59,7 @@ async def hosts(queue_config: dict[str, Any]) -> AsyncIterator[Callable[[float],
         await holder_queue.create_topic("t")
         holder = await holder_queue.register_consumer("holder", topics=["t"])
         other = await other_queue.register_consumer("other", topics=["t"])
-        holder._refresh_paused = True  # refreshes happen when the test says
+        holder.held_leases.paused = True  # refreshes happen when the test says
 
         def make(skew: float) -> Hosts:
             timeline = Timeline(now_utc())
@@ -79,7 +79,7 @@ async def publish_and_hold(h: Hosts) -> Message:
 
 
 async def refresh(h: Hosts, held: Message) -> None:
-    await h.holder_queue._leases.refresh(h.holder._held[lease_key(held)])  # type: ignore[union-attr]
+    await h.holder_queue._leases.refresh(h.holder.held_leases.get(lease_key(held)))  # type: ignore[union-attr]
 
 
 def lease_key(message: Message) -> str:

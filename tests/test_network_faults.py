@@ -167,7 +167,7 @@ async def stall_until_taken_over(
 ) -> None:
     """Stop refreshing leases until another consumer was given one of ``seqs`` after
     ``since`` (an earlier delivery, such as of a resent publish acked before, is no takeover)."""
-    consumer._refresh_paused = True
+    consumer.held_leases.paused = True
 
     def taken_over() -> bool:
         return any(
@@ -177,7 +177,7 @@ async def stall_until_taken_over(
 
     async with asyncio.timeout(20), ledger.changed:
         await ledger.changed.wait_for(taken_over)
-    consumer._refresh_paused = False
+    consumer.held_leases.paused = False
 
 
 def check_deliveries(ledger: Ledger, resent: set[str]) -> dict[str, int]:

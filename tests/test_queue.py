@@ -261,7 +261,7 @@ async def test_poll_refreshes_leases_and_lost_lease_ack_deletes_nothing(
         for _ in range(6):
             await asyncio.sleep(0.5)
             assert await b.poll() == []
-        a._refresh_paused = True  # a stalled process: no more refreshes
+        a.held_leases.paused = True  # a stalled process: no more refreshes
         taken = await _poll_until_one(b, within=10)
         assert taken.id == held.id
         with pytest.raises(LeaseLostError):
@@ -300,11 +300,12 @@ async def test_refresh_after_takeover_does_not_overwrite(queue_config: dict[str,
         a = await qa.register_consumer("a", topics=["t"])
         b = await qb.register_consumer("b", topics=["t"])
         [held] = await a.poll()
-        a._refresh_paused = True
+        a.held_leases.paused = True
         taken = await _poll_until_one(b, within=10)
         key = layout.lease_key("t", held.id)
         owner_etag = (await qa.store.head(key)).etag
-        lease_a = a._held[key]
+        lease_a = a.held_leases.get(key)
+        assert lease_a is not None
         with pytest.raises(LeaseLostError):
             await qa._leases.refresh(lease_a)  # type: ignore[union-attr]
         assert (await qa.store.head(key)).etag == owner_etag
@@ -441,9 +442,10 @@ async def test_janitor_racing_refresh_keeps_live_lease(queue_config: dict[str, A
         a = await qa.register_consumer("a", topics=["t"])
         b = await qb.register_consumer("b", topics=["t"])
         [held] = await a.poll()
-        a._refresh_paused = True
+        a.held_leases.paused = True
         key = layout.lease_key("t", held.id)
-        lease_a = a._held[key]
+        lease_a = a.held_leases.get(key)
+        assert lease_a is not None
         await asyncio.sleep(0.8)  # let the lease expire on every clock
         takeover_ready, refreshed = asyncio.Event(), asyncio.Event()
 

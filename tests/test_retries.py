@@ -232,8 +232,9 @@ async def test_max_receive_count_catches_a_consumer_that_keeps_dying(
             consumer = await dying.register_consumer(f"dies-{attempt}", topics=["t"])
             [message] = await consumer.poll(wait=10)
             assert message.receive_count == attempt
-            consumer._refresh_paused = True  # then the process "dies": its lease expires
-            consumer._held.clear()  # so teardown has nothing to release
+            consumer.held_leases.paused = True  # then the process "dies": its lease expires
+            for lease in consumer.held_leases:  # so teardown has nothing to release
+                consumer.held_leases.forget(lease)
     async with await PawnQueue.from_config(queue_config) as pq:
         consumer = await pq.register_consumer("survivor", topics=["t"])
         assert await consumer.poll(wait=3) == []

@@ -8,6 +8,8 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+IO_CONCURRENCY = 32  # requests in flight per consumer (claims, reads, refreshes, releases)
+
 
 async def gather_limited(limit: int, aws: Iterable[Awaitable[T]]) -> list[T | BaseException]:
     """Run ``aws`` with at most ``limit`` at once; results (or raised exceptions) in order."""

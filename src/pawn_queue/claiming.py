@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pawn_queue import layout
+from pawn_queue._aio import IO_CONCURRENCY
 from pawn_queue.envelope import (
     CorruptObject,
     DeadLetterInfo,
@@ -47,7 +48,6 @@ from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
 
-IO_CONCURRENCY = 32  # requests in flight per consumer
 
 _MIN_PAGE = 100
 _LANES = 8
@@ -461,10 +461,9 @@ class Claimer:
         ]
 
     async def _remove(self, key: str, lease: Lease) -> None:
-        """Delete a claimed object, then its lease (rule 4). Unlike an ack's, these deletes
-        raise: the object stays claimed until its lease expires, and is looked at again."""
-        await self._store.delete(key)
-        await self._leases.release(lease, message_gone=True)
+        """Delete a claimed object, then its lease (rule 4). If the object's delete fails,
+        it stays claimed until its lease expires, and is looked at again."""
+        await self._leases.settle(lease, key)
 
     async def _dead_letter_all(
         self, key: str, lease: Lease, envelopes: list[Envelope], reason: str, error: str

@@ -16,7 +16,7 @@ from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
 from pawn_queue.exceptions import ConfigError, PawnQueueError, RootNotFound
-from pawn_queue.leases import LeaseManager, ResolvedStrategy, probe_strategy
+from pawn_queue.leases import LeaseManager, ResolvedStrategy
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
@@ -24,6 +24,7 @@ from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
 from pawn_queue.store.memory import MemoryStore
 from pawn_queue.store.wrapper import StoreWrapper
+from pawn_queue.strategy import probe_strategy
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_RETENTION_ACTION,

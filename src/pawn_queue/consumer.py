@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -12,13 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pawn_queue import handlers
-from pawn_queue._aio import gather_limited
-from pawn_queue.claiming import IO_CONCURRENCY, Claimer
+from pawn_queue._aio import IO_CONCURRENCY, gather_limited
+from pawn_queue.claiming import Claimer
 from pawn_queue.config import PollingConfig
 from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ConfigError, LeaseLostError, PawnQueueError, StoreError
 from pawn_queue.handlers import Handler
-from pawn_queue.leases import Lease, LeaseManager
+from pawn_queue.lease_keeper import LeaseKeeper
+from pawn_queue.leases import LeaseManager
 from pawn_queue.message import Message
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.registry import RegistryEntry
@@ -76,6 +76,8 @@ class Consumer:
         self._topics = list(topics)
         self._leases = leases
         self._polling = polling
+        # The leases of the messages handed out or buffered.
+        self._keeper = LeaseKeeper(leases, polling.lease_refresh_interval_seconds)
         self._claimer = Claimer(
             entry.entity_id,
             store,
@@ -83,14 +85,10 @@ class Consumer:
             signals,
             topic_settings,
             visibility_timeout or polling.visibility_timeout_seconds,
-            hold=self._hold,
-            forget=self._forget,
+            hold=self._keeper.hold,
+            forget=self._keeper.forget,
         )
-        self._held: dict[str, Lease] = {}  # the leases of the messages handed out or buffered
-        self._refresher: asyncio.Task[None] | None = None
-        self._refresher_stop = asyncio.Event()
         self._next_topic = 0
-        self._refresh_paused = False  # lets tests stand in for a stalled process
         self._stopping = False  # listen() was cancelled and waits for its handlers
 
     @property
@@ -296,65 +294,17 @@ class Consumer:
 
     # -- leases -----------------------------------------------------------------------------
 
-    def _hold(self, lease: Lease) -> None:
-        """Keep ``lease`` refreshed in the background until it is settled or released."""
-        self._held[lease.key] = lease
-        if self._refresher is None or self._refresher.done():
-            self._refresher_stop = asyncio.Event()
-            self._refresher = asyncio.create_task(self._refresh_loop(self._refresher_stop))
-
-    def _forget(self, lease: Lease) -> None:
-        self._held.pop(lease.key, None)
-
-    async def _refresh_loop(self, stop: asyncio.Event) -> None:
-        interval = self._polling.lease_refresh_interval_seconds
-        # Each lease is refreshed on its own: a slow or stalled request must not hold back
-        # the refreshes of the others (their leases would run out meanwhile).
-        running: dict[str, asyncio.Task[None]] = {}
-        slots = asyncio.Semaphore(IO_CONCURRENCY)
-        try:
-            while self._held:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval)
-                if stop.is_set():
-                    return
-                if self._refresh_paused:
-                    continue
-                for key in [k for k in running if running[k].done()]:
-                    del running[key]
-                for lease in list(self._held.values()):
-                    if lease.key not in running:
-                        running[lease.key] = asyncio.create_task(self._refresh(lease, slots))
-        finally:
-            # Never stop mid-write: a cancelled request can still land after the release.
-            await asyncio.gather(*running.values(), return_exceptions=True)
-
-    async def _refresh(self, lease: Lease, slots: asyncio.Semaphore) -> None:
-        async with slots:
-            try:
-                await self._leases.refresh(lease)
-            except LeaseLostError:
-                self._held.pop(lease.key, None)
-            except Exception as exc:
-                logger.warning("lease refresh failed key=%s error=%s", lease.key, exc)
+    @property
+    def held_leases(self) -> LeaseKeeper:
+        """The leases of the messages this consumer handed out or holds for its next poll,
+        refreshed in the background until they are settled or released."""
+        return self._keeper
 
     async def release_all(self) -> None:
         """Release every lease this consumer holds and stop refreshing. Their messages can be
         claimed again at once, and this delivery does not count as a receive."""
         # Claims still in flight may yet win a lease: let them finish, then release it too.
         await asyncio.gather(*self._claimer.background, return_exceptions=True)
-        if self._refresher is not None:
-            # Stop it between rounds, never mid-write: a cancelled request can still land
-            # after the release and resurrect the lease.
-            self._refresher_stop.set()
-            await self._refresher
-            self._refresher = None
         self._claimer.buffer.clear()
-        held, self._held = list(self._held.values()), {}
-        results = await gather_limited(
-            IO_CONCURRENCY, (self._leases.release(lease, counted=False) for lease in held)
-        )
-        for lease, result in zip(held, results, strict=True):
-            if isinstance(result, BaseException):
-                logger.warning("lease release failed key=%s error=%s", lease.key, result)
+        await self._keeper.release_all()
         await self._leases.background_done()

@@ -22,13 +22,13 @@ import contextlib
 import logging
 import secrets
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from pawn_queue import layout
+from pawn_queue._aio import IO_CONCURRENCY, gather_limited
 from pawn_queue.config import ConcurrencyConfig
 from pawn_queue.envelope import CorruptObject, LeaseBody, now_utc
 from pawn_queue.exceptions import (
@@ -273,6 +273,62 @@ class LeaseManager:
             lease.released = True
             await self.deleter.delete(lease.key)
 
+    async def settle(self, lease: Lease, object_key: str, *, lease_later: bool = False) -> None:
+        """The messages of ``object_key`` are settled: delete the object, then its lease
+        (rule 4). The object's delete raises; the lease's is only logged (a leftover lease
+        blocks nothing, and :meth:`sweep_orphans` deletes it) and, with ``lease_later``, runs
+        in the background (:meth:`background_done` waits for it)."""
+        with contextlib.suppress(NotFound):
+            await self.deleter.delete(object_key)
+        if lease_later:
+            self.release_gone_later(lease)
+        else:
+            await self.release_gone(lease)
+
+    async def settle_many(self, settled: Sequence[tuple[str, Lease]]) -> None:
+        """:meth:`settle` for many objects: one ``delete_many``, then their leases."""
+        await self._store.delete_many([key for key, _ in settled])
+        await gather_limited(IO_CONCURRENCY, (self.release_gone(lease) for _, lease in settled))
+
+    async def adopt(
+        self,
+        topic: str,
+        object_key: str,
+        consumer_id: str,
+        visibility: float,
+    ) -> Lease | None:
+        """Hold the lease of ``object_key`` again after a restart: a lease ``consumer_id``
+        wrote in an earlier run is refreshed with if-match on its etag (rule 3: only its
+        holder writes it, and the holder is that consumer); a free or expired one is
+        claimed. None if someone else holds it."""
+        pending = layout.parse_pending_key(object_key)
+        if pending is None:
+            return None
+        key = layout.lease_key(topic, pending.lease_id())
+        try:
+            current = await self._store.get(key)
+            body: LeaseBody | None = LeaseBody.decode(current.data)
+        except (NotFound, CorruptObject):
+            body = None
+        if body is None or body.consumer_id != consumer_id:
+            return await self.claim(
+                topic,
+                pending.object_id,
+                object_key,
+                consumer_id,
+                visibility,
+                lease_id=pending.lease_id(),
+            )
+        if body.message_key not in ("", object_key):
+            return None  # a group's lease, on a later message of the group
+        lease = Lease(topic, pending.object_id, object_key, key, current.meta.etag, body, 0.0)
+        try:
+            await self.refresh(lease, visibility)
+        except LeaseLostError:
+            return None
+        self._held_here.add(key)
+        return lease
+
     async def release_gone(self, lease: Lease) -> None:
         """Give up the lease of a message that is gone (acked or dead-lettered). A failure is
         only logged: a leftover lease blocks nothing, and :meth:`sweep_orphans` deletes it."""
@@ -385,7 +441,7 @@ class LeaseManager:
             message_id=message_id,
             claimed_at=now.isoformat(),
             expires_at=(now + timedelta(seconds=visibility)).isoformat(),
-            nonce=_nonce(),
+            nonce=nonce(),
             message_key=message_key,
         )
 
@@ -450,45 +506,6 @@ class LeaseManager:
             return False
 
 
-def _nonce() -> str:
+def nonce() -> str:
+    """A fresh 256-bit random value, hex."""
     return secrets.token_hex(32)
-
-
-async def probe_strategy(store: Store) -> ResolvedStrategy:
-    """The README's probe: write ``_probe/{uuid}.probe``, then write it again create-only.
-
-    conditional_write is chosen only if create-only *and* if-match are both enforced.
-    """
-    key = layout.probe_key(str(uuid.uuid4()))
-    try:
-        await store.put(key, _nonce().encode(), "overwrite")
-        create_enforced = await _rejects(store.put(key, _nonce().encode(), "create"), AlreadyExists)
-        stale = IfMatch('"pawn-queue-probe-stale-etag"')
-        if_match_enforced = await _rejects(
-            store.put(key, _nonce().encode(), stale), PreconditionFailed
-        )
-    finally:
-        await store.delete(key)
-    strategy: ResolvedStrategy = (
-        "conditional_write" if create_enforced and if_match_enforced else "csprng_verify"
-    )
-    logger.info(
-        "strategy=%s create_only=%s if_match=%s (probe of conditional writes)",
-        strategy,
-        create_enforced,
-        if_match_enforced,
-    )
-    return strategy
-
-
-async def _rejects(put: Awaitable[str], error: type[StoreError]) -> bool:
-    """Whether the store refused the write with ``error`` (a transient failure propagates)."""
-    try:
-        await put
-    except error:
-        return True
-    except StoreUnavailable:
-        raise
-    except StoreError:
-        return False
-    return False

@@ -18,7 +18,7 @@ from typing import Any
 
 from pawn_queue import layout
 from pawn_queue.envelope import DeadLetterInfo, Envelope, encode_dead_letter, now_utc
-from pawn_queue.exceptions import ConfigError, NotFound, PawnQueueError, PublishError, StoreError
+from pawn_queue.exceptions import ConfigError, PawnQueueError, PublishError, StoreError
 from pawn_queue.leases import Lease, LeaseManager
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.store.base import Store
@@ -121,27 +121,20 @@ class ClaimedObject:
                 self._on_done(self.lease)
                 self._leases.in_background(self._finish_batch())
                 return
-        with contextlib.suppress(NotFound):
-            await self._leases.deleter.delete(self.key)
+        # A group's next message waits for its lease: that release is not left for later.
+        await self._leases.settle(self.lease, self.key, lease_later=own_lease)
         self._on_done(self.lease)
-        if own_lease:
-            self._leases.release_gone_later(self.lease)
-        else:
-            await self._leases.release_gone(self.lease)  # a group's next message waits for it
 
     async def _finish_batch(self) -> None:
         """Delete a batch object whose members are all settled, then its lease. If the delete
         fails, the lease records every member as settled (so far as the store lets it) and
         is left to expire: the consumer that takes the object over deletes it."""
         try:
-            with contextlib.suppress(NotFound):
-                await self._leases.deleter.delete(self.key)
+            await self._leases.settle(self.lease, self.key)
         except StoreError as exc:
             logger.warning("batch object delete failed key=%s error=%s", self.key, exc)
             with contextlib.suppress(PawnQueueError):
                 await self._leases.refresh(self.lease)
-            return
-        await self._leases.release_gone(self.lease)
 
 
 class Message:

@@ -25,9 +25,10 @@ from datetime import datetime
 from pawn_queue import layout
 from pawn_queue._aio import gather_limited
 from pawn_queue.claiming import scan_page
-from pawn_queue.envelope import CorruptObject, LeaseBody, decode_batch, now_utc
-from pawn_queue.exceptions import LeaseLostError, NotFound, PawnQueueError
-from pawn_queue.leases import Lease, LeaseManager, probe_strategy
+from pawn_queue.envelope import CorruptObject, decode_batch, now_utc
+from pawn_queue.exceptions import NotFound, PawnQueueError
+from pawn_queue.lease_keeper import LeaseKeeper
+from pawn_queue.leases import Lease, LeaseManager
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.spark import runtime
 from pawn_queue.spark.manifests import Budget, Limit, Manifest
@@ -35,6 +36,7 @@ from pawn_queue.spark.options import SourceOptions
 from pawn_queue.spark.reading import DataLossError, ObjectRef
 from pawn_queue.store import open_store
 from pawn_queue.store.base import ObjectMeta, Store
+from pawn_queue.strategy import probe_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +66,8 @@ class StreamDriver:
         self._signals = ChangeSignals(store, config.notify)
         self._poll_interval = self._signals.idle_wait(config.polling.interval_seconds)
         self._timeout = options.lease_timeout
-        self._held: dict[str, Lease] = {}  # lease key -> a lease of a live manifest
+        # The leases of live manifests, refreshed a third of the lease timeout apart.
+        self._keeper = LeaseKeeper(leases, options.lease_timeout / 3)
         self._manifests: dict[int, Manifest] = {}  # loaded or created in this run, not acked
         self._stored: set[int] = set()  # in the store at start, not loaded yet
         self._cleaned = False
@@ -96,10 +99,7 @@ class StreamDriver:
             batch = layout.spark_manifest_batch(meta.key)
             if batch is not None:
                 driver._stored.add(batch)
-        driver._tasks = [
-            asyncio.create_task(driver._refresh_loop()),
-            asyncio.create_task(driver._watch_loop()),
-        ]
+        driver._tasks = [asyncio.create_task(driver._watch_loop())]
         logger.info(
             "pawnqueue stream query=%s topics=%s strategy=%s manifests=%s",
             query,
@@ -111,6 +111,7 @@ class StreamDriver:
 
     async def stop(self) -> None:
         """Stop background work. Leases stay until they expire: a restart takes them back."""
+        await self._keeper.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -137,7 +138,7 @@ class StreamDriver:
                 layout.spark_manifest_key(self.query, following), manifest.encode(self.query)
             )
         except BaseException:
-            await self._release([self._held.pop(_lease_key(ref)) for ref in refs])
+            await self._keeper.release([self._keeper_lease(ref) for ref in refs])
             raise
         self._manifests[following] = manifest
         return following
@@ -159,7 +160,7 @@ class StreamDriver:
                         raise DataLossError(f"{message}; set failOnDataLoss=false to skip it")
                     logger.warning("%s; skipping the micro-batch", message)
                     continue
-                await self._adopt_all(manifest.refs)
+                await self._leases_for(manifest.refs)  # take their leases back
                 self._manifests[batch] = manifest
                 self._stored.discard(batch)
             manifests.append(manifest)
@@ -230,12 +231,12 @@ class StreamDriver:
                         if budget.admits(ref.size, rows) or not refs:
                             budget.take(ref.size, rows)
                             refs.append(ref)
-                            self._held[lease.key] = lease
+                            self._keeper.hold(lease)
                         else:
                             excess.append(lease)
             if excess or candidates:
                 self._backlog = True
-            await self._release(excess)
+            await self._keeper.release(excess)
             if finished:
                 return
             start_after = page[-1].key
@@ -264,7 +265,7 @@ class StreamDriver:
         claimable = [
             (pending, meta)
             for pending, meta in scanned.found
-            if layout.lease_key(topic, pending.lease_id()) not in self._held
+            if layout.lease_key(topic, pending.lease_id()) not in self._keeper
             and self._leases.worth_claiming(topic, pending.lease_id(), meta.key)
         ]
         return claimable, scanned.ends or len(page) < layout.LIST_PAGE
@@ -307,21 +308,13 @@ class StreamDriver:
         )
         held = []
         for (ref, lease), check in zip(leases, checks, strict=True):
+            self._keeper.forget(lease)
             if isinstance(check, BaseException):
                 logger.warning("not acking key=%s: lease lost (%s)", ref.key, check)
-                self._held.pop(lease.key, None)
             else:
-                held.append((ref, lease))
+                held.append((ref.key, lease))
         if held:
-            await self._store.delete_many([ref.key for ref, _ in held])
-        results = await gather_limited(
-            _IO_CONCURRENCY,
-            (self._leases.release(lease, message_gone=True) for _, lease in held),
-        )
-        for (ref, lease), result in zip(held, results, strict=True):
-            self._held.pop(lease.key, None)
-            if isinstance(result, BaseException):
-                logger.warning("lease release failed key=%s error=%s", ref.key, result)
+            await self._leases.settle_many(held)
         logger.info(
             "pawnqueue acked query=%s batch=%d objects=%d of %d",
             self.query,
@@ -344,48 +337,19 @@ class StreamDriver:
         return out
 
     async def _lease_for(self, ref: ObjectRef) -> Lease | None:
-        lease = self._held.get(_lease_key(ref))
+        lease = self._keeper.get(_lease_key(ref))
         if lease is not None and not lease.lost:
             return lease
-        return await self._adopt(ref)
+        lease = await self._leases.adopt(
+            layout.topic_of(ref.key), ref.key, self.consumer_id, self._timeout
+        )
+        if lease is not None:
+            self._keeper.hold(lease)
+        return lease
 
-    async def _adopt_all(self, refs: Iterable[ObjectRef]) -> None:
-        await self._leases_for(refs)
-
-    async def _adopt(self, ref: ObjectRef) -> Lease | None:
-        """Hold ``ref``'s lease again. A lease of this query from an earlier run is refreshed
-        with if-match on its etag (rule 3: only its holder writes it, and the holder is the
-        query); a free or expired one is claimed. None if someone else holds it."""
-        pending = layout.parse_pending_key(ref.key)
-        if pending is None:
-            return None
-        topic, key = layout.topic_of(ref.key), _lease_key(ref)
-        try:
-            current = await self._store.get(key)
-            body: LeaseBody | None = LeaseBody.decode(current.data)
-        except (NotFound, CorruptObject):
-            body = None
-        lease: Lease | None
-        if body is not None and body.consumer_id == self.consumer_id:
-            if body.message_key not in ("", ref.key):
-                return None  # a group's lease, on a later message of the group
-            lease = Lease(topic, pending.object_id, ref.key, key, current.meta.etag, body, 0.0)
-            try:
-                await self._leases.refresh(lease, self._timeout)
-            except LeaseLostError:
-                return None
-        else:
-            lease = await self._leases.claim(
-                topic,
-                pending.object_id,
-                ref.key,
-                self.consumer_id,
-                self._timeout,
-                lease_id=pending.lease_id(),
-            )
-            if lease is None:
-                return None
-        self._held[key] = lease
+    def _keeper_lease(self, ref: ObjectRef) -> Lease:
+        lease = self._keeper.get(_lease_key(ref))
+        assert lease is not None, ref.key  # every ref of a manifest being built is held
         return lease
 
     async def _discard_after(self, start: int) -> None:
@@ -395,22 +359,12 @@ class StreamDriver:
             manifest = await self._load(batch)
             if manifest is not None:
                 leases = await self._leases_for(manifest.refs)
-                await self._release([lease for _, lease in leases])
+                await self._keeper.release([lease for _, lease in leases])
             await self._store.delete(layout.spark_manifest_key(self.query, batch))
             self._stored.discard(batch)
             logger.info(
                 "pawnqueue discarded unlogged manifest query=%s batch=%d", self.query, batch
             )
-
-    async def _release(self, leases: list[Lease]) -> None:
-        """Give leases back (their objects stay pending)."""
-        results = await gather_limited(
-            _IO_CONCURRENCY, (self._leases.release(lease) for lease in leases)
-        )
-        for lease, result in zip(leases, results, strict=True):
-            self._held.pop(lease.key, None)
-            if isinstance(result, BaseException):
-                logger.warning("lease release failed key=%s error=%s", lease.key, result)
 
     async def _load(self, batch: int) -> Manifest | None:
         try:
@@ -420,18 +374,6 @@ class StreamDriver:
         return Manifest.decode(batch, stored.data)
 
     # -- background -------------------------------------------------------------------------
-
-    async def _refresh_loop(self) -> None:
-        """Keep every lease of a live manifest: refresh each a third of the timeout."""
-        while True:
-            await asyncio.sleep(self._timeout / 3)
-            held = [lease for lease in self._held.values() if not (lease.lost or lease.released)]
-            results = await gather_limited(
-                _IO_CONCURRENCY, (self._leases.refresh(lease) for lease in held)
-            )
-            for lease, result in zip(held, results, strict=True):
-                if isinstance(result, BaseException):
-                    logger.warning("lease refresh failed key=%s error=%s", lease.key, result)
 
     async def _watch_loop(self) -> None:
         """Note change signals of the topics (one HEAD of ``_notify/_`` per check)."""
