@@ -1,9 +1,19 @@
 """S3 client errors as the library's errors: status, S3 code and message only, never the
-request URL, headers or response body (an AWS error body can echo the access key)."""
+request URL, headers or response body (an AWS error body can echo the access key).
+
+The kind of error comes from obstore's exception types where it has one: FileNotFoundError
+(404), AlreadyExistsError, PreconditionError, PermissionDeniedError, UnauthenticatedError.
+Everything else obstore raises as a GenericError, and its exceptions carry no fields: the
+HTTP status, the S3 error code and message, whether an answer came at all, the retry count
+and the URL of the request that failed are only in the message text. :func:`read_error_text`
+is the one place that reads it; tests/test_s3_error_text.py pins the texts it depends on,
+produced by obstore against a real server, so a release that rewords them fails there.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from obstore.exceptions import (
@@ -78,6 +88,71 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorText:
+    """What an obstore error's message tells and its exception does not carry."""
+
+    status: int | None
+    """The HTTP status the server answered; None when no answer came."""
+    code: str | None
+    """The S3 error code of the answer's body (``NoSuchBucket``, ``SlowDown``...)."""
+    message: str | None
+    """The S3 error message of the answer's body (at most 200 characters)."""
+    failures: frozenset[str]
+    """The client's failure kinds when no answer came (``Connect``, ``ConnectionRefused``,
+    ``Timeout``, ``Interrupted``...)."""
+    sending_failed: bool
+    """The client says it could not send the request (or read its answer)."""
+    retries: int | None
+    """How many times the client resent the request before giving up."""
+    metadata_request: bool
+    """The failed request went to the instance-metadata service, not to the store."""
+
+
+def read_error_text(text: str) -> ErrorText:
+    """Read what obstore says only in its error message (see the module docstring)."""
+    status = re.search(r"status(?: code)?: (\d{3})", text)
+    code = re.search(r"<Code>([A-Za-z0-9.]{1,64})</Code>", text)
+    message = re.search(r"<Message>([^<]{0,200})</Message>", text)
+    retries = re.search(r"after (\d+) retries", text)
+    return ErrorText(
+        status=int(status.group(1)) if status else None,
+        code=code.group(1) if code else None,
+        message=message.group(1).strip() if message else None,
+        failures=frozenset(re.findall(r"kind: (\w+)", text)),
+        sending_failed="error sending request" in text,
+        retries=int(retries.group(1)) if retries else None,
+        metadata_request=_METADATA_REQUEST.search(text) is not None,
+    )
+
+
+def _error_class(exc: Exception, told: ErrorText) -> type[StoreError]:
+    """The library's error for a client exception: by its type, else by what its text told."""
+    if told.code == "NoSuchBucket":  # a 404 typed like a missing key, or generic (a listing)
+        return BucketNotFound
+    if isinstance(exc, AlreadyExistsError):
+        return AlreadyExists
+    if isinstance(exc, PreconditionError):
+        return PreconditionFailed
+    if isinstance(exc, FileNotFoundError) or told.status == 404:
+        return NotFound
+    if (
+        isinstance(exc, PermissionDeniedError | UnauthenticatedError)
+        or told.status in (401, 403)
+        or told.code in _ACCESS_CODES
+    ):
+        return AccessDenied
+    if told.status is not None:
+        transient = told.status >= 500 or told.status == 429 or told.code in _TRANSIENT_CODES
+    else:
+        transient = (
+            told.code in _TRANSIENT_CODES
+            or bool(told.failures & _NETWORK_KINDS)
+            or told.sending_failed
+        )
+    return StoreUnavailable if transient else StoreError
+
+
 def translate(
     exc: Exception, op: str, where: str, endpoint: str, *, keys_given: bool = True
 ) -> StoreError:
@@ -87,58 +162,28 @@ def translate(
     ``keys_given``: whether the config had keys. Without them, a failed instance-metadata
     request means no credentials were found anywhere, and the error says so.
     """
-    text = str(exc)
-    status_match = re.search(r"status(?: code)?: (\d{3})", text)
-    status = int(status_match.group(1)) if status_match else None
-    code_match = re.search(r"<Code>([A-Za-z0-9.]{1,64})</Code>", text)
-    code = code_match.group(1) if code_match else None
-    message_match = re.search(r"<Message>([^<]{0,200})</Message>", text)
-    kinds = set(re.findall(r"kind: (\w+)", text))
+    told = read_error_text(str(exc))
     name = type(exc).__name__
+    cls = _error_class(exc, told)
 
-    cls: type[StoreError]
-    if code == "NoSuchBucket":
-        cls = BucketNotFound
-    elif isinstance(exc, AlreadyExistsError):
-        cls = AlreadyExists
-    elif isinstance(exc, PreconditionError):
-        cls = PreconditionFailed
-    elif isinstance(exc, FileNotFoundError) or status == 404:  # obstore's NotFound
-        cls = NotFound
-    elif (
-        isinstance(exc, PermissionDeniedError | UnauthenticatedError)
-        or status in (401, 403)
-        or code in _ACCESS_CODES
-    ):
-        cls = AccessDenied
-    elif (
-        (status is not None and (status >= 500 or status == 429))
-        or code in _TRANSIENT_CODES
-        or (status is None and (kinds & _NETWORK_KINDS or "error sending request" in text))
-    ):
-        cls = StoreUnavailable
-    else:
-        cls = StoreError
-
-    if status is not None:
-        summary = f"HTTP {status}" + (f" {code}" if code else "")
-    elif "ConnectionRefused" in kinds:
+    if told.status is not None:
+        summary = f"HTTP {told.status}" + (f" {told.code}" if told.code else "")
+    elif "ConnectionRefused" in told.failures:
         summary = "connection refused"
-    elif "Timeout" in kinds:
+    elif "Timeout" in told.failures:
         summary = "timed out"
     elif cls is StoreUnavailable:
         summary = "connection failed"
     else:
         summary = name
-    retries = re.search(r"after (\d+) retries", text)
-    if retries:
-        summary += f" after {retries.group(1)} retries"
+    if told.retries is not None:
+        summary += f" after {told.retries} retries"
 
     detail = f"{name}: {summary}"
-    if message_match:
-        detail += f": {message_match.group(1).strip()}"
+    if told.message is not None:
+        detail += f": {told.message}"
     problem = summary
-    if not keys_given and _METADATA_REQUEST.search(text):
+    if not keys_given and told.metadata_request:
         # The request never reached the store: every credential source came up empty and
         # the last one, the instance-metadata service, failed (what it answered is moot).
         cls = AccessDenied
@@ -148,6 +193,6 @@ def translate(
         )
     error = cls(f"S3 {op} failed for {where} at {endpoint}: {problem}")
     # The failures obstore resends only for requests it deems idempotent.
-    no_answer = status is None and bool(kinds & {"Interrupted", "Timeout"})
+    no_answer = told.status is None and bool(told.failures & {"Interrupted", "Timeout"})
     error.__cause__ = (NoAnswer if no_answer else S3ErrorDetail)(detail)
     return error

@@ -9,7 +9,9 @@ Things obstore and S3 servers do that this module works around:
   every key under ``a/b/``; ``_s3_listing.tree_walk`` restores byte order. Offsets sent are
   never a directory name, except on purpose to jump over one.
 * obstore error text carries URLs and response bodies; an AWS error body can echo the access
-  key. Errors are rebuilt from the HTTP status, the S3 error code and message only.
+  key. Errors are rebuilt from the exception's type, the HTTP status, the S3 error code and
+  message only (``_s3_errors``: obstore's exceptions carry no fields, so part of it is read
+  from their text).
 * obstore reads ``AWS_*`` environment variables for any setting not passed explicitly, and
   ``AWS_ENDPOINT_URL_S3`` beats ``endpoint``; explicit settings here pin what matters.
 
