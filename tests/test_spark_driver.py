@@ -161,3 +161,18 @@ def test_options_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
     options = SourceOptions.parse({"TOPICS": "a,b", "FailOnDataLoss": "false", "path": "ignored"})
     assert options.topics == ("a", "b") and not options.fail_on_data_loss
     assert options.config() == PawnQueueConfig.from_url(f"file://{tmp_path}")
+
+
+async def test_open_on_a_local_directory_sends_no_strategy_probe(tmp_path: Path) -> None:
+    """A local directory enforces conditional writes: strategy auto needs no probe there
+    (the library's setup() and the stream driver resolve it the same way)."""
+    await _publish(tmp_path, 1)
+    store = CountingStore(FilesystemStore(tmp_path))
+    driver = await StreamDriver.open(_options(tmp_path), "q5", store=store)
+    try:
+        counts = store.reset()
+        assert counts["PUT"] + counts["PUT create"] + counts["PUT if-match"] == 0, counts
+        assert await _keys(tmp_path, "_probe/") == []
+    finally:
+        await driver.stop()
+        await store.close()

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import reprlib
-import sys
 from collections.abc import Collection
 from types import TracebackType
 from typing import Any
@@ -22,9 +21,7 @@ from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
-from pawn_queue.store.memory import MemoryStore
-from pawn_queue.store.wrapper import StoreWrapper
-from pawn_queue.strategy import probe_strategy
+from pawn_queue.strategy import known_conditional, resolve_strategy
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_RETENTION_ACTION,
@@ -81,22 +78,13 @@ class PawnQueue:
             return
         store = self._custom_store or open_store(self.config)
         try:
-            strategy: ResolvedStrategy
-            configured = self.config.concurrency.strategy
-            if _is_local(store):
-                strategy = "conditional_write" if configured == "auto" else configured
-            else:
+            if not known_conditional(store):
                 with contextlib.suppress(RootNotFound):  # a local directory in a custom wrapper
                     await store.list("", limit=1)
-                strategy = await probe_strategy(store) if configured == "auto" else configured
+            strategy = await resolve_strategy(store, self.config.concurrency.strategy)
         except BaseException:
             await store.close()
             raise
-        if strategy == "csprng_verify":
-            logger.warning(
-                "strategy=csprng_verify: claims are probabilistic (write, wait, verify); "
-                "see docs/protocol.md"
-            )
         self._store = store
         self._leases = LeaseManager(store, strategy, self.config.concurrency)
         self._topics = Topics(store)
@@ -333,19 +321,6 @@ class PawnQueue:
         if self._topics is None:
             raise _not_set_up()
         return self._topics
-
-
-def _is_local(store: Store) -> bool:
-    """Whether ``store`` is memory or a local directory (both known to enforce create-only
-    and if-match puts), also inside StoreWrappers (counting, metrics), which keep the inner
-    store's semantics. Any other store or wrapper is probed."""
-    while isinstance(store, StoreWrapper):
-        store = store.inner
-    # Loaded whenever such a store exists (importing it needs fcntl, POSIX only).
-    filesystem = sys.modules.get("pawn_queue.store.filesystem")
-    if filesystem is not None and isinstance(store, filesystem.FilesystemStore):
-        return True
-    return isinstance(store, MemoryStore)
 
 
 def _not_set_up() -> PawnQueueError:

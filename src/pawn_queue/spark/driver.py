@@ -36,7 +36,7 @@ from pawn_queue.spark.options import SourceOptions
 from pawn_queue.spark.reading import DataLossError, ObjectRef
 from pawn_queue.store import open_store
 from pawn_queue.store.base import ObjectMeta, Store
-from pawn_queue.strategy import probe_strategy
+from pawn_queue.strategy import resolve_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +91,7 @@ class StreamDriver:
         config = options.config()
         store = store or open_store(config)
         await runtime.check_store(store, options.topics)
-        strategy = config.concurrency.strategy
-        resolved = await probe_strategy(store) if strategy == "auto" else strategy
+        resolved = await resolve_strategy(store, config.concurrency.strategy)
         driver = cls(options, query, store, LeaseManager(store, resolved, config.concurrency))
         prefix = layout.spark_manifests_prefix(query)
         for meta in await store.list(prefix):
