@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pawn_queue import ConfigError, PawnQueue, TopicNotFoundError
+from pawn_queue import ArgumentError, PawnQueue, TopicNotFoundError
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store import open_store
@@ -39,7 +39,7 @@ async def test_dead_letters_carry_why_and_redrive_restores_them(pq: PawnQueue) -
     assert len(await pq.dead_letters("t")) == 1
     assert await pq.purge_dead_letters("t") == 1
     assert await pq.dead_letters("t") == []
-    with pytest.raises(ConfigError):
+    with pytest.raises(ArgumentError):
         await pq.redrive("t", per_second=0)
     with pytest.raises(TopicNotFoundError):
         await pq.dead_letters("nope")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import ConfigError, PawnQueue, PublishError, layout
+from pawn_queue import ArgumentError, PawnQueue, PublishError, layout
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store import open_store
@@ -28,7 +28,7 @@ async def test_repeat_returns_the_first_id_and_writes_nothing(pq: PawnQueue) -> 
     assert len(await message_keys(pq, "t")) == 2
     [m1, m2] = await (await pq.register_consumer("c", topics=["t"])).poll()
     assert (m1.id, m2.id) == (first, other)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ArgumentError):
         await producer.publish("t", 1, dedup_id="")
 
 

@@ -137,7 +137,7 @@ def check_one_winner_per_key(root: Path, outcomes: list[dict[str, str]], loser: 
 async def test_create_race_across_processes(tmp_path: Path) -> None:
     root = tmp_path / "root"
     outcomes = await asyncio.to_thread(run_processes, _race_worker, [(str(root), None)] * PROCESSES)
-    check_one_winner_per_key(root, outcomes, "AlreadyExists")
+    check_one_winner_per_key(root, outcomes, "AlreadyExistsError")
     assert leftover_temp_files(root) == []
 
 
@@ -149,7 +149,7 @@ async def test_compare_and_swap_race_across_processes(tmp_path: Path) -> None:
     outcomes = await asyncio.to_thread(
         run_processes, _race_worker, [(str(root), etags)] * PROCESSES
     )
-    check_one_winner_per_key(root, outcomes, "PreconditionFailed")
+    check_one_winner_per_key(root, outcomes, "PreconditionFailedError")
 
 
 async def test_threads_and_processes_share_one_directory(tmp_path: Path) -> None:

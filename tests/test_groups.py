@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import ConfigError, Message, PawnQueue
+from pawn_queue import ArgumentError, Message, PawnQueue
 
 
 async def test_group_order_under_competing_consumers(queue_config: dict[str, Any]) -> None:
@@ -75,5 +75,5 @@ async def test_groups_run_in_parallel_and_block_only_themselves(pq: PawnQueue) -
     await by_id[a1].ack()
     [second] = await consumer.poll()
     assert second.id == a2
-    with pytest.raises(ConfigError):
+    with pytest.raises(ArgumentError):
         await producer.publish("t", 1, group="")

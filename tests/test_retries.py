@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import ConfigError, Message, PawnQueue, Retry, layout
+from pawn_queue import ArgumentError, ConfigError, Message, PawnQueue, Retry, layout
 from pawn_queue.config import load_config
 from pawn_queue.envelope import Envelope
 from pawn_queue.store import open_store
@@ -32,7 +32,7 @@ async def test_delayed_publish_is_invisible_until_due(pq: PawnQueue) -> None:
     assert message.id == delayed
     assert datetime.now(UTC) >= due  # never early (rule 9), whatever the skew margin
     await message.ack()
-    with pytest.raises(ConfigError):
+    with pytest.raises(ArgumentError):
         await producer.publish("t", 1, delay=-1)
 
 
@@ -258,7 +258,7 @@ async def test_extend_and_per_consumer_visibility(pq: PawnQueue) -> None:
     assert 15 < await expires_in() <= 20
     await message.extend(120)
     assert 115 < await expires_in() <= 120
-    with pytest.raises(ConfigError):
+    with pytest.raises(ArgumentError):
         await message.extend(0)
     await message.ack()
 

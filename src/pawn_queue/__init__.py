@@ -10,6 +10,7 @@ from pawn_queue.config import PawnQueueConfig
 from pawn_queue.consumer import Consumer, Retry
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import (
+    ArgumentError,
     ConfigError,
     LeaseConflictError,
     LeaseLostError,
@@ -29,6 +30,7 @@ from pawn_queue.topics import PeekedMessage, TopicSettings, TopicStats
 __version__ = "0.2.0"
 
 __all__ = [
+    "ArgumentError",
     "ConfigError",
     "Consumer",
     "DeadLetter",

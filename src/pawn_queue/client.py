@@ -14,7 +14,7 @@ from typing import Any
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
-from pawn_queue.exceptions import ConfigError, PawnQueueError, RootNotFound
+from pawn_queue.exceptions import ArgumentError, PawnQueueError, RootNotFound
 from pawn_queue.leases import LeaseManager, ResolvedStrategy
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.producer import Producer
@@ -265,7 +265,7 @@ class PawnQueue:
         interval that was set (one that was not follows it: see ``consumer_polling``).
         """
         if not isinstance(topics, list | tuple) or not topics:
-            raise ConfigError(
+            raise ArgumentError(
                 f"topics must be a non-empty list of topic names, got {reprlib.repr(topics)}"
             )
         polling = self.config.polling

@@ -15,7 +15,7 @@ from pawn_queue._aio import IO_CONCURRENCY, gather_limited
 from pawn_queue.claiming import Claimer
 from pawn_queue.config import PollingConfig
 from pawn_queue.envelope import now_utc
-from pawn_queue.exceptions import ConfigError, LeaseLostError, PawnQueueError, StoreError
+from pawn_queue.exceptions import ArgumentError, LeaseLostError, PawnQueueError, StoreError
 from pawn_queue.handlers import Handler
 from pawn_queue.lease_keeper import LeaseKeeper
 from pawn_queue.leases import LeaseManager
@@ -45,7 +45,7 @@ class Retry:
 
     def __post_init__(self) -> None:
         if self.max_receives < 1 or self.base_delay < 0 or self.factor < 1 or self.max_delay < 0:
-            raise ConfigError(
+            raise ArgumentError(
                 f"invalid {self!r}: needs max_receives >= 1, delays >= 0 and factor >= 1"
             )
 

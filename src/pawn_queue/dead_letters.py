@@ -17,7 +17,7 @@ from pawn_queue.envelope import (
     encode_dead_letter,
     now_utc,
 )
-from pawn_queue.exceptions import ConfigError, NotFound, PreconditionFailed, StoreError
+from pawn_queue.exceptions import ArgumentError, NotFound, PreconditionFailed, StoreError
 from pawn_queue.message import write_message
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.store.base import IfMatch, Store
@@ -129,7 +129,7 @@ class DeadLetters:
         deleted, so a crash in between leaves both, never neither; running the redrive again
         then rewrites the same message object and deletes the dead letter."""
         if per_second is not None and per_second <= 0:
-            raise ConfigError(f"per_second: got {per_second!r}, must be > 0")
+            raise ArgumentError(f"per_second: got {per_second!r}, must be > 0")
         wanted = None if ids is None else _id_set(ids)
         moved = 0
         for letter in await self.list(topic):
@@ -191,7 +191,7 @@ class DeadLetters:
 
 
 def _id_set(ids: Collection[str]) -> set[str]:
-    """``ids`` as a set, or ConfigError (a lone string would otherwise be read as its letters)."""
+    """``ids`` as a set, or ArgumentError (a lone string would otherwise be read as its letters)."""
     try:
         if isinstance(ids, str | bytes):
             raise TypeError
@@ -199,7 +199,7 @@ def _id_set(ids: Collection[str]) -> set[str]:
         if not all(isinstance(i, str) for i in wanted):
             raise TypeError
     except TypeError:
-        raise ConfigError(
+        raise ArgumentError(
             f"ids: got {reprlib.repr(ids)}, must be a collection of message id strings"
         ) from None
     return wanted

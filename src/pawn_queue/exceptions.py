@@ -3,22 +3,39 @@
 One root, so ``except PawnQueueError`` catches everything the library raises::
 
     PawnQueueError
-    ├── ConfigError                  invalid configuration, URL or name (raised before any I/O)
+    ├── ConfigError                  invalid configuration (raised before any I/O): see below
+    ├── ArgumentError                a bad value for an option of one call: see below
     ├── StoreError                   the storage failed or refused a request
-    │   ├── NotFound                 the key does not exist
-    │   ├── AlreadyExists            create-only put on an existing key
-    │   ├── PreconditionFailed       if-match put whose etag no longer matches (or key is gone)
-    │   ├── StoreUnavailable         transient: timeout, connection refused, 5xx, throttling
-    │   ├── AccessDenied             credentials missing, wrong or without permission
-    │   └── BucketNotFound           the bucket (or root directory) does not exist
-    │       └── RootNotFound         the local directory does not exist (yet): also a NotFound
+    │   ├── NotFoundError            the key does not exist
+    │   ├── AlreadyExistsError       create-only put on an existing key
+    │   ├── PreconditionFailedError  if-match put whose etag no longer matches (or key is gone)
+    │   ├── StoreUnavailableError    transient: timeout, connection refused, 5xx, throttling
+    │   ├── AccessDeniedError        credentials missing, wrong or without permission
+    │   └── BucketNotFoundError      the bucket (or root directory) does not exist
+    │       └── RootNotFoundError    the local directory does not exist (yet): also a NotFoundError
     ├── TopicNotFoundError           the topic has no marker
     ├── TopicSettingsConflictError   create_topic asked for settings other than the stored ones
     ├── PublishError                 a message could not be written (``__cause__`` says why)
-    ├── QueueFullError               a topic stayed at ``max_pending`` for the whole wait
-    ├── PayloadError                 the payload cannot be encoded (not JSON-serialisable, NaN...)
+    │   ├── QueueFullError           a topic stayed at ``max_pending`` for the whole wait
+    │   └── PayloadError             the payload or attributes cannot be encoded (not
+    │                                JSON-serialisable, NaN...)
     ├── LeaseConflictError           another consumer holds the lease
-    └── LeaseLostError               the lease expired and was taken over; nothing was deleted
+    ├── LeaseLostError               the lease expired and was taken over; nothing was deleted
+    └── DataLossError                (Spark) a message of a replayed micro-batch is gone
+
+``ConfigError`` is for configuration: the config (file, mapping, URL, environment variables,
+builder), the store it selects, topic settings (``create_topic``, ``update_topic``), a
+consumer's ``visibility_timeout``, and the names of topics, producers, consumers and store
+keys, wherever they are given. ``ArgumentError`` is for any other bad value given to a call:
+``publish``'s ``delay``, ``group`` and ``dedup_id``, ``extend``'s seconds, ``nack``'s
+``delay``, a ``Retry``'s fields, ``redrive``'s ``ids`` and ``per_second``,
+``register_consumer``'s ``topics`` when not a list, ``registry.list``'s role. These raised
+``ConfigError`` before ``ArgumentError`` existed; both subclass ``ValueError``, so ``except
+ValueError`` catches either.
+
+The store errors' shorter names (``NotFound``, ``AlreadyExists``, ``PreconditionFailed``,
+``StoreUnavailable``, ``AccessDenied``, ``BucketNotFound``, ``RootNotFound``) remain, as
+aliases of the same classes.
 
 Storage-client exceptions (obstore, OSError) are translated where the store is called and
 never reach users; the original is kept as ``__cause__``. Messages never contain credentials.
@@ -32,45 +49,60 @@ class PawnQueueError(Exception):
 
 
 class ConfigError(PawnQueueError, ValueError):
-    """Invalid configuration, store URL or name."""
+    """Invalid configuration, store, topic settings or name (see the module docstring)."""
+
+
+class ArgumentError(PawnQueueError, ValueError):
+    """A bad value for an option of one call, such as ``publish(delay=-1)`` (see the module
+    docstring); raised before anything is written."""
 
 
 class StoreError(PawnQueueError):
     """The storage failed or refused a request."""
 
 
-class NotFound(StoreError):
+class NotFoundError(StoreError):
     """The key does not exist."""
 
 
-class AlreadyExists(StoreError):
+class AlreadyExistsError(StoreError):
     """A create-only put found the key already present."""
 
 
-class PreconditionFailed(StoreError):
+class PreconditionFailedError(StoreError):
     """An if-match put found another etag (or no object) at the key."""
 
 
-class StoreUnavailable(StoreError):
+class StoreUnavailableError(StoreError):
     """A transient failure: timeout, refused connection, server error or throttling."""
 
 
-class AccessDenied(StoreError):
+class AccessDeniedError(StoreError):
     """The credentials are missing, wrong, or lack permission."""
 
 
-class BucketNotFound(StoreError):
+class BucketNotFoundError(StoreError):
     """The bucket or root directory does not exist."""
 
 
-class RootNotFound(BucketNotFound, NotFound):
+class RootNotFoundError(BucketNotFoundError, NotFoundError):
     """The local directory of a filesystem store does not exist (yet).
 
     Reads raise it, naming the directory (a delete there has nothing to delete); the first
-    write creates the directory. It is also a :class:`NotFound`: a key read there does not
-    exist, so code that reads before its first write (a registration) sees a missing key,
+    write creates the directory. It is also a :class:`NotFoundError`: a key read there does
+    not exist, so code that reads before its first write (a registration) sees a missing key,
     as in an empty store.
     """
+
+
+# The shorter names, kept: the same classes.
+NotFound = NotFoundError
+AlreadyExists = AlreadyExistsError
+PreconditionFailed = PreconditionFailedError
+StoreUnavailable = StoreUnavailableError
+AccessDenied = AccessDeniedError
+BucketNotFound = BucketNotFoundError
+RootNotFound = RootNotFoundError
 
 
 class TopicNotFoundError(PawnQueueError):
@@ -114,3 +146,7 @@ class LeaseConflictError(PawnQueueError):
 
 class LeaseLostError(PawnQueueError):
     """The lease expired and was taken over; the operation deleted nothing."""
+
+
+class DataLossError(PawnQueueError):
+    """A message listed in a Spark micro-batch's manifest is gone (see option failOnDataLoss)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from pawn_queue import layout
 from pawn_queue.envelope import DeadLetterInfo, Envelope, encode_dead_letter, now_utc
-from pawn_queue.exceptions import ConfigError, PawnQueueError, PublishError, StoreError
+from pawn_queue.exceptions import ArgumentError, PawnQueueError, PublishError, StoreError
 from pawn_queue.leases import Lease, LeaseManager
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.store.base import Store
@@ -238,7 +238,7 @@ class Message:
         """Keep the message for ``seconds`` from now (SQS's ChangeMessageVisibility); the
         background refresh then keeps renewing it by that much."""
         if not 0 < seconds < _MAX_SECONDS:
-            raise ConfigError(f"extend: got {seconds!r}, must be a number of seconds > 0")
+            raise ArgumentError(f"extend: got {seconds!r}, must be a number of seconds > 0")
         async with self._lock:
             if not self._settled:
                 await self._claimed.extend(seconds)
@@ -250,7 +250,7 @@ class Message:
             await self.dead_letter("nack")
             return
         if not 0 <= delay < _MAX_SECONDS:
-            raise ConfigError(f"delay: got {delay!r}, must be a number of seconds >= 0")
+            raise ArgumentError(f"delay: got {delay!r}, must be a number of seconds >= 0")
         async with self._settling():
             if self._settled:
                 return

@@ -16,7 +16,7 @@ from typing import Any
 from pawn_queue import dedup, layout
 from pawn_queue.envelope import Envelope, encode_batch, now_utc
 from pawn_queue.exceptions import (
-    ConfigError,
+    ArgumentError,
     PayloadError,
     PublishError,
     QueueFullError,
@@ -88,9 +88,9 @@ class Producer:
         """
         settings = await self._topics.settings(topic)
         if group is not None and (not isinstance(group, str) or not group):
-            raise ConfigError(f"group: got {group!r}, must be a non-empty string")
+            raise ArgumentError(f"group: got {group!r}, must be a non-empty string")
         if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
-            raise ConfigError(f"dedup_id: got {dedup_id!r}, must be a non-empty string")
+            raise ArgumentError(f"dedup_id: got {dedup_id!r}, must be a non-empty string")
         now = now_utc()
         envelope = Envelope(
             id=str(uuid.uuid4()),
@@ -209,7 +209,9 @@ def _due(now: datetime, seconds: float | None) -> datetime:
     """When a message published ``now`` with ``delay=seconds`` becomes visible."""
     if seconds is None:
         return now
-    error = ConfigError(f"delay: got {seconds!r}, must be a number of seconds >= 0 (< 9999 years)")
+    error = ArgumentError(
+        f"delay: got {seconds!r}, must be a number of seconds >= 0 (< 9999 years)"
+    )
     if not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
         raise error
     try:

@@ -13,7 +13,7 @@ from pawn_queue._aio import gather_limited
 from pawn_queue.envelope import encode_json, now_utc
 from pawn_queue.exceptions import (
     AlreadyExists,
-    ConfigError,
+    ArgumentError,
     NotFound,
     PreconditionFailed,
     RootNotFound,
@@ -161,4 +161,4 @@ def _index_id(data: bytes) -> str | None:
 
 def _check_role(role: str) -> None:
     if role not in ROLES:
-        raise ConfigError(f"role: got {role!r}, allowed: 'producers', 'consumers'")
+        raise ArgumentError(f"role: got {role!r}, allowed: 'producers', 'consumers'")

@@ -27,7 +27,8 @@ from pawn_queue.envelope import (
     encode_unreadable,
     now_utc,
 )
-from pawn_queue.exceptions import NotFound, PawnQueueError
+from pawn_queue.exceptions import DataLossError as DataLossError  # also importable from here
+from pawn_queue.exceptions import NotFound
 from pawn_queue.spark import runtime
 from pawn_queue.spark.options import SourceOptions
 from pawn_queue.spark.rows import RowBuffer
@@ -37,10 +38,6 @@ logger = logging.getLogger(__name__)
 
 _FETCH_CONCURRENCY = 64
 Kind = Literal["stream", "pending", "dead_letter"]
-
-
-class DataLossError(PawnQueueError):
-    """A message listed in a micro-batch's manifest is gone (see option failOnDataLoss)."""
 
 
 @dataclass(frozen=True, slots=True)

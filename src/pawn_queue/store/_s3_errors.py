@@ -16,21 +16,16 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from obstore.exceptions import (
-    AlreadyExistsError,
-    PermissionDeniedError,
-    PreconditionError,
-    UnauthenticatedError,
-)
+from obstore import exceptions as client
 
 from pawn_queue.exceptions import (
-    AccessDenied,
-    AlreadyExists,
-    BucketNotFound,
-    NotFound,
-    PreconditionFailed,
+    AccessDeniedError,
+    AlreadyExistsError,
+    BucketNotFoundError,
+    NotFoundError,
+    PreconditionFailedError,
     StoreError,
-    StoreUnavailable,
+    StoreUnavailableError,
 )
 
 _ACCESS_CODES = frozenset(
@@ -129,19 +124,19 @@ def read_error_text(text: str) -> ErrorText:
 def _error_class(exc: Exception, told: ErrorText) -> type[StoreError]:
     """The library's error for a client exception: by its type, else by what its text told."""
     if told.code == "NoSuchBucket":  # a 404 typed like a missing key, or generic (a listing)
-        return BucketNotFound
-    if isinstance(exc, AlreadyExistsError):
-        return AlreadyExists
-    if isinstance(exc, PreconditionError):
-        return PreconditionFailed
+        return BucketNotFoundError
+    if isinstance(exc, client.AlreadyExistsError):
+        return AlreadyExistsError
+    if isinstance(exc, client.PreconditionError):
+        return PreconditionFailedError
     if isinstance(exc, FileNotFoundError) or told.status == 404:
-        return NotFound
+        return NotFoundError
     if (
-        isinstance(exc, PermissionDeniedError | UnauthenticatedError)
+        isinstance(exc, client.PermissionDeniedError | client.UnauthenticatedError)
         or told.status in (401, 403)
         or told.code in _ACCESS_CODES
     ):
-        return AccessDenied
+        return AccessDeniedError
     if told.status is not None:
         transient = told.status >= 500 or told.status == 429 or told.code in _TRANSIENT_CODES
     else:
@@ -150,7 +145,7 @@ def _error_class(exc: Exception, told: ErrorText) -> type[StoreError]:
             or bool(told.failures & _NETWORK_KINDS)
             or told.sending_failed
         )
-    return StoreUnavailable if transient else StoreError
+    return StoreUnavailableError if transient else StoreError
 
 
 def translate(
@@ -172,7 +167,7 @@ def translate(
         summary = "connection refused"
     elif "Timeout" in told.failures:
         summary = "timed out"
-    elif cls is StoreUnavailable:
+    elif cls is StoreUnavailableError:
         summary = "connection failed"
     else:
         summary = name
@@ -186,7 +181,7 @@ def translate(
     if not keys_given and told.metadata_request:
         # The request never reached the store: every credential source came up empty and
         # the last one, the instance-metadata service, failed (what it answered is moot).
-        cls = AccessDenied
+        cls = AccessDeniedError
         problem = (
             f"no S3 credentials found; looked in {CREDENTIAL_CHAIN} "
             f"(the instance-metadata lookup: {summary})"

@@ -37,9 +37,9 @@ from obstore.store import S3Store as _ObstoreS3Store
 from pawn_queue.config import S3Config
 from pawn_queue.exceptions import (
     ConfigError,
-    NotFound,
+    NotFoundError,
     StoreError,
-    StoreUnavailable,
+    StoreUnavailableError,
 )
 from pawn_queue.store._s3_errors import NoAnswer, S3ErrorDetail, redact_url, translate
 from pawn_queue.store._s3_listing import ServerSortsBytes, key_problem, offset_below, tree_walk
@@ -307,11 +307,11 @@ class S3Store:
         for attempt in range(self._max_retries + 1):
             try:
                 # S3 reports a missing key as deleted; some servers answer 404 instead.
-                with contextlib.suppress(NotFound):
+                with contextlib.suppress(NotFoundError):
                     # obstore sends DeleteObjects requests of up to 1,000 keys.
                     await self._call("delete", where, lambda: obstore.delete_async(store, paths))
                 return
-            except StoreUnavailable as exc:
+            except StoreUnavailableError as exc:
                 # obstore resends a DeleteObjects POST after a 5xx but not after a broken
                 # connection or a timeout (POST is not idempotent to it). A delete is: resend.
                 if attempt == self._max_retries or not isinstance(exc.__cause__, NoAnswer):
@@ -336,7 +336,7 @@ class S3Store:
     async def check(self) -> None:
         """Verify that the bucket exists and the credentials may list it (one request).
 
-        Raises BucketNotFound, AccessDenied or StoreUnavailable with a clear message.
+        Raises BucketNotFoundError, AccessDeniedError or StoreUnavailableError, clearly worded.
         """
         store = self._live()
         await self._call(
