@@ -148,7 +148,7 @@ async def test_takeover_redelivers_only_unsettled_members(queue_config: dict[str
         for message in first:
             await message.ack()
         [lease] = a.held_leases
-        await qa._leases.refresh(lease)  # what the background refresh does
+        await qa.runtime.leases.refresh(lease)  # what the background refresh does
         body = json.loads((await qa.store.get(layout.lease_key("t", lease.message_id))).data)
         assert sorted(body["settled"]) == list(range(10))
         a.held_leases.paused = True  # consumer a stalls, as if it crashed

@@ -1,8 +1,9 @@
 """Clock skew between consumers, on every store.
 
-Every lease decision reads ``LeaseManager.clock``. Each test gives two queues (two hosts)
-clocks on one virtual timeline that the test moves forward, one of them skewed, so the
-outcome depends on the protocol alone, not on how fast this machine is. The holder's
+Every time a queue writes or compares reads its one clock (``PawnQueue(config, clock=...)``).
+Each test gives two queues (two hosts) clocks on one virtual timeline that the test moves
+forward, one of them skewed, so the outcome depends on the protocol alone, not on how fast
+this machine is. The holder's
 background refresh is paused and replaced by explicit refreshes at chosen times.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from pawn_queue import LeaseLostError, Message, PawnQueue, layout
+from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.envelope import now_utc
 from tests.support import keys_under, settled
@@ -33,8 +35,8 @@ class Timeline:
     start: datetime
     elapsed: float = 0.0
 
-    def clock(self, skew: float) -> Callable[[], datetime]:
-        return lambda: self.start + timedelta(seconds=self.elapsed + skew)
+    def clock(self, skew: Callable[[], float]) -> Callable[[], datetime]:
+        return lambda: self.start + timedelta(seconds=self.elapsed + skew())
 
 
 @dataclass
@@ -52,19 +54,20 @@ async def hosts(queue_config: dict[str, Any]) -> AsyncIterator[Callable[[float],
     queue_config["polling"]["visibility_timeout_seconds"] = VISIBILITY
     queue_config["polling"]["lease_refresh_interval_seconds"] = VISIBILITY / 2
     queue_config["concurrency"]["clock_skew_margin_seconds"] = MARGIN
+    config = load_config(queue_config)
+    timeline = Timeline(now_utc())
+    skew = [0.0]  # the other host's, set by make()
     async with (
-        await PawnQueue.from_config(queue_config) as holder_queue,
-        await PawnQueue.from_config(queue_config) as other_queue,
+        PawnQueue(config, clock=timeline.clock(lambda: 0.0)) as holder_queue,
+        PawnQueue(config, clock=timeline.clock(lambda: skew[0])) as other_queue,
     ):
         await holder_queue.create_topic("t")
         holder = await holder_queue.register_consumer("holder", topics=["t"])
         other = await other_queue.register_consumer("other", topics=["t"])
         holder.held_leases.paused = True  # refreshes happen when the test says
 
-        def make(skew: float) -> Hosts:
-            timeline = Timeline(now_utc())
-            holder_queue._leases.clock = timeline.clock(0.0)  # type: ignore[union-attr]
-            other_queue._leases.clock = timeline.clock(skew)  # type: ignore[union-attr]
+        def make(other_skew: float) -> Hosts:
+            timeline.start, timeline.elapsed, skew[0] = now_utc(), 0.0, other_skew
             return Hosts(timeline, holder_queue, holder, other_queue, other)
 
         yield make
@@ -79,7 +82,9 @@ async def publish_and_hold(h: Hosts) -> Message:
 
 
 async def refresh(h: Hosts, held: Message) -> None:
-    await h.holder_queue._leases.refresh(h.holder.held_leases.get(lease_key(held)))  # type: ignore[union-attr]
+    lease = h.holder.held_leases.get(lease_key(held))
+    assert lease is not None
+    await h.holder_queue.runtime.leases.refresh(lease)
 
 
 def lease_key(message: Message) -> str:

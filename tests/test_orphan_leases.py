@@ -47,7 +47,7 @@ async def test_sweep_deletes_only_leases_without_a_message(queue_config: dict[st
     async with PawnQueue(config, store=store) as pq:
         ids, orphan = await _orphan_one(pq, store)
         sweeper = await pq.register_consumer("sweeper", topics=["t"])
-        leases = sweeper._leases
+        leases = pq.runtime.leases
         assert await leases.sweep_orphans("t", sweeper.id, older_than=3600) == 0  # too young
         swept = 0
         async with asyncio.timeout(30):

@@ -307,7 +307,7 @@ async def test_refresh_after_takeover_does_not_overwrite(queue_config: dict[str,
         lease_a = a.held_leases.get(key)
         assert lease_a is not None
         with pytest.raises(LeaseLostError):
-            await qa._leases.refresh(lease_a)  # type: ignore[union-attr]
+            await qa.runtime.leases.refresh(lease_a)
         assert (await qa.store.head(key)).etag == owner_etag
         body = json.loads((await qa.store.get(key)).data)
         assert body["consumer_id"] == b.id
@@ -465,7 +465,7 @@ async def test_janitor_racing_refresh_keeps_live_lease(queue_config: dict[str, A
         faulty.hooks.append(pause_takeover)
         janitor = asyncio.create_task(b.poll())
         await asyncio.wait_for(takeover_ready.wait(), 10)
-        await qa._leases.refresh(lease_a)  # type: ignore[union-attr]
+        await qa.runtime.leases.refresh(lease_a)
         refreshed.set()
         assert await janitor == []
         assert (await qa.store.head(key)).etag == lease_a.etag

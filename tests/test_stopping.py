@@ -204,21 +204,28 @@ import json, sys, threading, time
 from pawn_queue.sync import PawnQueue
 
 config = json.loads(sys.argv[1])
+lock = threading.Lock()
+
+def say(event):
+    with lock:  # handlers run in several threads: one whole line each
+        sys.stdout.write(json.dumps(event) + "\\n")
+        sys.stdout.flush()
+
 with PawnQueue.from_config(config) as pq:
     consumer = pq.register_consumer("worker", ["t"])
 
     def handler(message):
-        print(json.dumps({"started": message.payload}), flush=True)
+        say({"started": message.payload})
         if message.payload == "quick":
             time.sleep(1.0)  # SIGTERM arrives meanwhile; the grace lets it finish
             message.ack()
-            print(json.dumps({"acked": message.payload}), flush=True)
+            say({"acked": message.payload})
         else:
             time.sleep(6.0)  # longer than the grace: released, not acked
             try:
                 message.ack()
             except Exception as exc:
-                print(json.dumps({"refused": type(exc).__name__}), flush=True)
+                say({"refused": type(exc).__name__})
 
     consumer.listen(handler, grace=2.0)
 """

@@ -24,7 +24,7 @@ import random
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,14 +37,13 @@ from pawn_queue.envelope import (
     Envelope,
     decode_pending,
     encode_unreadable,
-    now_utc,
 )
 from pawn_queue.exceptions import StoreError
-from pawn_queue.leases import Lease, LeaseManager
+from pawn_queue.lease_keeper import LeaseKeeper
+from pawn_queue.leases import Lease
 from pawn_queue.message import ClaimedObject, Message
-from pawn_queue.notify import ChangeSignals
-from pawn_queue.store.base import ObjectMeta, Store
-from pawn_queue.topics import Topics
+from pawn_queue.runtime import Runtime
+from pawn_queue.store.base import ObjectMeta
 
 logger = logging.getLogger(__name__)
 
@@ -117,37 +116,30 @@ def scan_page(
     return ScannedPage(found, next_due, ends=False)
 
 
-def _expired(key: str, retention_seconds: float) -> bool:
+def _expired(key: str, retention_seconds: float, now: datetime) -> bool:
     due = layout.due_from_key(key)
-    return due is not None and now_utc() - due > timedelta(seconds=retention_seconds)
+    return due is not None and now - due > timedelta(seconds=retention_seconds)
 
 
 class Claimer:
-    """Claims messages for one consumer. Messages it won but could not return at once (late
-    claims, batch members beyond the poll's maximum) wait in :attr:`buffer`."""
+    """Claims messages for one consumer, holding their leases in ``keeper``. Messages it won
+    but could not return at once (late claims, batch members beyond the poll's maximum) wait
+    for the next poll (:meth:`buffered`, :meth:`keep`)."""
 
     def __init__(
-        self,
-        consumer_id: str,
-        store: Store,
-        leases: LeaseManager,
-        signals: ChangeSignals,
-        topic_settings: Topics,
-        visibility: float,
-        hold: Callable[[Lease], None],
-        forget: Callable[[Lease], None],
+        self, consumer_id: str, runtime: Runtime, visibility: float, keeper: LeaseKeeper
     ) -> None:
         self._consumer_id = consumer_id
-        self._store = store
-        self._leases = leases
-        self._signals = signals
-        self._topic_settings = topic_settings
+        self._runtime = runtime
+        self._store = runtime.store
+        self._leases = runtime.leases
+        self._topic_settings = runtime.topics
+        self._clock = runtime.clock
         self._visibility = visibility
-        self._hold = hold
-        self._forget = forget
-        self.buffer: deque[Message] = deque()
-        self.next_due: datetime | None = None  # first delayed message the last listing saw
-        self.background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
+        self._keeper = keeper
+        self._buffer: deque[Message] = deque()
+        self._next_due: datetime | None = None  # first delayed message the last listings saw
+        self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
         self._contended_until: dict[str, float] = {}
         self._lane: dict[str, int] = {}  # topic -> the lane claimed in while contended
         self._crowded: dict[str, dict[int, float]] = {}  # topic -> lane -> avoided until
@@ -157,6 +149,32 @@ class Claimer:
         self._flowing: set[str] = set()  # topics whose last listing found candidates
         self._io_slots = asyncio.Semaphore(IO_CONCURRENCY)
         self._claim_seconds = _MIN_PATIENCE_SECONDS  # moving average of a claim's latency
+
+    @property
+    def next_due(self) -> datetime | None:
+        """When the first message the listings since :meth:`buffered` left for later (a
+        delayed one) comes due."""
+        return self._next_due
+
+    def buffered(self, wanted: int) -> list[Message]:
+        """Begin a poll: up to ``wanted`` messages kept for it whose lease is still held."""
+        self._next_due = None
+        taken: list[Message] = []
+        while self._buffer and len(taken) < wanted:
+            message = self._buffer.popleft()
+            if message.lease_held:
+                taken.append(message)
+        return taken
+
+    def keep(self, messages: Iterable[Message]) -> None:
+        """Hand ``messages`` out with the next poll."""
+        self._buffer.extend(messages)
+
+    async def close(self) -> None:
+        """Let claims still in flight finish (their leases are then held) and drop what was
+        kept: the caller releases the leases."""
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._buffer.clear()
 
     async def claim(self, topic: str, wanted: int) -> list[Message]:
         """Claim and read up to ``wanted`` messages of ``topic``, FIFO (within a lane when
@@ -192,10 +210,10 @@ class Claimer:
             page = await self._store.list(
                 layout.messages_prefix(topic), start_after=start_after, limit=page_size
             )
-            scanned = scan_page(page, now_utc(), self._leases.margin, groups_seen)
+            scanned = scan_page(page, self._clock(), self._leases.margin, groups_seen)
             if scanned.next_due is not None:
                 due = scanned.next_due
-                self.next_due = due if self.next_due is None else min(self.next_due, due)
+                self._next_due = due if self._next_due is None else min(self._next_due, due)
             candidates = [
                 (pending, meta.key)
                 for pending, meta in scanned.found
@@ -288,8 +306,8 @@ class Claimer:
             for claim, (pending, key) in claims.items():
                 if not claim.done():
                     late = asyncio.create_task(self._read_late(claim, topic, pending, key))
-                    self.background.add(late)
-                    late.add_done_callback(self.background.discard)
+                    self._background.add(late)
+                    late.add_done_callback(self._background.discard)
         results: list[list[Message] | BaseException | None] = []
         reads = []
         for claim, (pending, key) in claims.items():  # in listing order: FIFO
@@ -325,7 +343,7 @@ class Claimer:
         try:
             lease = await claim
             if lease is not None:
-                self.buffer.extend(await self._read(topic, pending, key, lease) or [])
+                self._buffer.extend(await self._read(topic, pending, key, lease) or [])
         except StoreError as exc:
             logger.warning("claim failed topic=%s error=%s", topic, exc)
 
@@ -337,8 +355,8 @@ class Claimer:
             return
         self._sweep_after[topic] = now + _SWEEP_SECONDS
         sweep = asyncio.create_task(self._sweep(topic))
-        self.background.add(sweep)
-        sweep.add_done_callback(self.background.discard)
+        self._background.add(sweep)
+        sweep.add_done_callback(self._background.discard)
 
     async def _sweep(self, topic: str) -> None:
         try:
@@ -383,7 +401,7 @@ class Claimer:
         neglected = mine is not None and _waits_longer(candidates[0][1], mine[0][1])
         if mine is not None and not neglected:
             return mine
-        fresh_after = now_utc() - timedelta(seconds=self._visibility)
+        fresh_after = self._clock() - timedelta(seconds=self._visibility)
         occupied: dict[int, int] = {}
         leased: set[str] = set()
         for meta in await self._store.list(layout.leases_prefix(topic)):
@@ -442,7 +460,7 @@ class Claimer:
             )
             await self._dead_letter_all(key, lease, envelopes, "max_receive_count", error)
             return []
-        if settings.retention_seconds and _expired(key, settings.retention_seconds):
+        if settings.retention_seconds and _expired(key, settings.retention_seconds, self._clock()):
             error = f"not consumed within the topic's retention of {settings.retention_seconds}s"
             if settings.retention_action == "dead_letter":
                 await self._dead_letter_all(key, lease, envelopes, "retention", error)
@@ -450,10 +468,8 @@ class Claimer:
                 await self._remove(key, lease)
                 logger.info("expired message key=%s %s", key, error)
             return []
-        claimed = ClaimedObject(
-            key, lease, len(envelopes), self._store, self._leases, self._signals, self._forget
-        )
-        self._hold(lease)
+        claimed = ClaimedObject(key, lease, len(envelopes), self._runtime, self._keeper)
+        self._keeper.hold(lease)
         return [
             Message(envelope, claimed, index)
             for index, envelope in enumerate(envelopes)
@@ -468,9 +484,7 @@ class Claimer:
     async def _dead_letter_all(
         self, key: str, lease: Lease, envelopes: list[Envelope], reason: str, error: str
     ) -> None:
-        claimed = ClaimedObject(
-            key, lease, len(envelopes), self._store, self._leases, self._signals, self._forget
-        )
+        claimed = ClaimedObject(key, lease, len(envelopes), self._runtime, self._keeper)
         for index, envelope in enumerate(envelopes):
             if index not in lease.settled:
                 await Message(envelope, claimed, index).dead_letter(reason, error)
@@ -483,7 +497,10 @@ class Claimer:
         await self._store.put(
             layout.dead_letter_key(topic, object_id),
             encode_unreadable(
-                object_id, topic, data, DeadLetterInfo("corrupt", error, now_utc().isoformat(), key)
+                object_id,
+                topic,
+                data,
+                DeadLetterInfo("corrupt", error, self._clock().isoformat(), key),
             ),
         )
         await self._remove(key, lease)

@@ -7,18 +7,21 @@ import contextlib
 import logging
 import os
 import reprlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
+from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, PawnQueueError, RootNotFound
 from pawn_queue.leases import LeaseManager, ResolvedStrategy
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
+from pawn_queue.runtime import Runtime
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
 from pawn_queue.strategy import known_conditional, resolve_strategy
@@ -41,17 +44,21 @@ logger = logging.getLogger(__name__)
 class PawnQueue:
     """A queue on one store. Use ``async with`` (or ``setup()`` / ``teardown()``)."""
 
-    def __init__(self, config: PawnQueueConfig, *, store: Store | None = None) -> None:
-        """``store`` replaces the one ``config`` selects (custom stores, fault injection)."""
+    def __init__(
+        self,
+        config: PawnQueueConfig,
+        *,
+        store: Store | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        """``store`` replaces the one ``config`` selects (custom stores, fault injection);
+        ``clock`` the host's UTC wall clock (tests of clock skew)."""
         self.config = config
         self._custom_store = store
-        self._store: Store | None = None
-        self._leases: LeaseManager | None = None
-        self._topics: Topics | None = None
-        self._registry: Registry | None = None
+        self._clock = clock or now_utc
+        self._runtime: Runtime | None = None
         self._consumers: list[Consumer] = []
         self._heartbeat: asyncio.Task[None] | None = None
-        self._signals: ChangeSignals | None = None
 
     @classmethod
     async def from_config(
@@ -74,7 +81,7 @@ class PawnQueue:
         the probe. A local directory or memory gets no request: both enforce conditional
         writes, and a local directory is created by the first write, not by opening it.
         """
-        if self._store is not None:
+        if self._runtime is not None:
             return
         store = self._custom_store or open_store(self.config)
         try:
@@ -85,33 +92,35 @@ class PawnQueue:
         except BaseException:
             await store.close()
             raise
-        self._store = store
-        self._leases = LeaseManager(store, strategy, self.config.concurrency)
-        self._topics = Topics(store)
-        self._registry = Registry(store)
-        self._signals = ChangeSignals(store, self.config.notify)
+        runtime = self._runtime = Runtime(
+            config=self.config,
+            store=store,
+            leases=LeaseManager(store, strategy, self.config.concurrency, clock=self._clock),
+            topics=Topics(store),
+            registry=Registry(store),
+            signals=ChangeSignals(store, self.config.notify),
+        )
         self._heartbeat = asyncio.create_task(
-            self._registry.run_heartbeat(self.config.registry.heartbeat_interval_seconds)
+            runtime.registry.run_heartbeat(self.config.registry.heartbeat_interval_seconds)
         )
         logger.info("pawn-queue ready store=%r strategy=%s", store, strategy)
 
     async def teardown(self) -> None:
         """Release held leases, stop background tasks and close the store. Idempotent."""
-        store, self._store = self._store, None
-        if store is None:
+        runtime, self._runtime = self._runtime, None
+        if runtime is None:
             return
         try:
             for consumer in self._consumers:
                 await consumer.release_all()
-            if self._signals is not None:
-                await self._signals.close()
+            await runtime.signals.close()
             if self._heartbeat is not None:
                 self._heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._heartbeat
         finally:
             self._consumers.clear()
-            await store.close()
+            await runtime.store.close()
 
     async def __aenter__(self) -> PawnQueue:
         await self.setup()
@@ -158,7 +167,7 @@ class PawnQueue:
             dedup_window_seconds=dedup_window_seconds,
             retention_action=retention_action,
         )
-        await self._ready_topics().create(name, given)
+        await self._ready().topics.create(name, given)
 
     async def update_topic(
         self,
@@ -182,33 +191,33 @@ class PawnQueue:
             dedup_window_seconds=dedup_window_seconds,
             retention_action=retention_action,
         )
-        return await self._ready_topics().update(name, given)
+        return await self._ready().topics.update(name, given)
 
     async def topic_settings(self, name: str) -> TopicSettings:
         """The topic's stored settings (read now); raises TopicNotFoundError if it is missing."""
-        return await self._ready_topics().settings(name, fresh=True)
+        return await self._ready().topics.settings(name, fresh=True)
 
     async def purge_topic(self, name: str) -> int:
         """Delete the topic's messages (pending, in flight and delayed) and their leases, like
         SQS's PurgeQueue; return the number of message objects deleted (a batch counts once).
         Dead letters stay. A consumer holding a purged message learns it when it next writes
         its lease: see docs/protocol.md."""
-        return await self._ready_topics().purge(name)
+        return await self._ready().topics.purge(name)
 
     async def list_topics(self) -> list[str]:
         """All topics in the store, sorted."""
-        return await self._ready_topics().list()
+        return await self._ready().topics.list()
 
     async def delete_topic(self, name: str) -> None:
         """Delete a topic with its messages, leases and dead letters."""
-        await self._ready_topics().delete(name)
+        await self._ready().topics.delete(name)
 
     async def topic_stats(self, name: str) -> TopicStats:
         """Approximate pending, in-flight, delayed and dead-letter counts and the age of the
         oldest pending message. Costs one LIST per 1,000 objects of each kind."""
-        await self._ready_topics().settings(name)
+        await self._ready().topics.settings(name)
         return await topic_stats(
-            self._ready_store(), name, self.config.polling.visibility_timeout_seconds
+            self._ready().store, name, self.config.polling.visibility_timeout_seconds
         )
 
     async def peek(self, topic: str, limit: int = 10) -> list[PeekedMessage]:
@@ -216,7 +225,7 @@ class PawnQueue:
         ``in_flight`` or ``delayed``), read without claiming them. Costs two LISTs and a GET
         per message object shown."""
         visibility = self.config.polling.visibility_timeout_seconds
-        return await self._ready_topics().peek(topic, limit, visibility)
+        return await self._ready().topics.peek(topic, limit, visibility)
 
     # -- dead letters -----------------------------------------------------------------------
 
@@ -246,14 +255,14 @@ class PawnQueue:
         return await self._dead_letters().purge(topic)
 
     def _dead_letters(self) -> DeadLetters:
-        return DeadLetters(self._ready_store(), self._ready_topics(), self._ready_signals())
+        return DeadLetters(self._ready())
 
     # -- producers and consumers ------------------------------------------------------------
 
     async def register_producer(self, name: str) -> Producer:
         """Register a producer; the same name always gets the same id."""
         entry = await self.registry.register("producers", name)
-        return Producer(entry, self._ready_store(), self._ready_topics(), self._ready_signals())
+        return Producer(entry, self._ready())
 
     async def register_consumer(
         self, name: str, topics: list[str], *, visibility_timeout: float | None = None
@@ -272,55 +281,36 @@ class PawnQueue:
         if visibility_timeout is not None:
             polling = self.config.consumer_polling(visibility_timeout)
         for topic in topics:
-            await self._ready_topics().settings(topic)
+            await self._ready().topics.settings(topic)
         entry = await self.registry.register("consumers", name)
-        assert self._leases is not None
-        consumer = Consumer(
-            entry,
-            topics,
-            self._ready_store(),
-            self._leases,
-            polling,
-            self._ready_signals(),
-            self._ready_topics(),
-            visibility_timeout,
-        )
+        consumer = Consumer(entry, topics, self._ready(), polling)
         self._consumers.append(consumer)
         return consumer
 
     @property
     def registry(self) -> Registry:
         """The registry: ``await pq.registry.list("producers" | "consumers")``."""
-        if self._registry is None:
-            raise _not_set_up()
-        return self._registry
+        return self._ready().registry
 
     @property
     def strategy(self) -> ResolvedStrategy:
         """The concurrency strategy in use (resolved by the probe for ``auto``)."""
-        if self._leases is None:
-            raise _not_set_up()
-        return self._leases.strategy
+        return self._ready().leases.strategy
 
     @property
     def store(self) -> Store:
         """The underlying store (for tools and tests)."""
-        return self._ready_store()
+        return self._ready().store
 
-    def _ready_store(self) -> Store:
-        if self._store is None:
-            raise _not_set_up()
-        return self._store
+    @property
+    def runtime(self) -> Runtime:
+        """The open store and the protocol objects over it (for tools and tests)."""
+        return self._ready()
 
-    def _ready_signals(self) -> ChangeSignals:
-        if self._signals is None:
+    def _ready(self) -> Runtime:
+        if self._runtime is None:
             raise _not_set_up()
-        return self._signals
-
-    def _ready_topics(self) -> Topics:
-        if self._topics is None:
-            raise _not_set_up()
-        return self._topics
+        return self._runtime
 
 
 def _not_set_up() -> PawnQueueError:

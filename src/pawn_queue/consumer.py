@@ -14,16 +14,12 @@ from pawn_queue import handlers
 from pawn_queue._aio import IO_CONCURRENCY, gather_limited
 from pawn_queue.claiming import Claimer
 from pawn_queue.config import PollingConfig
-from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, LeaseLostError, PawnQueueError, StoreError
 from pawn_queue.handlers import Handler
 from pawn_queue.lease_keeper import LeaseKeeper
-from pawn_queue.leases import LeaseManager
 from pawn_queue.message import Message
-from pawn_queue.notify import ChangeSignals
 from pawn_queue.registry import RegistryEntry
-from pawn_queue.store.base import Store
-from pawn_queue.topics import Topics
+from pawn_queue.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -61,32 +57,19 @@ class Consumer:
     """
 
     def __init__(
-        self,
-        entry: RegistryEntry,
-        topics: list[str],
-        store: Store,
-        leases: LeaseManager,
-        polling: PollingConfig,
-        signals: ChangeSignals,
-        topic_settings: Topics,
-        visibility_timeout: float | None = None,
+        self, entry: RegistryEntry, topics: list[str], runtime: Runtime, polling: PollingConfig
     ) -> None:
+        """``polling``: this consumer's settings (its own visibility timeout, if it has one)."""
         self._entry = entry
-        self._signals = signals
+        self._signals = runtime.signals
         self._topics = list(topics)
-        self._leases = leases
+        self._leases = runtime.leases
+        self._clock = runtime.clock
         self._polling = polling
         # The leases of the messages handed out or buffered.
-        self._keeper = LeaseKeeper(leases, polling.lease_refresh_interval_seconds)
+        self._keeper = LeaseKeeper(runtime.leases, polling.lease_refresh_interval_seconds)
         self._claimer = Claimer(
-            entry.entity_id,
-            store,
-            leases,
-            signals,
-            topic_settings,
-            visibility_timeout or polling.visibility_timeout_seconds,
-            hold=self._keeper.hold,
-            forget=self._keeper.forget,
+            entry.entity_id, runtime, polling.visibility_timeout_seconds, self._keeper
         )
         self._next_topic = 0
         self._stopping = False  # listen() was cancelled and waits for its handlers
@@ -133,13 +116,12 @@ class Consumer:
         idle = self._signals.idle_wait(self._polling.interval_seconds)
         due = [t for t in (self._claimer.next_due, self._leases.next_expiry()) if t is not None]
         if due:
-            idle = min(idle, max(0.0, (min(due) - now_utc()).total_seconds()) + _DUE_SLACK)
+            idle = min(idle, max(0.0, (min(due) - self._clock()).total_seconds()) + _DUE_SLACK)
         return idle
 
     async def _poll_once(self) -> list[Message]:
-        self._claimer.next_due = None
         wanted = self._polling.max_messages_per_poll
-        messages = self._take_buffered(wanted)
+        messages = self._claimer.buffered(wanted)
         count = len(self._topics)
         start, self._next_topic = self._next_topic, (self._next_topic + 1) % max(count, 1)
         for i in range(count):
@@ -147,7 +129,7 @@ class Consumer:
                 break
             topic = self._topics[(start + i) % count]
             messages += await self._claimer.claim(topic, wanted - len(messages))
-        self._claimer.buffer.extend(messages[wanted:])
+        self._claimer.keep(messages[wanted:])
         return await self._still_held(messages[:wanted])
 
     async def _still_held(self, messages: list[Message]) -> list[Message]:
@@ -169,18 +151,10 @@ class Consumer:
             if result is None:
                 held.append(message)
             elif isinstance(result, StoreError):
-                self._claimer.buffer.append(message)
+                self._claimer.keep([message])
             elif not isinstance(result, LeaseLostError):
                 raise result
         return held
-
-    def _take_buffered(self, wanted: int) -> list[Message]:
-        taken: list[Message] = []
-        while self._claimer.buffer and len(taken) < wanted:
-            message = self._claimer.buffer.popleft()
-            if message.lease_held:
-                taken.append(message)
-        return taken
 
     # -- push -------------------------------------------------------------------------------
 
@@ -304,7 +278,6 @@ class Consumer:
         """Release every lease this consumer holds and stop refreshing. Their messages can be
         claimed again at once, and this delivery does not count as a receive."""
         # Claims still in flight may yet win a lease: let them finish, then release it too.
-        await asyncio.gather(*self._claimer.background, return_exceptions=True)
-        self._claimer.buffer.clear()
+        await self._claimer.close()
         await self._keeper.release_all()
         await self._leases.background_done()

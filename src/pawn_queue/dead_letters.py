@@ -15,13 +15,11 @@ from pawn_queue.envelope import (
     DeadLetterInfo,
     decode_dead_letter,
     encode_dead_letter,
-    now_utc,
 )
 from pawn_queue.exceptions import ArgumentError, NotFound, PreconditionFailed, StoreError
 from pawn_queue.message import write_message
-from pawn_queue.notify import ChangeSignals
-from pawn_queue.store.base import IfMatch, Store
-from pawn_queue.topics import Topics
+from pawn_queue.runtime import Runtime
+from pawn_queue.store.base import IfMatch
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +51,11 @@ class DeadLetter:
 class DeadLetters:
     """Dead-letter operations on one store."""
 
-    def __init__(self, store: Store, topics: Topics, signals: ChangeSignals) -> None:
-        self._store = store
-        self._topics = topics
-        self._signals = signals
+    def __init__(self, runtime: Runtime) -> None:
+        self._store = runtime.store
+        self._topics = runtime.topics
+        self._signals = runtime.signals
+        self._clock = runtime.clock
 
     async def list(self, topic: str, *, limit: int | None = None) -> list[DeadLetter]:
         """The topic's dead letters, oldest first (``limit``: the oldest ``limit``).
@@ -165,7 +164,7 @@ class DeadLetters:
                 or pending.object_id != envelope.id
                 or not target.startswith(layout.messages_prefix(topic))
             ):
-                target = layout.message_key(topic, envelope.id, now_utc())
+                target = layout.message_key(topic, envelope.id, self._clock())
                 marked = replace(info or DeadLetterInfo("nack", None, "", ""), redrive_key=target)
                 body = encode_dead_letter(envelope, marked)
                 try:

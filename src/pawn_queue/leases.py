@@ -85,6 +85,7 @@ class LeaseManager:
         store: Store,
         strategy: ResolvedStrategy,
         concurrency: ConcurrencyConfig,
+        clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self._store = store
         self.deleter = DeleteCoalescer(store)  # shared by everything that deletes here
@@ -92,7 +93,7 @@ class LeaseManager:
         self._csprng = concurrency.csprng_verify
         self.margin = timedelta(seconds=concurrency.clock_skew_margin_seconds)
         # The wall clock behind every expiry decision (a skewed one simulates another host).
-        self.clock: Callable[[], datetime] = now_utc
+        self.clock = clock
         # What this process knows without asking the store: lease keys held here, lease keys
         # seen live elsewhere (until when), and message keys settled here a moment ago.
         self._held_here: set[str] = set()

@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from pawn_queue import layout
-from pawn_queue.envelope import DeadLetterInfo, Envelope, encode_dead_letter, now_utc
+from pawn_queue.envelope import DeadLetterInfo, Envelope, encode_dead_letter
 from pawn_queue.exceptions import ArgumentError, PawnQueueError, PublishError, StoreError
-from pawn_queue.leases import Lease, LeaseManager
+from pawn_queue.lease_keeper import LeaseKeeper
+from pawn_queue.leases import Lease
 from pawn_queue.notify import ChangeSignals
+from pawn_queue.runtime import Runtime
 from pawn_queue.store.base import Store
 
 logger = logging.getLogger(__name__)
@@ -49,18 +51,17 @@ class ClaimedObject:
         key: str,
         lease: Lease,
         size: int,
-        store: Store,
-        leases: LeaseManager,
-        signals: ChangeSignals,
-        on_done: Callable[[Lease], None],
+        runtime: Runtime,
+        keeper: LeaseKeeper,
     ) -> None:
         self.key = key
         self.lease = lease
         self.size = size
-        self._store = store
-        self._leases = leases
-        self._signals = signals
-        self._on_done = on_done
+        self._store = runtime.store
+        self._leases = runtime.leases
+        self._signals = runtime.signals
+        self._clock = runtime.clock
+        self._on_done = keeper.forget  # the lease needs no more refreshes
         self._abandoned: set[int] = set()
 
     async def ensure_held(self) -> None:
@@ -69,7 +70,7 @@ class ClaimedObject:
 
     async def write_dead_letter(self, envelope: Envelope, reason: str, error: str | None) -> None:
         info = DeadLetterInfo(
-            reason, error, now_utc().isoformat(), self.key, self.receive_count(envelope)
+            reason, error, self._clock().isoformat(), self.key, self.receive_count(envelope)
         )
         await self._store.put(
             layout.dead_letter_key(envelope.topic, envelope.id),
@@ -98,7 +99,7 @@ class ClaimedObject:
         # One member of a batch cannot be shown again alone: it moves to its own object
         # (durable first), then counts as settled here.
         moved = replace(envelope, prior_receives=self.receive_count(envelope))
-        due = now_utc() + timedelta(seconds=delay)
+        due = self._clock() + timedelta(seconds=delay)
         key = layout.message_key(envelope.topic, envelope.id, due, delayed=delay > 0)
         await write_message(self._store, moved, key, self._signals)
         await self.settle(index)

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pawn_queue import dedup, layout
-from pawn_queue.envelope import Envelope, encode_batch, now_utc
+from pawn_queue.envelope import Envelope, encode_batch
 from pawn_queue.exceptions import (
     ArgumentError,
     PayloadError,
@@ -23,10 +23,8 @@ from pawn_queue.exceptions import (
     StoreError,
 )
 from pawn_queue.message import write_message
-from pawn_queue.notify import ChangeSignals
 from pawn_queue.registry import RegistryEntry
-from pawn_queue.store.base import Store
-from pawn_queue.topics import Topics
+from pawn_queue.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +34,13 @@ _ROOM_CHECK_SECONDS = 1.0
 class Producer:
     """Publishes messages. Obtain one with ``PawnQueue.register_producer()``."""
 
-    def __init__(
-        self, entry: RegistryEntry, store: Store, topics: Topics, signals: ChangeSignals
-    ) -> None:
+    def __init__(self, entry: RegistryEntry, runtime: Runtime) -> None:
         self._entry = entry
-        self._signals = signals
+        self._signals = runtime.signals
         self._room: dict[str, tuple[float, int]] = {}  # topic -> (checked at, pending count)
-        self._store = store
-        self._topics = topics
+        self._store = runtime.store
+        self._topics = runtime.topics
+        self._clock = runtime.clock
 
     @property
     def id(self) -> str:
@@ -91,7 +88,7 @@ class Producer:
             raise ArgumentError(f"group: got {group!r}, must be a non-empty string")
         if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
             raise ArgumentError(f"dedup_id: got {dedup_id!r}, must be a non-empty string")
-        now = now_utc()
+        now = self._clock()
         envelope = Envelope(
             id=str(uuid.uuid4()),
             topic=topic,
@@ -170,7 +167,7 @@ class Producer:
         :meth:`publish`; nothing is written if any payload cannot be encoded.
         """
         await self._topics.settings(topic)
-        now = now_utc()
+        now = self._clock()
         created_at = now.isoformat()
         checked = _check_attributes(attributes)
         payloads = list(payloads)
