@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pawn_queue import PawnQueue
-from pawn_queue.claiming import _lane_of
+from pawn_queue.lanes import lane_of
 from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.store import open_store
@@ -34,14 +34,12 @@ async def two_queues(
 
 
 def _lanes_of(ids: list[str]) -> list[int]:
-    return [_lane_of(i) for i in ids]
+    return [lane_of(i) for i in ids]
 
 
 def _work_in_lane(consumer: Consumer, lane: int) -> None:
     """Put a consumer in the state a lost claim race leaves: contended, working ``lane``."""
-    claimer = consumer._claimer
-    claimer._met_competitor("t")
-    claimer._lane["t"] = lane
+    consumer._claimer.lanes.work_in("t", lane)
 
 
 async def test_competing_consumers_in_different_lanes_never_race(
@@ -49,7 +47,7 @@ async def test_competing_consumers_in_different_lanes_never_race(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # However slowly the messages were published, no lane counts as left behind here.
-    monkeypatch.setattr("pawn_queue.claiming._LANE_LAG", timedelta(hours=1))
+    monkeypatch.setattr("pawn_queue.lanes._LANE_LAG", timedelta(hours=1))
     a, store_a, b, store_b = two_queues
     producer = await a.register_producer("p")
     ids = [await producer.publish("t", {"n": n}) for n in range(40)]
@@ -73,7 +71,7 @@ async def test_a_lane_nobody_works_is_not_left_behind(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Any wait counts as too long: the oldest message's lane must be taken up at once.
-    monkeypatch.setattr("pawn_queue.claiming._LANE_LAG", timedelta(0))
+    monkeypatch.setattr("pawn_queue.lanes._LANE_LAG", timedelta(0))
     a = two_queues[0]
     producer = await a.register_producer("p")
     ids = [await producer.publish("t", {"n": n}) for n in range(40)]

@@ -6,23 +6,16 @@ claims the head message alone, and the rest of the poll only once that claim is 
 consumers that start or wake together waste one claim each on the race for the head rather
 than a poll's worth.
 
-Once it met a competitor, a consumer works one lane: messages are split into ``_LANES``
-lanes by a hash of their lease id, and a consumer claims only in its lane (oldest first)
-until it loses a claim there or the lane runs dry, then moves to the lane that looks least
-worked (not crowded for it lately, fewest fresh leases), or at once to a lane whose oldest
-message waits well behind the others. Competing consumers thus spread over the lanes by
-themselves and seldom race for the same message, with no coordination. Claims run
-concurrently; stragglers are not waited for long (their messages go to the buffer, for the
-next poll).
+Once it met a competitor, a consumer works one lane (:mod:`pawn_queue.lanes`), so competing
+consumers seldom race for the same message, with no coordination. Claims run concurrently;
+stragglers are not waited for long (their messages are kept for the next poll).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-import zlib
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -39,6 +32,7 @@ from pawn_queue.envelope import (
     encode_unreadable,
 )
 from pawn_queue.exceptions import StoreError
+from pawn_queue.lanes import LANE_WIDTH, LANES, Lanes
 from pawn_queue.lease_keeper import LeaseKeeper
 from pawn_queue.leases import Lease
 from pawn_queue.message import ClaimedObject, Message
@@ -49,34 +43,9 @@ logger = logging.getLogger(__name__)
 
 
 _MIN_PAGE = 100
-_LANES = 8
-_LANE_WIDTH = 4  # page size under contention, in claims per poll and lane
-_CONTENTION_MEMORY_SECONDS = 30.0
-_CROWDED_SECONDS = 5.0  # how long a lane where a claim was lost is avoided
-_LANE_LAG = timedelta(seconds=1)  # how much longer another lane's oldest message may wait
 _MIN_PATIENCE_SECONDS = 0.05
 _REMEMBER_SECONDS = 1.0
 _SWEEP_SECONDS = 600.0  # how often a consumer looks for orphan leases in each topic
-
-
-def _lane_of(lease_id: str) -> int:
-    return zlib.crc32(lease_id.encode()) % _LANES
-
-
-def _lane(pending: layout.PendingKey) -> int:
-    return _lane_of(pending.lease_id())
-
-
-def _of_lane(
-    candidates: list[tuple[layout.PendingKey, str]], lane: int
-) -> list[tuple[layout.PendingKey, str]]:
-    return [c for c in candidates if _lane(c[0]) == lane]
-
-
-def _waits_longer(oldest_key: str, key: str) -> bool:
-    """Whether the message at ``oldest_key`` became due ``_LANE_LAG`` before the one at ``key``."""
-    oldest, due = layout.due_from_key(oldest_key), layout.due_from_key(key)
-    return oldest is not None and due is not None and due - oldest > _LANE_LAG
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +109,7 @@ class Claimer:
         self._buffer: deque[Message] = deque()
         self._next_due: datetime | None = None  # first delayed message the last listings saw
         self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
-        self._contended_until: dict[str, float] = {}
-        self._lane: dict[str, int] = {}  # topic -> the lane claimed in while contended
-        self._crowded: dict[str, dict[int, float]] = {}  # topic -> lane -> avoided until
+        self.lanes = Lanes(runtime, visibility)
         # topic -> candidates left by the last listing, and until when to trust them
         self._remembered: dict[str, tuple[list[tuple[layout.PendingKey, str]], float]] = {}
         self._sweep_after: dict[str, float] = {}
@@ -190,8 +157,8 @@ class Claimer:
                 for pending, key in remembered
                 if self._leases.worth_claiming(topic, pending.lease_id(), key)
             ]
-            if self._contended(topic):
-                remembered = self._in_lane(topic, remembered) or []
+            if self.lanes.contended(topic):
+                remembered = self.lanes.in_lane(topic, remembered) or []
             claimed, rest, conflicts = await self._claim_candidates(topic, remembered, wanted)
             if conflicts:
                 self._met_competitor(topic)
@@ -199,12 +166,12 @@ class Claimer:
                 self._remembered[topic] = (rest, until)
             if len(claimed) >= wanted or conflicts:
                 return claimed
-        contended = self._contended(topic)
+        contended = self.lanes.contended(topic)
         start_after: str | None = None
         groups_seen: set[str] = set()
         # Alone, the head of the listing is enough (FIFO). Competing, a page wide enough for
         # a few polls in every lane. Not wider: every key of a page costs CPU to look at.
-        width = _LANES * _LANE_WIDTH if contended else 2
+        width = LANES * LANE_WIDTH if contended else 2
         page_size = min(layout.LIST_PAGE, max(_MIN_PAGE, wanted * width))
         while len(claimed) < wanted:
             page = await self._store.list(
@@ -220,7 +187,7 @@ class Claimer:
                 if self._leases.worth_claiming(topic, pending.lease_id(), meta.key)
             ]
             if contended:
-                candidates = await self._lane_candidates(topic, candidates)
+                candidates = await self.lanes.candidates(topic, candidates)
             # The first claim after a listing found nothing takes the head alone: consumers
             # that start, or wake, together (and so claim the same head) lose one claim
             # each, not a poll's worth.
@@ -364,73 +331,10 @@ class Claimer:
         except StoreError as exc:
             logger.warning("orphan lease sweep failed topic=%s error=%s", topic, exc)
 
-    def _contended(self, topic: str) -> bool:
-        """Whether other consumers competed for this topic's messages lately."""
-        return time.monotonic() < self._contended_until.get(topic, 0.0)
-
     def _met_competitor(self, topic: str) -> None:
-        """Another consumer won a claim here: this lane is crowded, the next poll moves."""
-        now = time.monotonic()
-        self._contended_until[topic] = now + _CONTENTION_MEMORY_SECONDS
-        lane = self._lane.pop(topic, None)
-        if lane is not None:
-            self._crowded.setdefault(topic, {})[lane] = now + _CROWDED_SECONDS
+        """Another consumer won a claim here: move lanes, and forget the listing."""
+        self.lanes.met_competitor(topic)
         self._remembered.pop(topic, None)
-
-    def _in_lane(
-        self, topic: str, candidates: list[tuple[layout.PendingKey, str]]
-    ) -> list[tuple[layout.PendingKey, str]] | None:
-        """The candidates in this consumer's lane; None if it has no lane or the lane ran dry."""
-        lane = self._lane.get(topic)
-        if lane is None:
-            return None
-        return _of_lane(candidates, lane) or None
-
-    async def _lane_candidates(
-        self, topic: str, candidates: list[tuple[layout.PendingKey, str]]
-    ) -> list[tuple[layout.PendingKey, str]]:
-        """The candidates of this consumer's lane. It moves when the lane ran dry or another
-        lane's oldest message waits ``_LANE_LAG`` longer than its own (nobody works that
-        lane: it goes there, oldest first); otherwise to the lane with candidates that looks
-        least worked (not crowded for us lately, with the fewest fresh leases). One LIST of
-        the lease prefix shows that, and costs less than the create-only PUTs (and GETs) a
-        race with another consumer would waste."""
-        if not candidates:
-            return []
-        mine = self._in_lane(topic, candidates)
-        neglected = mine is not None and _waits_longer(candidates[0][1], mine[0][1])
-        if mine is not None and not neglected:
-            return mine
-        fresh_after = self._clock() - timedelta(seconds=self._visibility)
-        occupied: dict[int, int] = {}
-        leased: set[str] = set()
-        for meta in await self._store.list(layout.leases_prefix(topic)):
-            if meta.last_modified > fresh_after:
-                lease_id = layout.lease_id_of(meta.key)
-                leased.add(lease_id)
-                lane = _lane_of(lease_id)
-                occupied[lane] = occupied.get(lane, 0) + 1
-        candidates = [
-            (pending, key)
-            for pending, key in candidates
-            if pending.lease_id() not in leased
-            or self._leases.expiry_known(topic, pending.lease_id())
-        ]
-        if not candidates:
-            return []
-        if neglected:
-            self._lane[topic] = lane = _lane(candidates[0][0])
-            return _of_lane(candidates, lane)
-        now = time.monotonic()
-        crowded = self._crowded.get(topic, {})
-        lanes = sorted({_lane(pending) for pending, _ in candidates})
-        score = {n: (crowded.get(n, 0.0) > now, occupied.get(n, 0)) for n in lanes}
-        best = min(score.values())
-        self._lane[topic] = lane = random.choice([n for n in lanes if score[n] == best])
-        mine = _of_lane(candidates, lane)
-        # Start at a random place: another consumer that moved here too starts elsewhere.
-        start = random.randrange(len(mine))
-        return mine[start:] + mine[:start]
 
     async def _read(
         self, topic: str, pending: layout.PendingKey, key: str, lease: Lease
