@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import reprlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -19,6 +19,7 @@ from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, PawnQueueError, RootNotFound
 from pawn_queue.leases import LeaseManager, ResolvedStrategy
 from pawn_queue.notify import ChangeSignals
+from pawn_queue.observe import Observer, Observers
 from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
 from pawn_queue.runtime import Runtime
@@ -50,10 +51,13 @@ class PawnQueue:
         *,
         store: Store | None = None,
         clock: Callable[[], datetime] | None = None,
+        observers: Iterable[Observer] = (),
     ) -> None:
         """``store`` replaces the one ``config`` selects (custom stores, fault injection);
-        ``clock`` the host's UTC wall clock (tests of clock skew)."""
+        ``clock`` the host's UTC wall clock (tests of clock skew); ``observers`` are called
+        as messages are published, delivered, handled and settled (:mod:`pawn_queue.observe`)."""
         self.config = config
+        self._observers = Observers(observers)
         self._custom_store = store
         self._clock = clock or now_utc
         self._runtime: Runtime | None = None
@@ -99,6 +103,7 @@ class PawnQueue:
             topics=Topics(store),
             registry=Registry(store),
             signals=ChangeSignals(store, self.config.notify),
+            observers=self._observers,
         )
         self._heartbeat = asyncio.create_task(
             runtime.registry.run_heartbeat(self.config.registry.heartbeat_interval_seconds)

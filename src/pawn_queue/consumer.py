@@ -65,6 +65,7 @@ class Consumer:
         self._topics = list(topics)
         self._leases = runtime.leases
         self._clock = runtime.clock
+        self._observers = runtime.observers
         self._polling = polling
         # The leases of the messages handed out or buffered.
         self._keeper = LeaseKeeper(runtime.leases, polling.lease_refresh_interval_seconds)
@@ -107,6 +108,9 @@ class Consumer:
             messages = await self._poll_once()
             remaining = deadline - time.monotonic()
             if messages or remaining <= 0:
+                if self._observers:
+                    for message in messages:
+                        self._observers.delivered(message)
                 return messages
             await self._signals.wait(self._topics, min(remaining, self._idle_seconds()), seen)
 
@@ -231,32 +235,22 @@ class Consumer:
     async def _dispatch(
         self, handler: handlers.AsyncHandler, message: Message, retry: Retry | None
     ) -> None:
+        observers = self._observers
+        if observers:
+            observers.delivered(message)
+            observers.handler_started(message)
+        started = time.perf_counter()
         try:
             await handler(message)
-        except Exception as exc:
-            logger.error(
-                "handler failed message=%s topic=%s receive_count=%d error=%r",
-                message.id,
-                message.topic,
-                message.receive_count,
-                exc,
-                exc_info=exc,
-            )
-            if message.settled:
-                return
-            try:
-                if retry is not None and message.receive_count < retry.max_receives:
-                    await message.nack(requeue=True, delay=retry.delay(message.receive_count))
-                else:
-                    await message.dead_letter("handler_error", repr(exc))
-            except PawnQueueError as nack_exc:
-                logger.error(
-                    "settling failed message=%s error=%s; it is redelivered after the "
-                    "visibility timeout",
-                    message.id,
-                    nack_exc,
-                )
+        except BaseException as exc:
+            if observers:  # an observer added by the handler sees it finish, not start
+                observers.handler_finished(message, time.perf_counter() - started, exc)
+            if not isinstance(exc, Exception):
+                raise
+            await self._failed(message, exc, retry)
             return
+        if observers:
+            observers.handler_finished(message, time.perf_counter() - started, None)
         if not message.settled and not self._stopping:
             logger.warning(
                 "handler returned without ack or nack message=%s; redelivered after the "
@@ -265,6 +259,31 @@ class Consumer:
             )
             message.abandon()
         # Stopping: the lease stays held until the stop releases it, for redelivery at once.
+
+    async def _failed(self, message: Message, exc: Exception, retry: Retry | None) -> None:
+        """The handler raised ``exc``: retry or dead-letter the message it left unsettled."""
+        logger.error(
+            "handler failed message=%s topic=%s receive_count=%d error=%r",
+            message.id,
+            message.topic,
+            message.receive_count,
+            exc,
+            exc_info=exc,
+        )
+        if message.settled:
+            return
+        try:
+            if retry is not None and message.receive_count < retry.max_receives:
+                await message.nack(requeue=True, delay=retry.delay(message.receive_count))
+            else:
+                await message.dead_letter("handler_error", repr(exc))
+        except PawnQueueError as nack_exc:
+            logger.error(
+                "settling failed message=%s error=%s; it is redelivered after the "
+                "visibility timeout",
+                message.id,
+                nack_exc,
+            )
 
     # -- leases -----------------------------------------------------------------------------
 

@@ -18,10 +18,17 @@ from typing import Any
 
 from pawn_queue import layout
 from pawn_queue.envelope import DeadLetterInfo, Envelope, encode_dead_letter
-from pawn_queue.exceptions import ArgumentError, PawnQueueError, PublishError, StoreError
+from pawn_queue.exceptions import (
+    ArgumentError,
+    LeaseLostError,
+    PawnQueueError,
+    PublishError,
+    StoreError,
+)
 from pawn_queue.lease_keeper import LeaseKeeper
 from pawn_queue.leases import Lease
 from pawn_queue.notify import ChangeSignals
+from pawn_queue.observe import Outcome
 from pawn_queue.runtime import Runtime
 from pawn_queue.store.base import Store
 
@@ -61,6 +68,7 @@ class ClaimedObject:
         self._leases = runtime.leases
         self._signals = runtime.signals
         self._clock = runtime.clock
+        self.observers = runtime.observers
         self._on_done = keeper.forget  # the lease needs no more refreshes
         self._abandoned: set[int] = set()
 
@@ -215,6 +223,7 @@ class Message:
             await self._claimed.ensure_held()
             await self._claimed.settle(self._index)
             self._settled = True
+            self._observed("ack")
 
     @contextlib.asynccontextmanager
     async def _settling(self) -> AsyncIterator[None]:
@@ -225,10 +234,16 @@ class Message:
         async with self._lock:
             try:
                 yield
-            except BaseException:
+            except BaseException as exc:
                 if not self._settled:
                     self._claimed.abandon(self._index)
+                if isinstance(exc, LeaseLostError) and self._claimed.observers:
+                    self._claimed.observers.lease_lost(self)
                 raise
+
+    def _observed(self, outcome: Outcome, reason: str | None = None) -> None:
+        if self._claimed.observers:
+            self._claimed.observers.settled(self, outcome, reason)
 
     @property
     def receive_count(self) -> int:
@@ -258,6 +273,7 @@ class Message:
             await self._claimed.ensure_held()
             await self._claimed.requeue(self._index, self._envelope, delay)
             self._settled = True
+            self._observed("nack_requeue")
 
     async def dead_letter(self, reason: str, error: str | None = None) -> None:
         """Dead-letter with a reason (and the error text of a failed handler)."""
@@ -268,3 +284,4 @@ class Message:
             await self._claimed.write_dead_letter(self._envelope, reason, error)
             await self._claimed.settle(self._index)
             self._settled = True
+            self._observed("dead_letter", reason)

@@ -1,16 +1,18 @@
-"""Prometheus metrics for pawn-queue, observed from outside the core.
+"""Prometheus metrics for pawn-queue, built on the core's hooks (:mod:`pawn_queue.observe`).
 
 Needs the ``metrics`` extra (``prometheus-client``), imported only here and only when a
-:class:`QueueMetrics` is built. Three observation points, none of which changes the core:
+:class:`QueueMetrics` is built. Two observation points:
 
-- :class:`MetricsStore` wraps a store (``PawnQueue(config, store=MetricsStore(...))``) and
-  counts every request by operation and outcome, with its latency; a successful write of a
-  dead letter counts as a dead-lettered message, whatever the reason.
-- :meth:`QueueMetrics.observe_message` makes a claimed message count its ``ack()``,
-  ``nack()`` and lost leases; :meth:`QueueMetrics.handler` wraps a ``listen()`` handler
-  (delivered, handler duration, and the same settlement counts).
-- :meth:`QueueMetrics.poll` times a ``consumer.poll()``; :meth:`QueueMetrics.published`
-  counts what a producer published.
+- ``PawnQueue(config, observers=[metrics.observer])`` counts what the queue publishes,
+  delivers, acks, nacks and dead-letters (for any reason), the leases it finds lost on
+  settling, and how long ``listen()`` handlers run.
+- :class:`MetricsStore` wraps a store (``PawnQueue(config, store=metrics.wrap_store(...))``)
+  and counts every request by operation and outcome, with its latency.
+
+:meth:`QueueMetrics.poll` times a ``consumer.poll()``. :meth:`QueueMetrics.handler` and
+:meth:`QueueMetrics.observe_message` register the observer on the queue of the consumer or
+message they see (for code written before observers); :meth:`QueueMetrics.published`
+counts by hand (only for a queue without the observer, which counts publishes itself).
 
 ``start_exporter(port)`` serves ``/metrics`` over HTTP from a daemon thread.
 """
@@ -21,17 +23,16 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pawn_queue import layout
 from pawn_queue.exceptions import (
     AccessDenied,
     AlreadyExists,
     BucketNotFound,
-    LeaseLostError,
     NotFound,
     PreconditionFailed,
     StoreUnavailable,
 )
 from pawn_queue.message import Message
+from pawn_queue.observe import Observer, Observers, Outcome, Publication
 from pawn_queue.store.base import IfMatch, Store
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 
@@ -122,46 +123,46 @@ class QueueMetrics:
         self.topic_delayed = gauge("topic_delayed")
         self.topic_dead_letters = gauge("topic_dead_letters")
         self.topic_oldest_age = gauge("topic_oldest_age_seconds")
-        self._message_class = _observed_message_class(self)
+        self.observer = MetricsObserver(self)
+        """Register it on a queue (``PawnQueue(config, observers=[metrics.observer])``)."""
 
     # -- observation helpers ----------------------------------------------------------------
 
     def published(self, topic: str, count: int = 1) -> None:
+        """Count ``count`` messages published to ``topic`` by hand (a queue with
+        :attr:`observer` counts its publishes itself)."""
         self.published_total.labels(topic).inc(count)
 
     def observe_message(self, message: Message) -> Message:
-        """Count this message as delivered, and its ack/nack/lease loss from now on."""
-        self.delivered_total.labels(message.topic).inc()
-        # Same slots, no new state: only the settlement methods are overridden.
-        message.__class__ = self._message_class
+        """Make sure :attr:`observer` watches the queue this message came from, so its
+        settlement counts; counts it as delivered if the observer was not watching yet."""
+        if self._watch(message._claimed.observers):
+            self.observer.delivered(message)
         return message
 
     async def poll(self, consumer: Consumer, wait: float | None = None) -> list[Message]:
-        """``consumer.poll(wait)``, timed, with every message observed."""
+        """``consumer.poll(wait)``, timed; :attr:`observer` watches the consumer's queue."""
+        self._watch(consumer._observers)
         started = time.perf_counter()
         messages = await consumer.poll(wait=wait)
         outcome = "messages" if messages else "empty"
         self.poll_seconds.labels(outcome).observe(time.perf_counter() - started)
-        return [self.observe_message(m) for m in messages]
+        return messages
 
     def handler(
         self, handler: Callable[[Message], Awaitable[Any]]
     ) -> Callable[[Message], Awaitable[Any]]:
-        """Wrap a ``listen()`` handler: delivered, settlements, duration by outcome."""
+        """Wrap a ``listen()`` handler so that :attr:`observer` watches the queue of the
+        messages it gets (delivered, settlements, handler duration by outcome)."""
 
         async def observed(message: Message) -> Any:
             self.observe_message(message)
-            started = time.perf_counter()
-            outcome = "error"
-            try:
-                result = await handler(message)
-                outcome = "ok"
-                return result
-            finally:
-                elapsed = time.perf_counter() - started
-                self.handler_seconds.labels(message.topic, outcome).observe(elapsed)
+            return await handler(message)
 
         return observed
+
+    def _watch(self, observers: Observers) -> bool:
+        return observers.add(self.observer)
 
     def set_topic_stats(self, topic: str, stats: TopicStats) -> None:
         self.topic_pending.labels(topic).set(stats.pending)
@@ -174,31 +175,40 @@ class QueueMetrics:
         return MetricsStore(store, self)
 
 
-def _observed_message_class(metrics: QueueMetrics) -> type[Message]:
-    class ObservedMessage(Message):
-        __slots__ = ()
+class MetricsObserver(Observer):
+    """The hooks behind :class:`QueueMetrics`' message counters and handler durations."""
 
-        async def ack(self) -> None:
-            if self.settled:
-                return
-            try:
-                await super().ack()
-            except LeaseLostError:
-                metrics.lease_lost_total.labels(self.topic).inc()
-                raise
-            metrics.acked_total.labels(self.topic).inc()
+    def __init__(self, metrics: QueueMetrics) -> None:
+        self.metrics = metrics
 
-        async def nack(self, requeue: bool = False, delay: float = 0) -> None:
-            if self.settled:
-                return
-            try:
-                await super().nack(requeue=requeue, delay=delay)
-            except LeaseLostError:
-                metrics.lease_lost_total.labels(self.topic).inc()
-                raise
-            metrics.nacked_total.labels(self.topic, "true" if requeue else "false").inc()
+    def __repr__(self) -> str:
+        return "MetricsObserver()"
 
-    return ObservedMessage
+    def published(self, publication: Publication) -> None:
+        self.metrics.published_total.labels(publication.topic).inc(len(publication.message_ids))
+
+    def delivered(self, message: Message) -> None:
+        self.metrics.delivered_total.labels(message.topic).inc()
+
+    def handler_finished(
+        self, message: Message, seconds: float, error: BaseException | None
+    ) -> None:
+        outcome = "ok" if error is None else "error"
+        self.metrics.handler_seconds.labels(message.topic, outcome).observe(seconds)
+
+    def settled(self, message: Message, outcome: Outcome, reason: str | None) -> None:
+        m, topic = self.metrics, message.topic
+        if outcome == "ack":
+            m.acked_total.labels(topic).inc()
+        elif outcome == "nack_requeue":
+            m.nacked_total.labels(topic, "true").inc()
+        else:
+            if reason == "nack":  # nack() without requeue dead-letters
+                m.nacked_total.labels(topic, "false").inc()
+            m.dead_lettered_total.labels(topic).inc()
+
+    def lease_lost(self, message: Message) -> None:
+        self.metrics.lease_lost_total.labels(message.topic).inc()
 
 
 class MetricsStore(StoreWrapper):
@@ -222,15 +232,7 @@ class MetricsStore(StoreWrapper):
                 time.perf_counter() - started
             )
             self.metrics.store_requests_total.labels(operation, outcome).inc()
-        if call.operation == "put":
-            self._count_dead_letter(call.key)
         return result
-
-    def _count_dead_letter(self, key: str) -> None:
-        """A successful write under a topic's dead letters is a dead-lettered message."""
-        topic = layout.topic_of(key)
-        if key.startswith(layout.dead_letter_prefix(topic)):
-            self.metrics.dead_lettered_total.labels(topic).inc()
 
 
 def _operation(call: StoreCall) -> str:

@@ -23,8 +23,10 @@ from pawn_queue.exceptions import (
     StoreError,
 )
 from pawn_queue.message import write_message
+from pawn_queue.observe import Publication
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.runtime import Runtime
+from pawn_queue.topics import TopicSettings
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ class Producer:
         self._store = runtime.store
         self._topics = runtime.topics
         self._clock = runtime.clock
+        self._observers = runtime.observers
 
     @property
     def id(self) -> str:
@@ -88,6 +91,36 @@ class Producer:
             raise ArgumentError(f"group: got {group!r}, must be a non-empty string")
         if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
             raise ArgumentError(f"dedup_id: got {dedup_id!r}, must be a non-empty string")
+        checked = _check_attributes(attributes)
+        within = wait_for_room
+        if not self._observers:
+            return await self._publish(
+                topic, settings, payload, delay, checked, group, dedup_id, within
+            )
+        publication = Publication(topic, checked, 1)
+        self._observers.before_publish(publication)
+        try:
+            message_id = await self._publish(
+                topic, settings, payload, delay, publication.attributes, group, dedup_id, within
+            )
+        except BaseException as exc:
+            self._observers.publish_failed(publication, exc)
+            raise
+        publication.message_ids.append(message_id)
+        self._observers.published(publication)
+        return message_id
+
+    async def _publish(
+        self,
+        topic: str,
+        settings: TopicSettings,
+        payload: Any,
+        delay: float | None,
+        attributes: dict[str, str],
+        group: str | None,
+        dedup_id: str | None,
+        wait_for_room: float,
+    ) -> str:
         now = self._clock()
         envelope = Envelope(
             id=str(uuid.uuid4()),
@@ -95,7 +128,7 @@ class Producer:
             producer_id=self.id,
             created_at=now.isoformat(),
             payload=payload,
-            attributes=_check_attributes(attributes),
+            attributes=attributes,
             group=group,
         )
         envelope.encode()  # a payload that cannot be encoded fails before anything is written
@@ -167,12 +200,28 @@ class Producer:
         :meth:`publish`; nothing is written if any payload cannot be encoded.
         """
         await self._topics.settings(topic)
-        now = self._clock()
-        created_at = now.isoformat()
         checked = _check_attributes(attributes)
         payloads = list(payloads)
         if not payloads:
             return []
+        if not self._observers:
+            return await self._publish_batch(topic, payloads, checked)
+        publication = Publication(topic, checked, len(payloads))
+        self._observers.before_publish(publication)
+        try:
+            ids = await self._publish_batch(topic, payloads, publication.attributes)
+        except BaseException as exc:
+            self._observers.publish_failed(publication, exc)
+            raise
+        publication.message_ids.extend(ids)
+        self._observers.published(publication)
+        return ids
+
+    async def _publish_batch(
+        self, topic: str, payloads: list[Any], checked: dict[str, str]
+    ) -> list[str]:
+        now = self._clock()
+        created_at = now.isoformat()
         batch_id, *ids = _uuid4s(1 + len(payloads))
         members = [
             Envelope(message_id, topic, self.id, created_at, payload, checked)

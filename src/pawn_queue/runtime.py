@@ -4,12 +4,13 @@ to the producers, consumers and messages it makes instead of a long list of argu
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.leases import LeaseManager
 from pawn_queue.notify import ChangeSignals
+from pawn_queue.observe import Observers
 from pawn_queue.registry import Registry
 from pawn_queue.store.base import Store
 from pawn_queue.topics import Topics
@@ -25,6 +26,8 @@ class Runtime:
     topics: Topics
     registry: Registry
     signals: ChangeSignals
+    observers: Observers = field(default_factory=Observers)
+    """The queue's observers (:mod:`pawn_queue.observe`), called by the core."""
 
     @property
     def clock(self) -> Callable[[], datetime]:

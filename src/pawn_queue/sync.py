@@ -27,6 +27,7 @@ from pawn_queue.handlers import Forwarded
 from pawn_queue.layout import Role
 from pawn_queue.leases import ResolvedStrategy
 from pawn_queue.loop_thread import CLOSED, Call, LoopThread
+from pawn_queue.observe import Observer
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.store.base import Store
 from pawn_queue.topics import (
@@ -53,10 +54,18 @@ class PawnQueue:
     Use ``with`` or ``setup()``/``close()``. ``close()`` (alias ``teardown()``) is final.
     """
 
-    def __init__(self, config: PawnQueueConfig, *, store: Store | None = None) -> None:
-        """``store`` replaces the one ``config`` selects (custom stores, fault injection)."""
+    def __init__(
+        self,
+        config: PawnQueueConfig,
+        *,
+        store: Store | None = None,
+        observers: Iterable[Observer] = (),
+    ) -> None:
+        """``store`` replaces the one ``config`` selects (custom stores, fault injection);
+        ``observers`` see publishes, deliveries and settlements (:mod:`pawn_queue.observe`;
+        their hooks run on the queue's loop thread)."""
         self.config = config
-        self._queue = client.PawnQueue(config, store=store)
+        self._queue = client.PawnQueue(config, store=store, observers=observers)
         self._runner = LoopThread(f"pawn-queue-loop-{id(self):x}")
         self._lifecycle = threading.Lock()
         self._ready = False

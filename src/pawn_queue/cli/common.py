@@ -101,7 +101,7 @@ def open_queue(
     *,
     must_exist: bool = False,
 ) -> PawnQueue:
-    """A queue (not set up yet); with ``metrics`` its store requests are observed.
+    """A queue (not set up yet); with ``metrics`` its store requests and messages are observed.
 
     ``must_exist`` (commands that only read): a local directory that does not exist raises
     RootNotFound naming it, before anything (a consumer's registration) could create it.
@@ -112,8 +112,11 @@ def open_queue(
         from pawn_queue.store.filesystem import require_root
 
         require_root(config.filesystem.path)
-    store = metrics.wrap_store(open_store(config)) if metrics is not None else None
-    return PawnQueue(config, store=store)
+    if metrics is None:
+        return PawnQueue(config)
+    return PawnQueue(
+        config, store=metrics.wrap_store(open_store(config)), observers=[metrics.observer]
+    )
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
