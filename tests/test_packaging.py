@@ -92,7 +92,8 @@ def test_links_and_extras(built: tuple[str, Path]) -> None:
         label, _, url = entry.partition(", ")
         assert label and url.startswith("https://"), entry
     extras = set(meta.get_all("Provides-Extra") or [])
-    assert extras == {"cli", "spark", "metrics"}  # the test tools are no user-facing extra
+    # The test tools are no user-facing extra.
+    assert extras == {"cli", "spark", "metrics", "tracing"}
     spark = [req for req in meta.get_all("Requires-Dist") or [] if 'extra == "spark"' in req]
     assert {re.split(r"[<>=!~ ;\[]", req, maxsplit=1)[0] for req in spark} >= {
         "pyspark",
