@@ -175,3 +175,21 @@ async def test_batch_errors_write_nothing(pq: PawnQueue) -> None:
     with pytest.raises(TopicNotFoundError):
         await producer.publish_batch("nope", [1])
     assert await pq.store.list("t/messages/") == []
+
+
+async def test_a_batch_member_requeued_alone_keeps_counting_its_receives(pq: PawnQueue) -> None:
+    """max_receive_count counts the receives a member had in its batch: requeued alone, it
+    is dead-lettered once it was received too often, not delivered once more."""
+    await pq.create_topic("t", max_receive_count=2)
+    producer = await pq.register_producer("p")
+    first, second = await producer.publish_batch("t", ["requeued", "acked"])
+    consumer = await pq.register_consumer("c", topics=["t"])
+    batch = {m.id: m for m in await consumer.poll(wait=5)}
+    await batch[second].ack()
+    await batch[first].nack(requeue=True)  # moves to its own object, received once
+    [again] = await consumer.poll(wait=5)
+    assert again.id == first and again.receive_count == 2
+    await again.nack(requeue=True)
+    assert await consumer.poll(wait=1) == []  # a third receive is over the limit
+    [letter] = await pq.dead_letters("t")
+    assert letter.id == first and letter.reason == "max_receive_count"

@@ -356,12 +356,14 @@ class Claimer:
             await self._remove(key, lease)
             return []
         settings = await self._topic_settings.settings(topic)
-        if settings.max_receive_count and lease.body.receive_count > settings.max_receive_count:
+        # A batch member requeued alone brings its receives with it (prior_receives).
+        received = lease.body.receive_count + max(
+            (e.prior_receives for i, e in enumerate(envelopes) if i not in lease.settled),
+            default=0,
+        )
+        if settings.max_receive_count and received > settings.max_receive_count:
             # Received too often: dead-letter whatever is left of it instead of delivering.
-            error = (
-                f"received {lease.body.receive_count} times; "
-                f"the topic allows {settings.max_receive_count}"
-            )
+            error = f"received {received} times; the topic allows {settings.max_receive_count}"
             await self._dead_letter_all(key, lease, envelopes, "max_receive_count", error)
             return []
         if settings.retention_seconds and _expired(key, settings.retention_seconds, self._clock()):
