@@ -15,13 +15,16 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 # AWS S3 Standard list prices, USD per million requests (us-east-1). DELETE is free.
+REPO = Path(__file__).resolve().parent.parent
 PRICE_PUT_LIST = 5.00  # PUT, COPY, POST, LIST
 PRICE_GET_HEAD = 0.40  # GET, HEAD (and everything else that is not a write or a list)
 MINUTES_PER_MONTH = 60 * 24 * 30
@@ -362,3 +365,21 @@ def last_json_line(stdout: str) -> Any:
         if line.startswith(("{", "[")):
             return json.loads(line)
     raise ValueError(f"no JSON in output: {stdout[-500:]!r}")
+
+
+def git_state() -> dict[str, Any]:
+    """The checkout measured: the library may be mid-change, so say which files differ."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return done.stdout
+
+    return {
+        "commit": git("rev-parse", "--short", "HEAD").strip(),
+        "changed": [line[3:] for line in git("status", "--porcelain").splitlines() if line],
+    }

@@ -37,7 +37,6 @@ import os
 import platform
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -317,24 +316,6 @@ NOTES = (
 # -- main ---------------------------------------------------------------------------------------
 
 
-def _git_state() -> dict[str, Any]:
-    """The checkout measured: the library may be mid-change, so say which files differ."""
-
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-        return done.stdout
-
-    return {
-        "commit": git("rev-parse", "--short", "HEAD").strip(),
-        "changed": [line[3:] for line in git("status", "--porcelain").splitlines() if line],
-    }
-
-
 async def run_all(stores: list[str], s: Sizes, tmp: Path, server: Any) -> list[dict[str, Any]]:
     results = []
     for name in stores:
@@ -419,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpus": os.cpu_count(),
         "sizes": asdict(sizes),
         "quick": args.quick,
-        "git": _git_state(),
+        "git": common.git_state(),
         "wall_seconds": round(time.perf_counter() - started, 1),
         "results": results,
         "table": text,

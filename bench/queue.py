@@ -40,7 +40,6 @@ import logging
 import os
 import platform
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -90,24 +89,6 @@ async def run_cases(b: Bench, cases: list[str], timings: dict[str, float]) -> di
         timings[case] = round(time.perf_counter() - started, 1)
         logger.info("case %s done in %.1f s", case, timings[case])
     return results
-
-
-def _git_state() -> dict[str, Any]:
-    """The checkout measured: the library may be mid-change, so say which files differ."""
-
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-        return done.stdout
-
-    return {
-        "commit": git("rev-parse", "--short", "HEAD").strip(),
-        "changed": [line[3:] for line in git("status", "--porcelain").splitlines() if line],
-    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -172,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         "sizes": {k: v for k, v in vars(sizes).items()},
         "quick": args.quick,
         "cases": cases,
-        "git": _git_state(),
+        "git": common.git_state(),
         "case_seconds": timings,
         "wall_seconds": round(time.perf_counter() - started, 1),
         "prices_usd_per_million": {

@@ -8,7 +8,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -92,23 +92,38 @@ class Producer:
         if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
             raise ArgumentError(f"dedup_id: got {dedup_id!r}, must be a non-empty string")
         checked = _check_attributes(attributes)
-        within = wait_for_room
+
+        async def write(attributes: dict[str, str]) -> list[str]:
+            return [
+                await self._publish(
+                    topic, settings, payload, delay, attributes, group, dedup_id, wait_for_room
+                )
+            ]
+
+        [message_id] = await self._observed(topic, checked, 1, write)
+        return message_id
+
+    async def _observed(
+        self,
+        topic: str,
+        attributes: dict[str, str],
+        count: int,
+        write: Callable[[dict[str, str]], Awaitable[list[str]]],
+    ) -> list[str]:
+        """``write(attributes)``, told to the observers before and after (with none: only
+        the write)."""
         if not self._observers:
-            return await self._publish(
-                topic, settings, payload, delay, checked, group, dedup_id, within
-            )
-        publication = Publication(topic, checked, 1)
+            return await write(attributes)
+        publication = Publication(topic, attributes, count)
         self._observers.before_publish(publication)
         try:
-            message_id = await self._publish(
-                topic, settings, payload, delay, publication.attributes, group, dedup_id, within
-            )
+            ids = await write(publication.attributes)
         except BaseException as exc:
             self._observers.publish_failed(publication, exc)
             raise
-        publication.message_ids.append(message_id)
+        publication.message_ids.extend(ids)
         self._observers.published(publication)
-        return message_id
+        return ids
 
     async def _publish(
         self,
@@ -204,18 +219,12 @@ class Producer:
         payloads = list(payloads)
         if not payloads:
             return []
-        if not self._observers:
-            return await self._publish_batch(topic, payloads, checked)
-        publication = Publication(topic, checked, len(payloads))
-        self._observers.before_publish(publication)
-        try:
-            ids = await self._publish_batch(topic, payloads, publication.attributes)
-        except BaseException as exc:
-            self._observers.publish_failed(publication, exc)
-            raise
-        publication.message_ids.extend(ids)
-        self._observers.published(publication)
-        return ids
+        return await self._observed(
+            topic,
+            checked,
+            len(payloads),
+            lambda attributes: self._publish_batch(topic, payloads, attributes),
+        )
 
     async def _publish_batch(
         self, topic: str, payloads: list[Any], checked: dict[str, str]
