@@ -100,6 +100,13 @@ class Observers:
     def _failed(self, observer: Observer, hook: str) -> None:
         logger.exception("observer %r failed in %s; ignored", observer, hook)
 
+    def _each(self, hook: str, *args: object) -> None:
+        for o in self._observers:
+            try:
+                getattr(o, hook)(*args)
+            except Exception:
+                self._failed(o, hook)
+
     def before_publish(self, publication: Publication) -> None:
         for o in self._observers:
             before = dict(publication.attributes)
@@ -111,55 +118,27 @@ class Observers:
                 self._failed(o, "before_publish")
 
     def published(self, publication: Publication) -> None:
-        for o in self._observers:
-            try:
-                o.published(publication)
-            except Exception:
-                self._failed(o, "published")
+        self._each("published", publication)
 
     def publish_failed(self, publication: Publication, error: BaseException) -> None:
-        for o in self._observers:
-            try:
-                o.publish_failed(publication, error)
-            except Exception:
-                self._failed(o, "publish_failed")
+        self._each("publish_failed", publication, error)
 
     def delivered(self, message: Message) -> None:
-        for o in self._observers:
-            try:
-                o.delivered(message)
-            except Exception:
-                self._failed(o, "delivered")
+        self._each("delivered", message)
 
     def handler_started(self, message: Message) -> None:
-        for o in self._observers:
-            try:
-                o.handler_started(message)
-            except Exception:
-                self._failed(o, "handler_started")
+        self._each("handler_started", message)
 
     def handler_finished(
         self, message: Message, seconds: float, error: BaseException | None
     ) -> None:
-        for o in self._observers:
-            try:
-                o.handler_finished(message, seconds, error)
-            except Exception:
-                self._failed(o, "handler_finished")
+        self._each("handler_finished", message, seconds, error)
 
     def settled(self, message: Message, outcome: Outcome, reason: str | None = None) -> None:
-        for o in self._observers:
-            try:
-                o.settled(message, outcome, reason)
-            except Exception:
-                self._failed(o, "settled")
+        self._each("settled", message, outcome, reason)
 
     def lease_lost(self, message: Message) -> None:
-        for o in self._observers:
-            try:
-                o.lease_lost(message)
-            except Exception:
-                self._failed(o, "lease_lost")
+        self._each("lease_lost", message)
 
 
 def _check_attributes(attributes: object) -> None:
