@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from pawn_queue import PawnQueue
-from pawn_queue.lanes import lane_of
 from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
+from pawn_queue.lanes import lane_of
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 
