@@ -202,7 +202,7 @@ async def consume(
                 await asyncio.sleep(rng.uniform(0.1, 0.5))
             await settle(message, journal)
         # The deletes that follow acks run in the background: still this operation.
-        await pq.runtime.leases.background_done()
+        await pq.runtime.background.done()
     journal.enter("")
     for message in held:
         if not message.settled and message.lease_held:

@@ -12,7 +12,7 @@ from pawn_queue import PawnQueue
 async def settled(pq: PawnQueue) -> None:
     """Wait for the deletes that follow acks (leases; a finished batch object): they run
     after ``ack()`` returned."""
-    await pq.runtime.leases.background_done()
+    await pq.runtime.background.done()
 
 
 async def keys_under(pq: PawnQueue, prefix: str) -> list[str]:

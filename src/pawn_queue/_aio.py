@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
-from typing import TypeVar
+from collections.abc import Awaitable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -20,3 +20,21 @@ async def gather_limited(limit: int, aws: Iterable[Awaitable[T]]) -> list[T | Ba
             return await aw
 
     return await asyncio.gather(*(run(aw) for aw in aws), return_exceptions=True)
+
+
+class Background:
+    """Work nothing waits for at once (an ack's lease delete, a finished batch object's
+    delete), but a teardown does: :meth:`done`. The work logs its own failures."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def done(self) -> None:
+        """Wait until all work started so far, and any it started, has finished."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

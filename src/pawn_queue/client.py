@@ -12,6 +12,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from pawn_queue._aio import Background
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
@@ -25,6 +26,7 @@ from pawn_queue.registry import Registry
 from pawn_queue.runtime import Runtime
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
+from pawn_queue.store.coalesce import DeleteCoalescer
 from pawn_queue.strategy import known_conditional, resolve_strategy
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
@@ -96,14 +98,24 @@ class PawnQueue:
         except BaseException:
             await store.close()
             raise
+        background = Background()
+        leases = LeaseManager(
+            store,
+            strategy,
+            self.config.concurrency,
+            clock=self._clock,
+            deleter=DeleteCoalescer(store),  # one, so concurrent deletes share requests
+            background=background,
+        )
         runtime = self._runtime = Runtime(
             config=self.config,
             store=store,
-            leases=LeaseManager(store, strategy, self.config.concurrency, clock=self._clock),
+            leases=leases,
             topics=Topics(store),
             registry=Registry(store),
             signals=ChangeSignals(store, self.config.notify),
             observers=self._observers,
+            background=background,
         )
         self._heartbeat = asyncio.create_task(
             runtime.registry.run_heartbeat(self.config.registry.heartbeat_interval_seconds)

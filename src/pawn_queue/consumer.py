@@ -65,6 +65,7 @@ class Consumer:
         self._topics = list(topics)
         self._leases = runtime.leases
         self._clock = runtime.clock
+        self._background = runtime.background
         self._observers = runtime.observers
         self._polling = polling
         # The leases of the messages handed out or buffered.
@@ -299,4 +300,4 @@ class Consumer:
         # Claims still in flight may yet win a lease: let them finish, then release it too.
         await self._claimer.close()
         await self._keeper.release_all()
-        await self._leases.background_done()
+        await self._background.done()

@@ -22,13 +22,13 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from pawn_queue import layout
-from pawn_queue._aio import IO_CONCURRENCY, gather_limited
+from pawn_queue._aio import IO_CONCURRENCY, Background, gather_limited
 from pawn_queue.config import ConcurrencyConfig
 from pawn_queue.envelope import CorruptObject, LeaseBody, now_utc
 from pawn_queue.exceptions import (
@@ -86,9 +86,15 @@ class LeaseManager:
         strategy: ResolvedStrategy,
         concurrency: ConcurrencyConfig,
         clock: Callable[[], datetime] = now_utc,
+        *,
+        deleter: DeleteCoalescer | None = None,
+        background: Background | None = None,
     ) -> None:
+        """``deleter`` and ``background``: the queue's own (its runtime's), shared with the
+        other code that deletes or works in the background there."""
         self._store = store
-        self.deleter = DeleteCoalescer(store)  # shared by everything that deletes here
+        self._deleter = deleter or DeleteCoalescer(store)
+        self._background = background or Background()
         self.strategy = strategy
         self._csprng = concurrency.csprng_verify
         self.margin = timedelta(seconds=concurrency.clock_skew_margin_seconds)
@@ -99,7 +105,6 @@ class LeaseManager:
         self._held_here: set[str] = set()
         self._busy_until: dict[str, datetime] = {}
         self._settled_here: dict[str, float] = {}
-        self._background: set[asyncio.Task[None]] = set()
 
     # -- claiming ---------------------------------------------------------------------------
 
@@ -272,15 +277,15 @@ class LeaseManager:
                 except LeaseLostError:
                     return
             lease.released = True
-            await self.deleter.delete(lease.key)
+            await self._deleter.delete(lease.key)
 
     async def settle(self, lease: Lease, object_key: str, *, lease_later: bool = False) -> None:
         """The messages of ``object_key`` are settled: delete the object, then its lease
         (rule 4). The object's delete raises; the lease's is only logged (a leftover lease
         blocks nothing, and :meth:`sweep_orphans` deletes it) and, with ``lease_later``, runs
-        in the background (:meth:`background_done` waits for it)."""
+        in the background (the queue's teardown waits for it)."""
         with contextlib.suppress(NotFound):
-            await self.deleter.delete(object_key)
+            await self._deleter.delete(object_key)
         if lease_later:
             self.release_gone_later(lease)
         else:
@@ -341,19 +346,7 @@ class LeaseManager:
     def release_gone_later(self, lease: Lease) -> None:
         """:meth:`release_gone` in the background: nothing needs to wait for it, so an ack
         costs one round trip. A crash before it lands leaves an orphan lease."""
-        self.in_background(self.release_gone(lease))
-
-    def in_background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` (which logs its own failures) as a task :meth:`background_done`
-        waits for."""
-        task = asyncio.create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def background_done(self) -> None:
-        """Wait until the work started by :meth:`in_background` has finished."""
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        self._background.start(self.release_gone(lease))
 
     async def sweep_orphans(self, topic: str, consumer_id: str, older_than: float) -> int:
         """Delete the leases of ``topic`` whose message is gone; return how many.

@@ -68,6 +68,7 @@ class ClaimedObject:
         self._leases = runtime.leases
         self._signals = runtime.signals
         self._clock = runtime.clock
+        self._background = runtime.background
         self.observers = runtime.observers
         self._on_done = keeper.forget  # the lease needs no more refreshes
         self._abandoned: set[int] = set()
@@ -128,7 +129,7 @@ class ClaimedObject:
                 # last one does not wait for the store: the object delete runs in the
                 # background, and teardown waits for it.
                 self._on_done(self.lease)
-                self._leases.in_background(self._finish_batch())
+                self._background.start(self._finish_batch())
                 return
         # A group's next message waits for its lease: that release is not left for later.
         await self._leases.settle(self.lease, self.key, lease_later=own_lease)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from pawn_queue._aio import Background
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.leases import LeaseManager
 from pawn_queue.notify import ChangeSignals
@@ -28,6 +29,8 @@ class Runtime:
     signals: ChangeSignals
     observers: Observers = field(default_factory=Observers)
     """The queue's observers (:mod:`pawn_queue.observe`), called by the core."""
+    background: Background = field(default_factory=Background)
+    """Work the queue's teardown waits for (lease and finished batch deletes)."""
 
     @property
     def clock(self) -> Callable[[], datetime]:
