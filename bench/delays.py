@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
             del os.environ[name]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    from tests.seaweedfs import SeaweedFS
+    from tests.servers.seaweedfs import SeaweedFS
 
     started = time.perf_counter()
     with ExitStack() as stack:

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM unwinds like Ctrl-C, so SeaweedFS is stopped and temp dirs are removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    from tests.seaweedfs import SeaweedFS
+    from tests.servers.seaweedfs import SeaweedFS
 
     started = time.perf_counter()
     timings: dict[str, float] = {}

@@ -3,7 +3,7 @@ the one SeaweedFS every case measures on, the runners of the other venvs, and co
 store calls where there are no server metrics.
 
 Importing this module puts ``src/`` (pawn_queue from this checkout) and the repository root
-(``tests.seaweedfs``) on ``sys.path``; the other ``bench.queue*`` modules import it before
+(``tests.servers.seaweedfs``) on ``sys.path``; the other ``bench.queue*`` modules import it before
 ``pawn_queue``.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.seaweedfs
+for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.servers.seaweedfs
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 

@@ -1,7 +1,7 @@
 """Soak benchmark: producers and consumers for N minutes through injected network faults, then
 a drain and an audit of every message.
 
-S3 runs on a SeaweedFS started here, behind ``tests.fault_proxy.FaultProxy`` with a mix of
+S3 runs on a SeaweedFS started here, behind ``tests.servers.fault_proxy.FaultProxy`` with a mix of
 faults (500, 503 SlowDown, resets, answers lost after the write was applied, slow answers,
 and stalls past the request timeout) on ``--fault-rate`` of all requests. Every producer
 and consumer has its own PawnQueue (its own connections, leases and signals), all as asyncio
@@ -200,7 +200,7 @@ def audit(ledger: Ledger, pending: set[int], dead: set[int], resent: set[int]) -
 
 
 def fault_rules(rate: float) -> list[Any]:
-    from tests.fault_proxy import FaultRule
+    from tests.servers.fault_proxy import FaultRule
 
     kinds = ("error_500", "slowdown_503", "reset", "drop_response", "slow")
     rules = [FaultRule(kind, rate * 0.19, delay_seconds=0.3) for kind in kinds]
@@ -223,8 +223,8 @@ def store_setup(backend: str, tmp: Path, rate: float, lifetime: float) -> Iterat
     if backend == "filesystem":
         yield {**base, "filesystem": {"path": str(tmp / "queue")}}, None, None
         return
-    from tests.fault_proxy import FaultProxy
-    from tests.seaweedfs import SeaweedFS
+    from tests.servers.fault_proxy import FaultProxy
+    from tests.servers.seaweedfs import SeaweedFS
 
     server = SeaweedFS.start(tmp / "seaweedfs")
     try:

@@ -40,7 +40,7 @@ if str(REPO / "src") not in sys.path:
 
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
-from tests.spark_helpers import local_spark  # noqa: E402
+from tests.helpers.spark_helpers import local_spark  # noqa: E402
 
 from pawn_queue import PawnQueue  # noqa: E402
 

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.seaweedfs
+for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.servers.seaweedfs
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
@@ -139,7 +139,7 @@ def _open_store(name: str, stack: ExitStack) -> Store:
         root = stack.enter_context(tempfile.TemporaryDirectory(prefix="pq-bench-fs-"))
         return FilesystemStore(Path(root) / "store")
     if name == "s3":
-        from tests.seaweedfs import SeaweedFS
+        from tests.servers.seaweedfs import SeaweedFS
 
         from pawn_queue.store.s3 import S3Store
 

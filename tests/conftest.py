@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from pawn_queue import PawnQueue
 from pawn_queue.config import S3Config
 from pawn_queue.store.base import Store
-from tests.seaweedfs import SeaweedFS
+from tests.servers.seaweedfs import SeaweedFS
 
 BACKENDS = ["memory", "filesystem", "s3"]
 

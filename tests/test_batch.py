@@ -13,8 +13,8 @@ from pawn_queue import PawnQueue, PayloadError, TopicNotFoundError, layout
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreError
 from pawn_queue.store import open_store
-from tests.faults import FaultyStore
-from tests.support import keys_under, settled
+from tests.helpers.faults import FaultyStore
+from tests.helpers.support import keys_under, settled
 
 
 async def test_batch_is_one_object_delivered_in_order(pq: PawnQueue) -> None:

@@ -13,7 +13,7 @@ from pawn_queue import PawnQueue
 from pawn_queue.config import load_config
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
-from tests.support import settled
+from tests.helpers.support import settled
 
 
 async def spent(pq: PawnQueue, store: CountingStore) -> Counter[str]:

@@ -9,7 +9,7 @@ import pytest
 from pawn_queue.builder import PawnQueueBuilder
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import URL_ENV_VAR, FilesystemConfig
-from tests.config_support import (  # no_pawnqueue_env: an autouse fixture
+from tests.helpers.config_support import (  # no_pawnqueue_env: an autouse fixture
     config_error,
     no_pawnqueue_env,  # noqa: F401
     value_at,

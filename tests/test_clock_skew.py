@@ -21,7 +21,7 @@ from pawn_queue import LeaseLostError, Message, PawnQueue, layout
 from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.envelope import now_utc
-from tests.support import keys_under, settled
+from tests.helpers.support import keys_under, settled
 
 VISIBILITY = 10.0
 MARGIN = 1.0

@@ -10,7 +10,7 @@ from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store.coalesce import DeleteCoalescer
 from pawn_queue.store.counting import CountingStore
 from pawn_queue.store.memory import MemoryStore
-from tests.faults import FaultyStore
+from tests.helpers.faults import FaultyStore
 
 
 async def test_same_turn_deletes_become_one_request() -> None:

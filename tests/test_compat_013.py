@@ -12,9 +12,9 @@ import pytest
 
 from pawn_queue import PawnQueue
 from pawn_queue.config import S3Config
-from tests.support import keys_under
+from tests.helpers.support import keys_under
 
-AGENT = Path(__file__).parent / "compat" / "pq013_agent.py"
+AGENT = Path(__file__).parent / "workers" / "pq013_agent.py"
 ROOT = Path(__file__).parent.parent
 
 

@@ -17,7 +17,7 @@ from pawn_queue.config import (
     S3Config,
     load_config,
 )
-from tests.config_support import (  # no_pawnqueue_env: an autouse fixture
+from tests.helpers.config_support import (  # no_pawnqueue_env: an autouse fixture
     README_YAML,
     S3_BASE,
     SECRET,

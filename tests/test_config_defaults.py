@@ -16,7 +16,7 @@ from pawn_queue.config import (
     PollingConfig,
     load_config,
 )
-from tests.config_support import (  # no_pawnqueue_env: an autouse fixture
+from tests.helpers.config_support import (  # no_pawnqueue_env: an autouse fixture
     S3_BASE,
     config_error,
     no_pawnqueue_env,  # noqa: F401

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.config_sources import model_class_of
-from tests.config_support import README_YAML
+from tests.helpers.config_support import README_YAML
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")

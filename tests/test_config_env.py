@@ -20,7 +20,7 @@ from pawn_queue.config import (
     load_config,
     parse_url,
 )
-from tests.config_support import (  # no_pawnqueue_env: an autouse fixture
+from tests.helpers.config_support import (  # no_pawnqueue_env: an autouse fixture
     S3_BASE,
     SECRET,
     config_error,

@@ -17,7 +17,7 @@ import pytest
 
 from pawn_queue import PawnQueue
 from tests.conftest import queue_config_dict
-from tests.support import keys_under
+from tests.helpers.support import keys_under
 
 HOLDER = """
 import asyncio, json, sys

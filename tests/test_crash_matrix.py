@@ -1,7 +1,7 @@
 """Crash matrix: real client processes killed with SIGKILL inside every operation.
 
 Producers (publish, publish_batch), consumers (claim, lease refresh, ack, nack, settlement of
-batch members) and redrives of dead letters run as processes (``tests/crash_worker.py``) on
+batch members) and redrives of dead letters run as processes (``tests/workers/crash_worker.py``) on
 the filesystem and S3 stores. Most are killed by their own store wrapper at a random store
 call inside the operation (before it, while it is in flight, or after it returned); the rest
 by the test at a random moment. The trials of one store share its topics (one per
@@ -41,7 +41,7 @@ import pytest
 from pawn_queue import PawnQueue, layout
 from pawn_queue.envelope import decode_batch
 from tests.conftest import queue_config_dict
-from tests.crash_worker import TARGET
+from tests.workers.crash_worker import TARGET
 
 ROLES = ("publish", "claim", "refresh", "ack", "nack", "batch", "redrive")
 TRIALS_PER_ROLE = 10
@@ -55,7 +55,7 @@ PARENT_KILL_EVERY = 4  # every 4th trial of a role is killed by the test at a ra
 CALLS = {"publish": 5, "claim": 9, "refresh": 12, "ack": 4, "nack": 9, "batch": 10, "redrive": 9}
 PARENT_DELAY = {"refresh": 2.0, "batch": 2.0}  # else 0.06 s: about how long the work lasts
 COUNT = {"publish": 4, "claim": 4, "refresh": 3, "ack": 3, "nack": 3, "batch": 6, "redrive": 3}
-WORKER = str(Path(__file__).with_name("crash_worker.py"))
+WORKER = str(Path(__file__).parent / "workers" / "crash_worker.py")
 WORKER_TIMEOUT = 60.0
 DRAIN_TIMEOUT = 90.0
 

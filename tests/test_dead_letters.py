@@ -8,7 +8,7 @@ from pawn_queue import ArgumentError, PawnQueue, TopicNotFoundError
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store import open_store
-from tests.faults import FaultyStore
+from tests.helpers.faults import FaultyStore
 
 
 async def test_dead_letters_carry_why_and_redrive_restores_them(pq: PawnQueue) -> None:

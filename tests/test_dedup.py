@@ -11,7 +11,7 @@ from pawn_queue import ArgumentError, PawnQueue, PublishError, layout
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store import open_store
-from tests.faults import FaultyStore
+from tests.helpers.faults import FaultyStore
 
 
 async def message_keys(pq: PawnQueue, topic: str) -> list[str]:

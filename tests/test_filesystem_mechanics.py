@@ -13,7 +13,7 @@ import pytest
 from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed
 from pawn_queue.store.base import IfMatch
 from pawn_queue.store.filesystem import FilesystemStore
-from tests.support import leftover_temp_files, mode_of
+from tests.helpers.support import leftover_temp_files, mode_of
 
 
 def stripe_of(key: str) -> int:

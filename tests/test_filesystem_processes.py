@@ -19,7 +19,7 @@ from pawn_queue.exceptions import AlreadyExists, PreconditionFailed
 from pawn_queue.store.base import IfMatch
 from pawn_queue.store.filesystem import FilesystemStore
 from pawn_queue.sync import PawnQueue as BlockingQueue
-from tests.support import leftover_temp_files
+from tests.helpers.support import leftover_temp_files
 
 PROCESSES = 8
 RACE_KEYS = [f"race/{i}/k.json" for i in range(6)]

@@ -21,7 +21,7 @@ from pawn_queue.exceptions import (
 )
 from pawn_queue.store.base import IfMatch
 from pawn_queue.store.filesystem import FilesystemStore
-from tests.support import leftover_temp_files, mode_of
+from tests.helpers.support import leftover_temp_files, mode_of
 
 
 @pytest.fixture

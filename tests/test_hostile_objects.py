@@ -21,7 +21,7 @@ from pawn_queue.consumer import Consumer
 from pawn_queue.envelope import CorruptObject, decode_batch, now_utc
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
-from tests.support import keys_under
+from tests.helpers.support import keys_under
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 

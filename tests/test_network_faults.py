@@ -1,4 +1,5 @@
-"""The queue on S3 through a fault-injecting proxy (``tests/fault_proxy.py``) before SeaweedFS.
+"""The queue on S3 through a fault-injecting proxy (``tests/servers/fault_proxy.py``) before
+SeaweedFS.
 
 What the S3 client (obstore 0.12, Rust ``object_store``) does with a failed request, measured
 through the proxy (``RetryConfig`` from ``s3.max_retries`` and ``s3.retry_timeout_seconds``):
@@ -39,9 +40,9 @@ from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import PublishError, StoreError, StoreUnavailable
 from pawn_queue.store.s3 import S3Store
 from tests.conftest import queue_config_dict
-from tests.fault_proxy import FaultKind, FaultProxy, FaultRule
-from tests.seaweedfs import SeaweedFS
-from tests.support import settled
+from tests.helpers.support import settled
+from tests.servers.fault_proxy import FaultKind, FaultProxy, FaultRule
+from tests.servers.seaweedfs import SeaweedFS
 
 LEASES = "/leases/"
 MESSAGES = "/messages/"

@@ -14,7 +14,7 @@ from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreError
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
-from tests.faults import FaultyStore
+from tests.helpers.faults import FaultyStore
 
 
 def slow_backfill(queue_config: dict[str, Any]) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from pawn_queue import PawnQueue
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store import open_store
-from tests.faults import FaultyStore
-from tests.support import settled
+from tests.helpers.faults import FaultyStore
+from tests.helpers.support import settled
 
 
 async def _orphan_one(pq: PawnQueue, store: FaultyStore) -> tuple[list[str], str]:

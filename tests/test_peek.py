@@ -15,7 +15,7 @@ from pawn_queue.config import load_config
 from pawn_queue.envelope import now_utc
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
-from tests.support import keys_under
+from tests.helpers.support import keys_under
 
 
 async def test_peek_shows_each_state_and_claims_nothing(pq: PawnQueue) -> None:

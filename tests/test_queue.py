@@ -21,8 +21,8 @@ from pawn_queue import (
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import ConfigError, StoreUnavailable
 from pawn_queue.store import open_store
-from tests.faults import FaultyStore
-from tests.support import keys_under, settled
+from tests.helpers.faults import FaultyStore
+from tests.helpers.support import keys_under, settled
 
 
 async def drain(consumer: Any, *, until: int, seen: list[str], ack: bool = True) -> None:

@@ -14,7 +14,7 @@ import yaml
 from pawn_queue import PawnQueue
 from pawn_queue.config import load_config
 from pawn_queue.store import open_store
-from tests.faults import FaultyStore
+from tests.helpers.faults import FaultyStore
 
 README = Path(__file__).parent.parent / "README.md"
 

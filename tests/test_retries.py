@@ -14,8 +14,8 @@ from pawn_queue import ArgumentError, ConfigError, Message, PawnQueue, Retry, la
 from pawn_queue.config import load_config
 from pawn_queue.envelope import Envelope
 from pawn_queue.store import open_store
-from tests.faults import FaultyStore
-from tests.support import keys_under
+from tests.helpers.faults import FaultyStore
+from tests.helpers.support import keys_under
 
 MARGIN = timedelta(seconds=0.2)  # clock_skew_margin_seconds in the test config
 

@@ -22,8 +22,8 @@ from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionErr
 from pawn_queue.config import S3Config
 from pawn_queue.store._s3_errors import ErrorText, read_error_text
 from pawn_queue.store.s3 import S3Store
-from tests.fault_proxy import FaultProxy, FaultRule
-from tests.seaweedfs import SeaweedFS
+from tests.servers.fault_proxy import FaultProxy, FaultRule
+from tests.servers.seaweedfs import SeaweedFS
 
 Call = Callable[[Any], Awaitable[object]]
 

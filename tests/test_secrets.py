@@ -24,7 +24,7 @@ from pawn_queue import sync as blocking
 from pawn_queue.config import S3Config
 from pawn_queue.exceptions import AccessDenied, BucketNotFound, PublishError, StoreUnavailable
 from pawn_queue.store.s3 import S3Store
-from tests.seaweedfs import SeaweedFS
+from tests.servers.seaweedfs import SeaweedFS
 
 ACCESS = "AKIAPQSECRETLEAK1234"
 SECRET = "pq-secret-DO-NOT-LEAK-9f8e7d6c5b4a"

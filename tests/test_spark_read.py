@@ -8,9 +8,9 @@ import json
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.spark_helpers import SparkQueue, publish, remaining
+from tests.helpers.spark_helpers import SparkQueue, publish, remaining
 
-pytest_plugins = ["tests.spark_support"]
+pytest_plugins = ["tests.helpers.spark_support"]
 
 
 async def _take(sq: SparkQueue, topic: str, ack: int, nack: int) -> list[str]:

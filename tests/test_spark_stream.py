@@ -18,7 +18,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession, functions
 from pyspark.sql.types import StringType
 
-from tests.spark_helpers import (
+from tests.helpers.spark_helpers import (
     SparkQueue,
     parquet_ids,
     publish,
@@ -28,7 +28,7 @@ from tests.spark_helpers import (
     wait_for_rows,
 )
 
-pytest_plugins = ["tests.spark_support"]
+pytest_plugins = ["tests.helpers.spark_support"]
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_driver_killed_mid_batch(
     }
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.spark_query_proc", json.dumps(args)],
+        [sys.executable, "-m", "tests.workers.spark_query_proc", json.dumps(args)],
         cwd=REPO,
         env=env,
         start_new_session=True,  # its JVM and Python workers share the process group

@@ -14,9 +14,9 @@ from pyspark.sql import SparkSession, functions
 from pyspark.sql.types import LongType
 
 from pawn_queue.envelope import decode_batch
-from tests.spark_helpers import SparkQueue
+from tests.helpers.spark_helpers import SparkQueue
 
-pytest_plugins = ["tests.spark_support"]
+pytest_plugins = ["tests.helpers.spark_support"]
 
 
 async def _create(sq: SparkQueue, *topics: str) -> None:

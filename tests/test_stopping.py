@@ -17,7 +17,7 @@ from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.handlers import BlockingMessage
 from pawn_queue.store import open_store
 from pawn_queue.sync import PawnQueue as SyncPawnQueue
-from tests.faults import FaultyStore
+from tests.helpers.faults import FaultyStore
 
 LONG_LEASE = {"visibility_timeout_seconds": 30.0, "lease_refresh_interval_seconds": 0.2}
 

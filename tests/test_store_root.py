@@ -17,8 +17,8 @@ from pawn_queue import PawnQueue, TopicNotFoundError
 from pawn_queue.cli import app
 from pawn_queue.exceptions import BucketNotFound, NotFound, RootNotFound
 from pawn_queue.store.filesystem import FilesystemStore
-from tests.seaweedfs import SeaweedFS
-from tests.support import mode_of
+from tests.helpers.support import mode_of
+from tests.servers.seaweedfs import SeaweedFS
 
 # -- the store ------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from pawn_queue.store.base import IfMatch
 from pawn_queue.store.counting import CountingStore
 from pawn_queue.store.memory import MemoryStore
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
-from tests.faults import FaultyStore
+from tests.helpers.faults import FaultyStore
 
 T = TypeVar("T")
 

@@ -22,8 +22,8 @@ from pawn_queue.config import load_config
 from pawn_queue.exceptions import LeaseLostError
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
-from tests.faults import FaultyStore
-from tests.support import keys_under, settled
+from tests.helpers.faults import FaultyStore
+from tests.helpers.support import keys_under, settled
 
 
 async def marker(pq: PawnQueue, topic: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """A streaming query in a process of its own, for the kill -9 test.
 
-``python -m tests.spark_query_proc '{"options": {...}, "out": ..., "checkpoint": ...,
+``python -m tests.workers.spark_query_proc '{"options": {...}, "out": ..., "checkpoint": ...,
 "fifo": ...}'``
 
 Every row of the first micro-batch with data stalls in a UDF; the first one to get there says
@@ -17,7 +17,7 @@ import threading
 from pyspark.sql import functions
 from pyspark.sql.types import StringType
 
-from tests.spark_helpers import local_spark
+from tests.helpers.spark_helpers import local_spark
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """A queue client for ``tests/test_crash_matrix.py`` that dies by SIGKILL inside one operation.
 
-Run as ``python tests/crash_worker.py SPEC``, SPEC a JSON object with ``config`` (queue config),
+Run as ``python tests/workers/crash_worker.py SPEC``, SPEC a JSON object with ``config`` (queue
+config),
 ``role`` (publish | claim | refresh | ack | nack | batch | redrive, also the topic's name),
 ``trial``, ``seed``, ``journal`` (a path), ``count`` (messages to handle), ``ids`` (dead letters
 to redrive) and ``kill``. ``{"index": n, "phase": p, "verbs": v}`` kills the process at the

@@ -3,7 +3,7 @@
 Test modules load this as a plugin (PySpark is part of the test install: ``make test``
 installs the ``spark`` extra, and a missing PySpark fails the tests)::
 
-    pytest_plugins = ["tests.spark_support"]
+    pytest_plugins = ["tests.helpers.spark_support"]
 
 The session is ``local[2,2]``: two worker threads, and two attempts per task, so a task that
 fails once is retried as it would be on a cluster.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.spark_helpers import SparkQueue, filesystem_queue, local_spark, s3_queue
+from tests.helpers.spark_helpers import SparkQueue, filesystem_queue, local_spark, s3_queue
 
 SPARK_BACKENDS = ["filesystem", "s3"]
 

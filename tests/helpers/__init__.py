@@ -1,0 +1,1 @@
+"""Shared test code: fixtures and helpers imported by the test modules."""
