@@ -77,3 +77,26 @@ async def test_the_observer_counts_what_the_queue_does(queue_config: dict[str, A
     assert value("pawnqueue_messages_dead_lettered_total", topic="t") == 3
     assert value("pawnqueue_handler_seconds_count", topic="t", outcome="error") == 1
     assert value("pawnqueue_messages_delivered_total", topic="t") == 5
+
+
+async def test_a_quarantined_corrupt_object_counts_as_dead_lettered(
+    queue_config: dict[str, Any],
+) -> None:
+    """An unreadable object never becomes a message; its move to dead letter still counts."""
+    from prometheus_client import CollectorRegistry
+
+    from pawn_queue import layout
+    from pawn_queue.envelope import now_utc
+
+    registry = CollectorRegistry()
+    metrics = QueueMetrics(registry)
+    async with PawnQueue(load_config(queue_config), observers=[metrics.observer]) as pq:
+        await pq.create_topic("t")
+        key = layout.message_key("t", "6f1c2d0e-8b7a-4c3e-9d5f-0a1b2c3d4e5f", now_utc())
+        await pq.store.put(key, b"\xff not json")
+        consumer = await pq.register_consumer("c", topics=["t"])
+        assert await consumer.poll() == []
+        [letter] = await pq.dead_letters("t")
+        assert letter.reason == "corrupt"
+    dead = registry.get_sample_value("pawnqueue_messages_dead_lettered_total", {"topic": "t"})
+    assert dead == 1

@@ -411,3 +411,5 @@ class Claimer:
         )
         await self._remove(key, lease)
         logger.warning("quarantined corrupt object key=%s error=%s", key, error)
+        if self._runtime.observers:
+            self._runtime.observers.quarantined(topic, key, error)

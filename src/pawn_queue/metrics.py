@@ -207,6 +207,9 @@ class MetricsObserver(Observer):
                 m.nacked_total.labels(topic, "false").inc()
             m.dead_lettered_total.labels(topic).inc()
 
+    def quarantined(self, topic: str, key: str, error: str) -> None:
+        self.metrics.dead_lettered_total.labels(topic).inc()
+
     def lease_lost(self, message: Message) -> None:
         self.metrics.lease_lost_total.labels(message.topic).inc()
 

@@ -70,6 +70,10 @@ class Observer:
     def lease_lost(self, message: Message) -> None:
         """Settling the message found its lease lost (another consumer has it now)."""
 
+    def quarantined(self, topic: str, key: str, error: str) -> None:
+        """An unreadable object at ``key`` was moved to dead letter (reason ``corrupt``):
+        it never became a message, so no other hook saw it."""
+
 
 class Observers:
     """The observers of one queue, called in order; one that raises is logged and skipped.
@@ -139,6 +143,9 @@ class Observers:
 
     def lease_lost(self, message: Message) -> None:
         self._each("lease_lost", message)
+
+    def quarantined(self, topic: str, key: str, error: str) -> None:
+        self._each("quarantined", topic, key, error)
 
 
 def _check_attributes(attributes: object) -> None:
