@@ -248,13 +248,18 @@ async def test_sigterm_stops_a_blocking_listener_gracefully(queue_config: dict[s
             json.dumps(queue_config),
             stdout=asyncio.subprocess.PIPE,
         )
-        assert worker.stdout is not None
-        started = set()
-        while len(started) < 2:
-            line = await asyncio.wait_for(worker.stdout.readline(), 30)
-            started.add(json.loads(line)["started"])
-        worker.send_signal(signal.SIGTERM)
-        rest, _ = await asyncio.wait_for(worker.communicate(), 30)
+        try:
+            assert worker.stdout is not None
+            started = set()
+            while len(started) < 2:
+                line = await asyncio.wait_for(worker.stdout.readline(), 30)
+                started.add(json.loads(line)["started"])
+            worker.send_signal(signal.SIGTERM)
+            rest, _ = await asyncio.wait_for(worker.communicate(), 30)
+        finally:
+            if worker.returncode is None:  # the test failed first: never leave it running
+                worker.kill()
+                await worker.wait()
         events = [json.loads(line) for line in rest.decode().splitlines()]
         assert {"acked": "quick"} in events
         assert worker.returncode == 128 + signal.SIGTERM
