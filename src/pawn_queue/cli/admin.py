@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any
@@ -22,6 +23,7 @@ from pawn_queue.cli.common import (
     short,
     stdout_console,
 )
+from pawn_queue.client import PawnQueue
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import TopicSettingsConflictError
@@ -220,19 +222,8 @@ def topics_purge(
 
     A consumer holding a purged message finds it gone: see docs/protocol.md.
     """
-    if not yes and not typer.confirm(f"delete all messages of topic {name!r}?"):
-        fail("not confirmed; nothing deleted (use --yes)")
-    opts = options(ctx, json_output)
-
-    async def main() -> int:
-        async with open_queue(opts) as pq:
-            return await pq.purge_topic(name)
-
-    count = run(ctx, main)
-    if opts.json:
-        print_json({"topic": name, "purged": count})
-    else:
-        typer.echo(f"purged {count} message objects of {name}")
+    confirm = f"delete all messages of topic {name!r}?"
+    _purge(ctx, name, confirm, "message objects", PawnQueue.purge_topic, yes, json_output)
 
 
 @topics_app.command("delete")
@@ -387,19 +378,33 @@ def dlq_purge(
     json_output: JsonOption = False,
 ) -> None:
     """Delete all dead letters of a topic."""
-    if not yes and not typer.confirm(f"delete all dead letters of {topic!r}?"):
+    confirm = f"delete all dead letters of {topic!r}?"
+    _purge(ctx, topic, confirm, "dead letters", PawnQueue.purge_dead_letters, yes, json_output)
+
+
+def _purge(
+    ctx: typer.Context,
+    topic: str,
+    confirm: str,
+    what: str,
+    purge: Callable[[PawnQueue, str], Awaitable[int]],
+    yes: bool,
+    json_output: bool,
+) -> None:
+    """Ask ``confirm`` (unless ``yes``), run ``purge`` on ``topic``, say how many ``what``."""
+    if not yes and not typer.confirm(confirm):
         fail("not confirmed; nothing deleted (use --yes)")
     opts = options(ctx, json_output)
 
     async def main() -> int:
         async with open_queue(opts) as pq:
-            return await pq.purge_dead_letters(topic)
+            return await purge(pq, topic)
 
     count = run(ctx, main)
     if opts.json:
         print_json({"topic": topic, "purged": count})
     else:
-        typer.echo(f"purged {count} dead letters of {topic}")
+        typer.echo(f"purged {count} {what} of {topic}")
 
 
 # -- registry -------------------------------------------------------------------------------
