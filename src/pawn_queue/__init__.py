@@ -4,10 +4,11 @@ An S3-compatible bucket, a local directory or memory is the broker: producers wr
 messages as objects, consumers claim them with leases made of conditional writes.
 """
 
+from pawn_queue.app import App
 from pawn_queue.builder import PawnQueueBuilder
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig
-from pawn_queue.consumer import Consumer, Retry
+from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import (
     ArgumentError,
@@ -25,11 +26,13 @@ from pawn_queue.exceptions import (
 from pawn_queue.message import Message
 from pawn_queue.producer import Producer
 from pawn_queue.registry import RegistryEntry
+from pawn_queue.retry import Retry
 from pawn_queue.topics import PeekedMessage, TopicSettings, TopicStats
 
 __version__ = "0.2.0"
 
 __all__ = [
+    "App",
     "ArgumentError",
     "ConfigError",
     "Consumer",

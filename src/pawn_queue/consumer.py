@@ -7,18 +7,24 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any
 
 from pawn_queue import handlers
 from pawn_queue._aio import IO_CONCURRENCY, gather_limited
 from pawn_queue.claiming import Claimer
 from pawn_queue.config import PollingConfig
-from pawn_queue.exceptions import ArgumentError, LeaseLostError, PawnQueueError, StoreError
+from pawn_queue.exceptions import (
+    ArgumentError,
+    LeaseLostError,
+    PawnQueueError,
+    StoreError,
+    TopicNotFoundError,
+)
 from pawn_queue.handlers import Handler
 from pawn_queue.lease_keeper import LeaseKeeper
 from pawn_queue.message import Message
 from pawn_queue.registry import RegistryEntry
+from pawn_queue.retry import Retry
 from pawn_queue.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -27,26 +33,7 @@ MessageHandler = Callable[[Message], Awaitable[Any]]  # the async kind of handle
 
 _DUE_SLACK = 0.01
 
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """Retry policy for :meth:`Consumer.listen`: requeue a failed message after
-    ``base_delay * factor ** (receives - 1)`` seconds (at most ``max_delay``), and dead-letter
-    it once it was received ``max_receives`` times."""
-
-    max_receives: int = 5
-    base_delay: float = 1.0
-    factor: float = 2.0
-    max_delay: float = 300.0
-
-    def __post_init__(self) -> None:
-        if self.max_receives < 1 or self.base_delay < 0 or self.factor < 1 or self.max_delay < 0:
-            raise ArgumentError(
-                f"invalid {self!r}: needs max_receives >= 1, delays >= 0 and factor >= 1"
-            )
-
-    def delay(self, receive_count: int) -> float:
-        return min(self.max_delay, self.base_delay * self.factor ** (receive_count - 1))
+__all__ = ["Consumer", "MessageHandler", "Retry"]  # Retry lived here once: still importable
 
 
 class Consumer:
@@ -67,6 +54,7 @@ class Consumer:
         self._clock = runtime.clock
         self._background = runtime.background
         self._observers = runtime.observers
+        self._topic_settings = runtime.topics
         self._polling = polling
         # The leases of the messages handed out or buffered.
         self._keeper = LeaseKeeper(runtime.leases, polling.lease_refresh_interval_seconds)
@@ -124,8 +112,8 @@ class Consumer:
             idle = min(idle, max(0.0, (min(due) - self._clock()).total_seconds()) + _DUE_SLACK)
         return idle
 
-    async def _poll_once(self) -> list[Message]:
-        wanted = self._polling.max_messages_per_poll
+    async def _poll_once(self, wanted: int | None = None) -> list[Message]:
+        wanted = wanted or self._polling.max_messages_per_poll
         messages = self._claimer.buffered(wanted)
         count = len(self._topics)
         start, self._next_topic = self._next_topic, (self._next_topic + 1) % max(count, 1)
@@ -170,23 +158,27 @@ class Consumer:
         retry: Retry | None = None,
         grace: float | None = None,
         executor: Executor | None = None,
+        concurrency: int | None = None,
     ) -> None:
         """Poll and call ``handler`` for each message until cancelled.
 
         ``handler`` is an ``async def`` function, run on the loop, or a plain function, run
         in a worker thread of ``executor`` (default: the loop's) with a blocking message
         whose ``ack()``/``nack()`` work from that thread (:mod:`pawn_queue.handlers`).
-        Messages of one poll are handled concurrently. A handler that raises dead-letters its
-        message (the README's behaviour), unless ``retry`` is given: then the message is
-        requeued with exponential backoff until it was received ``retry.max_receives``
-        times, and dead-lettered after that. A message the handler neither acked nor nacked
-        is redelivered after the visibility timeout.
+        Messages of one poll are handled concurrently, and the next poll waits for them all;
+        with ``concurrency``, up to that many handlers run at a time and a free slot is
+        filled at once. A handler that raises dead-letters its message (the README's
+        behaviour), unless ``retry`` is given: then the message is requeued with
+        exponential backoff as the :class:`~pawn_queue.retry.Retry` says. A message the
+        handler neither acked nor nacked is redelivered after the visibility timeout.
 
         Cancelling it stops claiming, lets running handlers finish (and settle) within
         ``grace`` seconds (default ``polling.shutdown_grace_seconds``), cancels those still
         running, then releases every lease still held so others take those messages at
         once, without counting a receive. A second cancel cuts the grace short.
         """
+        if concurrency is not None and (isinstance(concurrency, bool) or concurrency < 1):
+            raise ArgumentError(f"concurrency must be a positive integer, got {concurrency!r}")
         call = handlers.as_async(handler, executor=executor)
         grace = self._polling.shutdown_grace_seconds if grace is None else grace
         running: set[asyncio.Task[None]] = set()
@@ -194,7 +186,7 @@ class Consumer:
             # No handler outlives the listener: the group waits for (or cancels) them all.
             async with asyncio.TaskGroup() as group:
                 try:
-                    await self._serve(call, retry, group, running)
+                    await self._serve(call, retry, group, running, concurrency)
                 except asyncio.CancelledError:
                     self._stopping = True
                     if running:
@@ -214,12 +206,21 @@ class Consumer:
         retry: Retry | None,
         group: asyncio.TaskGroup,
         running: set[asyncio.Task[None]],
+        concurrency: int | None,
     ) -> None:
-        """Claim and hand out messages, a poll at a time, until cancelled."""
+        """Claim and hand out messages until cancelled: a poll at a time, or (with
+        ``concurrency``) as many as there are free slots."""
+        wanted = self._polling.max_messages_per_poll
         while True:
+            if concurrency is not None:
+                free = concurrency - len(running)
+                if free <= 0:
+                    await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                wanted = min(free, self._polling.max_messages_per_poll)
             seen = self._signals.snapshot(self._topics)
             try:
-                messages = await self._poll_once()
+                messages = await self._poll_once(wanted)
             except StoreError as exc:
                 logger.warning("poll failed consumer=%s error=%s", self.name, exc)
                 messages = []
@@ -231,7 +232,8 @@ class Consumer:
             running.update(tasks)
             for task in tasks:
                 task.add_done_callback(running.discard)
-            await asyncio.wait(tasks)
+            if concurrency is None:
+                await asyncio.wait(tasks)
 
     async def _dispatch(
         self, handler: handlers.AsyncHandler, message: Message, retry: Retry | None
@@ -274,7 +276,9 @@ class Consumer:
         if message.settled:
             return
         try:
-            if retry is not None and message.receive_count < retry.max_receives:
+            if retry is not None and retry.retries(
+                exc, message.receive_count, await self._receive_limit(message.topic)
+            ):
                 await message.nack(requeue=True, delay=retry.delay(message.receive_count))
             else:
                 await message.dead_letter("handler_error", repr(exc))
@@ -285,6 +289,13 @@ class Consumer:
                 message.id,
                 nack_exc,
             )
+
+    async def _receive_limit(self, topic: str) -> int | None:
+        """The topic's ``max_receive_count`` (cached settings; None when unknown)."""
+        try:
+            return (await self._topic_settings.settings(topic)).max_receive_count
+        except (StoreError, TopicNotFoundError):
+            return None
 
     # -- leases -----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from pawn_queue.exceptions import PawnQueueError
 T = TypeVar("T")
 
 Handler = Callable[[Any], Any]  # async def handler(message) or def handler(message)
-AsyncHandler = Callable[[message.Message], Awaitable[None]]
+AsyncHandler = Callable[[message.Message], Awaitable[Any]]
 
 
 class LoopCaller(Protocol):
@@ -126,13 +126,13 @@ def as_async(
 
     A plain function runs in ``executor`` (default: the loop's) with a
     :class:`BlockingMessage` whose methods reach the loop through ``runner`` (default: the
-    running loop); ``wrap`` may wrap the call in that thread. What it returns is ignored,
-    except an awaitable, which is awaited on the loop."""
+    running loop); ``wrap`` may wrap the call in that thread. What it returns is returned
+    (an awaitable is awaited on the loop first)."""
     if is_coroutine_handler(handler):
         coroutine_handler = cast(AsyncHandler, handler)
         return coroutine_handler
 
-    async def in_thread(inner: message.Message) -> None:
+    async def in_thread(inner: message.Message) -> Any:
         loop = asyncio.get_running_loop()
         blocking = BlockingMessage(inner, runner or _LoopBridge(loop))
         call: Callable[[], Any] = functools.partial(handler, blocking)
@@ -140,6 +140,7 @@ def as_async(
             call = wrap(call)
         result = await loop.run_in_executor(executor, call)
         if inspect.isawaitable(result):
-            await result
+            return await result
+        return result
 
     return in_thread

@@ -51,7 +51,7 @@ class Options:
     config: Path | None = None
     json: bool = False
     debug: bool = False
-    log_level: str = "warning"
+    log_level: str | None = None  # None: the command's default
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Output as JSON on stdout.")]

@@ -30,6 +30,7 @@ from pawn_queue.cli.admin import consumers, dlq_app, producers, topics_app
 from pawn_queue.cli.common import LOG_LEVELS, Options, setup_logging
 from pawn_queue.cli.doctor import demo, doctor, metrics
 from pawn_queue.cli.messages import consume, peek, publish
+from pawn_queue.cli.worker import worker
 
 # The global options, accepted anywhere on the line: before the command or after it.
 _GLOBAL_FLAGS = frozenset({"--json", "--debug"})
@@ -141,17 +142,22 @@ def _global(
     ] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
     log_level: Annotated[
-        str, typer.Option(help=f"Library log level on stderr: {', '.join(LOG_LEVELS)}.")
-    ] = "warning",
+        str | None,
+        typer.Option(
+            help=f"Library log level on stderr: {', '.join(LOG_LEVELS)} "
+            "(default: warning; info for the worker)."
+        ),
+    ] = None,
     version: Annotated[
         bool | None,
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
     ] = None,
 ) -> None:
-    if log_level.lower() not in LOG_LEVELS:
+    level = log_level.lower() if log_level is not None else None
+    if level is not None and level not in LOG_LEVELS:
         raise typer.BadParameter(f"choose one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
-    setup_logging(log_level.lower())
-    ctx.obj = Options(url=url, config=config, json=json_output, debug=debug, log_level=log_level)
+    setup_logging(level or "warning")
+    ctx.obj = Options(url=url, config=config, json=json_output, debug=debug, log_level=level)
 
 
 app.add_typer(topics_app, name="topics")
@@ -164,6 +170,7 @@ app.command()(producers)
 app.command()(doctor)
 app.command()(demo)
 app.command()(metrics)
+app.command()(worker)
 
 
 def main() -> None:

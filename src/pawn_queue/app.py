@@ -1,0 +1,372 @@
+"""App: handlers declared with a decorator and run as a service.
+
+::
+
+    app = App("file://./queue")
+
+    @app.subscriber("orders", concurrency=8, publish_to="shipments")
+    async def ship(order: Order) -> Shipment:
+        return Shipment(order_id=order.id)
+
+    asyncio.run(app.run())          # or: pawn-queue worker mymodule:app
+
+Each subscriber is a consumer (named ``<app>.<handler>``) that calls its handler for each
+message, up to ``concurrency`` at a time. A handler that returns acks its message, and its
+result (when not None) is published to ``publish_to`` first; one that raises is retried as
+its :class:`~pawn_queue.retry.Retry` says, or dead-lettered; a payload its annotation
+refuses is dead-lettered at once (:mod:`pawn_queue.binding`). Stopping lets running handlers
+finish within the grace period and gives every other message back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pawn_queue import handlers, layout
+from pawn_queue.binding import Binding, InvalidPayload, jsonable
+from pawn_queue.client import PawnQueue
+from pawn_queue.config import PawnQueueConfig, load_config
+from pawn_queue.consumer import Consumer
+from pawn_queue.exceptions import ArgumentError, PawnQueueError
+from pawn_queue.handlers import BlockingMessage
+from pawn_queue.message import Message
+from pawn_queue.observe import Observer
+from pawn_queue.producer import Producer
+from pawn_queue.retry import Retry
+from pawn_queue.store import open_store
+from pawn_queue.store.base import Store
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+Hook = Callable[[], Any]  # a startup or shutdown function, plain or async
+QueueSource = str | os.PathLike[str] | Mapping[str, Any] | PawnQueueConfig | None
+
+DEFAULT_CONCURRENCY = 8
+DEFAULT_RETRY = Retry(max_receives=5, base_delay=1.0, factor=2.0, max_delay=300.0, jitter=0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class Subscriber:
+    """One handler and how it consumes (made by :meth:`App.subscriber`)."""
+
+    name: str
+    topics: tuple[str, ...]
+    handler: Callable[..., Any]
+    concurrency: int
+    retry: Retry | None
+    visibility_timeout: float | None
+    publish_to: str | None
+    binding: Binding = field(repr=False)
+
+    @property
+    def is_async(self) -> bool:
+        return handlers.is_coroutine_handler(self.handler)
+
+
+class App:
+    """Subscribers, startup and shutdown hooks over one queue.
+
+    ``queue``: a store URL (``file://./queue``, ``s3://bucket/prefix?...``, ``memory://``),
+    a YAML config path, a config mapping or a :class:`PawnQueueConfig`; None (the default)
+    reads the ``PAWNQUEUE_*`` environment when the app starts. ``name`` prefixes the
+    names its producer and consumers register with. ``create_topics``: create the topics
+    the app consumes and publishes to when it starts (default: they must exist).
+    """
+
+    def __init__(
+        self,
+        queue: QueueSource = None,
+        *,
+        name: str = "app",
+        create_topics: bool = False,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        layout.validate_name(name, "app name")
+        self.name = name
+        self.source = queue
+        self.create_topics = create_topics
+        self._subscribers: dict[str, Subscriber] = {}
+        self._on_startup: list[Hook] = []
+        self._on_shutdown: list[Hook] = []
+        self._observers: list[Observer] = list(observers)
+        self._store_wrappers: list[Callable[[Store], Store]] = []
+        self._queue: PawnQueue | None = None
+        self._producer: Producer | None = None
+        self._consumers: dict[str, Consumer] = {}
+        self._listeners: dict[str, asyncio.Task[None]] = {}
+        self._executor: ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return f"App(name={self.name!r}, subscribers={list(self._subscribers)!r})"
+
+    # -- declaring --------------------------------------------------------------------------
+
+    def subscriber(
+        self,
+        topics: str | Sequence[str],
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        retry: Retry | None = DEFAULT_RETRY,
+        visibility_timeout: float | None = None,
+        publish_to: str | None = None,
+        name: str | None = None,
+    ) -> Callable[[F], F]:
+        """Decorate a handler (``async def`` or plain) of the messages of ``topics``.
+
+        ``concurrency``: handlers running at a time (plain functions run in threads).
+        ``retry``: what a raising handler does to its message (None: dead-letter at once;
+        the default retries up to 5 receives with backoff and jitter). ``visibility_timeout``:
+        this subscriber's lease length. ``publish_to``: the topic a handler's result (when
+        not None) is published to before its message is acked. ``name``: the consumer's
+        name after the app's (default: the function's name).
+        """
+        names = [topics] if isinstance(topics, str) else list(topics)
+        for topic in names + ([publish_to] if publish_to is not None else []):
+            layout.validate_name(topic, "topic name")
+        if not names:
+            raise ArgumentError("a subscriber needs at least one topic")
+        _check_concurrency(concurrency)
+        if retry is not None and not isinstance(retry, Retry):
+            raise ArgumentError(f"retry must be a Retry or None, got {type(retry).__name__}")
+
+        def register(handler: F) -> F:
+            if not callable(handler):
+                raise ArgumentError(f"a subscriber decorates a function, not {handler!r}")
+            label = name or getattr(handler, "__name__", None) or "handler"
+            layout.validate_name(label, "subscriber name")
+            if label in self._subscribers:
+                raise ArgumentError(f"app {self.name!r} already has a subscriber {label!r}")
+            self._subscribers[label] = Subscriber(
+                name=label,
+                topics=tuple(names),
+                handler=handler,
+                concurrency=concurrency,
+                retry=retry,
+                visibility_timeout=visibility_timeout,
+                publish_to=publish_to,
+                binding=Binding.of(handler),
+            )
+            return handler
+
+        return register
+
+    def on_startup(self, hook: F) -> F:
+        """Decorate a function (plain or async) run when the app starts, before consuming;
+        ``app.queue`` and ``app.producer`` are ready then."""
+        self._on_startup.append(hook)
+        return hook
+
+    def on_shutdown(self, hook: F) -> F:
+        """Decorate a function (plain or async) run when the app stops, after consuming."""
+        self._on_shutdown.append(hook)
+        return hook
+
+    @property
+    def subscribers(self) -> tuple[Subscriber, ...]:
+        return tuple(self._subscribers.values())
+
+    # -- what services add ------------------------------------------------------------------
+
+    def add_observer(self, observer: Observer) -> None:
+        """Observe the app's queue (metrics, logs); before :meth:`start`."""
+        self._observers.append(observer)
+
+    def wrap_store(self, wrapper: Callable[[Store], Store]) -> None:
+        """Wrap the app's store (metrics, health); before :meth:`start`."""
+        self._store_wrappers.append(wrapper)
+
+    def set_concurrency(self, concurrency: int) -> None:
+        """Run every subscriber with ``concurrency`` handlers at a time (the worker's
+        ``--concurrency``); before :meth:`start`."""
+        _check_concurrency(concurrency)
+        for name, sub in self._subscribers.items():
+            self._subscribers[name] = dataclasses.replace(sub, concurrency=concurrency)
+
+    # -- running ----------------------------------------------------------------------------
+
+    @property
+    def queue(self) -> PawnQueue:
+        """The app's queue, once started."""
+        if self._queue is None:
+            raise PawnQueueError(f"app {self.name!r} is not started")
+        return self._queue
+
+    @property
+    def producer(self) -> Producer:
+        """The app's producer (named after the app), once started: handlers publish with it."""
+        if self._producer is None:
+            raise PawnQueueError(f"app {self.name!r} is not started")
+        return self._producer
+
+    @property
+    def consuming(self) -> bool:
+        """Whether every subscriber is consuming (started, and not stopped or crashed)."""
+        listeners = self._listeners
+        return bool(listeners) and all(not task.done() for task in listeners.values())
+
+    async def start(self, config: PawnQueueConfig | None = None) -> None:
+        """Open the queue (``config`` instead of the app's own, e.g. a test's memory store),
+        create topics if asked, run the startup hooks and register the consumers."""
+        if self._queue is not None:
+            raise PawnQueueError(f"app {self.name!r} is already started")
+        if not self._subscribers:
+            raise ArgumentError(f"app {self.name!r} has no subscriber")
+        config = config or _config_of(self.source)
+        store = open_store(config)
+        for wrapper in self._store_wrappers:
+            store = wrapper(store)
+        queue = self._queue = PawnQueue(config, store=store, observers=self._observers)
+        try:
+            await queue.setup()
+            if self.create_topics:
+                for topic in self._topic_names():
+                    await queue.create_topic(topic)
+            self._producer = await queue.register_producer(self.name)
+            threads = sum(s.concurrency for s in self.subscribers if not s.is_async)
+            if threads:
+                self._executor = ThreadPoolExecutor(threads, thread_name_prefix=self.name)
+            for hook in self._on_startup:
+                await _call_hook(hook)
+            for sub in self.subscribers:
+                self._consumers[sub.name] = await queue.register_consumer(
+                    f"{self.name}.{sub.name}",
+                    list(sub.topics),
+                    visibility_timeout=sub.visibility_timeout,
+                )
+        except BaseException:
+            await self._close()
+            raise
+
+    async def serve(self, grace: float | None = None) -> None:
+        """Consume until :meth:`stop_consuming` (or a cancel); raise if a subscriber fails.
+        ``grace``: how long running handlers may finish when stopping (default
+        ``polling.shutdown_grace_seconds``)."""
+        if self._queue is None:
+            raise PawnQueueError(f"app {self.name!r} is not started")
+        self._listeners = {
+            sub.name: asyncio.create_task(self._listen(sub, grace), name=f"{self.name}.{sub.name}")
+            for sub in self.subscribers
+        }
+        try:
+            await asyncio.wait(self._listeners.values(), return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            # A cancel of serve(), or one subscriber failing, stops them all (with grace).
+            self.stop_consuming()
+            results = await asyncio.gather(*self._listeners.values(), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+
+    def stop_consuming(self) -> None:
+        """Stop claiming; running handlers get the grace period to finish, then every held
+        message is given back. Called again, the grace is cut short."""
+        for task in self._listeners.values():
+            task.cancel()
+
+    async def stop(self) -> None:
+        """Run the shutdown hooks and close the queue (after :meth:`serve` returned)."""
+        try:
+            for hook in self._on_shutdown:
+                try:
+                    await _call_hook(hook)
+                except Exception:
+                    logger.exception("shutdown hook failed app=%s hook=%r", self.name, hook)
+        finally:
+            await self._close()
+
+    async def run(self) -> None:
+        """Start, consume until cancelled, stop."""
+        await self.start()
+        try:
+            await self.serve()
+        finally:
+            await self.stop()
+
+    async def _close(self) -> None:
+        queue, self._queue = self._queue, None
+        self._producer = None
+        self._consumers.clear()
+        self._listeners = {}
+        try:
+            if queue is not None:
+                await queue.teardown()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
+
+    def _topic_names(self) -> list[str]:
+        names = [t for s in self.subscribers for t in (*s.topics, s.publish_to) if t]
+        return list(dict.fromkeys(names))
+
+    # -- handling ---------------------------------------------------------------------------
+
+    async def _listen(self, sub: Subscriber, grace: float | None) -> None:
+        consumer = self._consumers[sub.name]
+        await consumer.listen(
+            self._handler_of(sub),
+            retry=sub.retry,
+            grace=grace,
+            executor=self._executor,
+            concurrency=sub.concurrency,
+        )
+
+    def _handler_of(self, sub: Subscriber) -> handlers.AsyncHandler:
+        """The message handler ``listen()`` calls for ``sub``: bind, call, publish the result,
+        ack; an invalid payload is dead-lettered at once."""
+        if sub.is_async:
+
+            async def on_loop(message: Message) -> Any:
+                return await sub.binding.call(sub.handler, message)
+
+            call: handlers.AsyncHandler = on_loop
+        else:
+
+            def in_thread(message: BlockingMessage) -> Any:
+                return sub.binding.call(sub.handler, message)
+
+            call = handlers.as_async(in_thread, executor=self._executor)
+
+        async def handle(message: Message) -> None:
+            try:
+                result = await call(message)
+            except InvalidPayload as exc:
+                if not message.settled:
+                    await message.dead_letter("invalid_payload", exc.detail)
+                return
+            if message.settled:
+                return
+            if result is not None and sub.publish_to is not None:
+                await self.producer.publish(sub.publish_to, jsonable(result))
+            await message.ack()
+
+        return handle
+
+
+def _check_concurrency(concurrency: object) -> None:
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ArgumentError(f"concurrency must be a positive integer, got {concurrency!r}")
+
+
+async def _call_hook(hook: Hook) -> None:
+    result = hook()
+    if inspect.isawaitable(result):
+        await result
+
+
+def _config_of(source: QueueSource) -> PawnQueueConfig:
+    """The app's config: from the environment, a URL, a YAML path, a mapping or a config."""
+    if source is None:
+        return PawnQueueConfig.from_env()
+    if isinstance(source, str) and "://" in source:
+        return PawnQueueConfig.from_url(source)
+    return load_config(source)

@@ -1,0 +1,181 @@
+"""``pawn-queue worker``: run an app's handlers (or one function's) as a service."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from pawn_queue.app import App
+from pawn_queue.cli.common import CliError, Options, build_config, fail, options
+from pawn_queue.exceptions import PawnQueueError
+from pawn_queue.service.logs import LOG_FORMATS, LogFormat, setup_logging
+from pawn_queue.service.runner import EXIT_USAGE, WorkerOptions, run_worker
+from pawn_queue.service.supervisor import supervise
+
+
+def worker(
+    ctx: typer.Context,
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="module:app (an App), or module:function with --topic (one handler).",
+            show_default=False,
+        ),
+    ],
+    topic: Annotated[
+        list[str] | None,
+        typer.Option("--topic", "-t", help="Topic of a module:function handler (repeatable)."),
+    ] = None,
+    publish_to: Annotated[
+        str | None, typer.Option(help="A module:function handler's results go to this topic.")
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, help="Handlers running at a time, per subscriber and process."),
+    ] = None,
+    processes: Annotated[
+        int, typer.Option(min=1, help="Worker processes (restarted if one dies).")
+    ] = 1,
+    grace: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Seconds running handlers may finish after SIGTERM/SIGINT "
+            "(default: polling.shutdown_grace_seconds).",
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve /metrics, /healthz and /readyz on this port "
+            "(with --processes N, process i on port + i).",
+        ),
+    ] = None,
+    metrics_host: Annotated[str, typer.Option(help="Address of those endpoints.")] = "127.0.0.1",
+    log_format: Annotated[
+        str,
+        typer.Option(
+            help="One line per handled message (id, topic, receive count, duration, "
+            "outcome): text or json.",
+        ),
+    ] = "text",
+    create_topics: Annotated[
+        bool, typer.Option(help="Create the topics the app uses if missing.")
+    ] = False,
+    supervised: Annotated[bool, typer.Option(hidden=True)] = False,
+) -> None:
+    """Run handlers as a service until SIGTERM or SIGINT.
+
+    The first signal stops claiming, lets running handlers finish within the grace period,
+    gives every other message back at once and exits 0; a second one cuts the grace short
+    (exit 3). Exit 1: the app could not start or a subscriber failed; 2: usage error.
+    """
+    opts = options(ctx)
+    level = opts.log_level or "info"
+    if log_format not in LOG_FORMATS:
+        fail(f"--log-format: choose one of {', '.join(LOG_FORMATS)}", EXIT_USAGE)
+    fmt: LogFormat = "json" if log_format == "json" else "text"
+    try:
+        app = _load(target, topic or [], publish_to, opts)
+    except CliError as exc:
+        fail(str(exc), exc.code)
+    if metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
+        fail("--metrics-port needs the metrics extra: pip install 'pawn-queue[metrics]'", 2)
+    if concurrency is not None:
+        app.set_concurrency(concurrency)
+    if create_topics:
+        app.create_topics = True
+    if processes > 1:
+        setup_logging(fmt, level)
+
+        def command_of(index: int) -> list[str]:
+            return _child_command(
+                ctx, opts, index, metrics_port=metrics_port, extra=["--log-format", fmt]
+            )
+
+        raise typer.Exit(supervise(command_of, processes))
+    worker_options = WorkerOptions(
+        grace=grace,
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+        log_format=fmt,
+        log_level=level,
+        supervised=supervised,
+    )
+    raise typer.Exit(run_worker(app, worker_options))
+
+
+def _load(target: str, topics: list[str], publish_to: str | None, opts: Options) -> App:
+    """The app ``target`` names (``module:attribute``); a function becomes an app of one
+    subscriber. ``--url``/``--config`` replace the app's own store."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise CliError(f"expected module:app or module:function, got {target!r}", EXIT_USAGE)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: modules of this directory
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"cannot import {module_name!r}: {exc}", EXIT_USAGE) from None
+    found: Any = module
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise CliError(f"module {module_name!r} has no {attribute!r}", EXIT_USAGE)
+        found = getattr(found, part)
+    given = build_config(opts) if opts.url or opts.config else None
+    try:
+        if isinstance(found, App):
+            if topics or publish_to:
+                raise CliError("--topic and --publish-to are for module:function", EXIT_USAGE)
+            if given is not None:
+                found.source = given
+            return found
+        if not callable(found):
+            raise CliError(f"{target} is neither an App nor a function", EXIT_USAGE)
+        if not topics:
+            raise CliError(f"{target} is a function: give its topics with --topic", EXIT_USAGE)
+        app = App(given, name="worker")
+        app.subscriber(topics, publish_to=publish_to)(found)
+        return app
+    except PawnQueueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def _child_command(
+    ctx: typer.Context, opts: Options, index: int, *, metrics_port: int | None, extra: list[str]
+) -> list[str]:
+    """Child ``index``'s command line: this one, as one supervised process."""
+    line = [sys.executable, "-m", "pawn_queue"]
+    if opts.url:
+        line += ["--url", opts.url]
+    if opts.config is not None:
+        line += ["--config", os.fspath(opts.config)]
+    if opts.log_level:
+        line += ["--log-level", opts.log_level]
+    line += ["worker", *_own_arguments(ctx), "--processes", "1", "--supervised", *extra]
+    if metrics_port is not None:
+        line += ["--metrics-port", str(metrics_port + index if metrics_port else 0)]
+    return line
+
+
+def _own_arguments(ctx: typer.Context) -> list[str]:
+    """This command's arguments but --processes, --metrics-port and --log-format (the
+    child gets its own)."""
+    params = ctx.params
+    line = [str(params["target"])]
+    for name in ("topic",):
+        for value in params.get(name) or []:
+            line += [f"--{name}", str(value)]
+    for name in ("publish_to", "concurrency", "grace", "metrics_host"):
+        if params.get(name) is not None:
+            line += [f"--{name.replace('_', '-')}", str(params[name])]
+    if params.get("create_topics"):
+        line.append("--create-topics")
+    return line

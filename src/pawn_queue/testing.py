@@ -1,0 +1,113 @@
+"""Test an app's handlers without a store: :class:`TestClient` runs them on a memory store.
+
+::
+
+    async def test_ship() -> None:
+        async with TestClient(app) as client:
+            await client.publish("orders", {"id": 1, "qty": 2})
+            await client.drain()
+            assert await client.pending("shipments") == [{"order_id": 1}]
+            assert await client.dead_letters("orders") == []
+
+The app runs as in production (its startup and shutdown hooks, validation, retries, dead
+letters), on a fresh memory store whose topics are created for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import TracebackType
+from typing import Any
+
+from pawn_queue.app import App
+from pawn_queue.config import PawnQueueConfig
+from pawn_queue.dead_letters import DeadLetter
+from pawn_queue.message import Message
+from pawn_queue.observe import Observer, Outcome, Publication
+
+_CHECK_SECONDS = 0.05  # a requeue delay comes due without any hook firing
+
+
+class TestClient:
+    """Runs ``app`` on a memory store for the length of an ``async with`` block."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, app: App, config: PawnQueueConfig | None = None) -> None:
+        """``config``: the memory store's settings (default: ``memory://`` defaults)."""
+        self.app = app
+        self._config = config or PawnQueueConfig.from_url("memory://")
+        self._changed = asyncio.Event()
+        self._serving: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> TestClient:
+        if self._config.backend != "memory":
+            raise ValueError("TestClient runs an app on a memory store only")
+        self.app.add_observer(_Changes(self._changed))
+        create, self.app.create_topics = self.app.create_topics, True
+        try:
+            await self.app.start(self._config)
+        finally:
+            self.app.create_topics = create
+        self._serving = asyncio.create_task(self.app.serve())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._serving is not None:
+                self.app.stop_consuming()
+                await self._serving
+        finally:
+            await self.app.stop()
+
+    async def publish(self, topic: str, payload: Any, **options: Any) -> str:
+        """Publish as the app's producer (``options``: those of ``Producer.publish``)."""
+        return await self.app.producer.publish(topic, payload, **options)
+
+    async def pending(self, topic: str, limit: int = 100) -> list[Any]:
+        """The payloads waiting in ``topic`` (one the app does not consume: what its
+        handlers published there), oldest first."""
+        return [m.payload for m in await self.app.queue.peek(topic, limit)]
+
+    async def dead_letters(self, topic: str) -> list[DeadLetter]:
+        return await self.app.queue.dead_letters(topic)
+
+    async def drain(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - a test's bound
+        """Wait until the app's topics hold no message that is pending, delayed or being
+        handled (a retry with a delay waits for it); raise TimeoutError after ``timeout``."""
+        topics = {topic for sub in self.app.subscribers for topic in sub.topics}
+        async with asyncio.timeout(timeout):
+            while True:
+                self._changed.clear()
+                stats = [await self.app.queue.topic_stats(topic) for topic in topics]
+                if all(s.pending + s.in_flight + s.delayed == 0 for s in stats):
+                    return
+                if self._serving is not None and self._serving.done():
+                    await self._serving  # it failed: say why
+                    raise RuntimeError("the app stopped consuming")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), _CHECK_SECONDS)
+
+
+class _Changes(Observer):
+    """Sets ``event`` whenever a message moves (so :meth:`TestClient.drain` looks again)."""
+
+    def __init__(self, event: asyncio.Event) -> None:
+        self.event = event
+
+    def published(self, publication: Publication) -> None:
+        self.event.set()
+
+    def handler_finished(
+        self, message: Message, seconds: float, error: BaseException | None
+    ) -> None:
+        self.event.set()
+
+    def settled(self, message: Message, outcome: Outcome, reason: str | None) -> None:
+        self.event.set()
