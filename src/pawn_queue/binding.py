@@ -78,11 +78,13 @@ class Binding:
         if payload is None:
             return cls(message_parameter, None, None, False)
         hint = hints.get(payload.name, Any)
+        try:
+            adapter = None if hint is Any else pydantic.TypeAdapter(hint)
+        except pydantic.PydanticUserError as exc:  # a type pydantic cannot validate
+            first = str(exc).splitlines()[0]
+            raise ArgumentError(f"handler {name}: parameter {payload.name!r}: {first}") from None
         return cls(
-            message_parameter,
-            payload.name,
-            None if hint is Any else pydantic.TypeAdapter(hint),
-            payload.kind is payload.POSITIONAL_ONLY,
+            message_parameter, payload.name, adapter, payload.kind is payload.POSITIONAL_ONLY
         )
 
     def call(self, handler: Callable[..., Any], message: Message | BlockingMessage) -> Any:

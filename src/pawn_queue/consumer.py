@@ -52,7 +52,6 @@ class Consumer:
         self._topics = list(topics)
         self._leases = runtime.leases
         self._clock = runtime.clock
-        self._background = runtime.background
         self._observers = runtime.observers
         self._topic_settings = runtime.topics
         self._polling = polling
@@ -225,8 +224,9 @@ class Consumer:
                 logger.warning("poll failed consumer=%s error=%s", self.name, exc)
                 messages = []
             if not messages:
-                # Idle: wake on a change signal, or poll anyway after the backfill interval.
-                await self._signals.wait(self._topics, self._idle_seconds(), seen)
+                # Idle: wake on a change signal, or poll anyway after the backfill interval;
+                # with handlers running, also when one ends (it may have requeued a message).
+                await self._idle(seen, running if concurrency is not None else set())
                 continue
             tasks = [group.create_task(self._dispatch(call, m, retry)) for m in messages]
             running.update(tasks)
@@ -234,6 +234,16 @@ class Consumer:
                 task.add_done_callback(running.discard)
             if concurrency is None:
                 await asyncio.wait(tasks)
+
+    async def _idle(self, seen: dict[str, int], running: set[asyncio.Task[None]]) -> None:
+        waiting = asyncio.ensure_future(
+            self._signals.wait(self._topics, self._idle_seconds(), seen)
+        )
+        try:
+            await asyncio.wait({waiting, *running}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
 
     async def _dispatch(
         self, handler: handlers.AsyncHandler, message: Message, retry: Retry | None
@@ -307,8 +317,9 @@ class Consumer:
 
     async def release_all(self) -> None:
         """Release every lease this consumer holds and stop refreshing. Their messages can be
-        claimed again at once, and this delivery does not count as a receive."""
+        claimed again at once, and this delivery does not count as a receive. The leases of
+        messages acked lately, kept as tombstones, are deleted now too."""
         # Claims still in flight may yet win a lease: let them finish, then release it too.
         await self._claimer.close()
         await self._keeper.release_all()
-        await self._background.done()
+        await self._leases.flush_tombstones()  # and the rest of the background work
