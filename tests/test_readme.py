@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import textwrap
+import types
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +117,20 @@ def test_blocking_api_snippet_runs(
     exec(compile(snippet, "README blocking API", "exec"), {})
     assert capsys.readouterr().out.strip() == "{'order_id': 42}"
     assert list((tmp_path / "queue" / "orders" / "messages").iterdir()) == []
+
+
+async def test_service_snippets_run_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    app_block, test_block = python_blocks()[5:7]
+    assert app_block.startswith("# shop.py") and "TestClient" in test_block
+    shop = types.ModuleType("shop")
+    monkeypatch.setitem(sys.modules, "shop", shop)
+    exec(compile(app_block, "README shop.py", "exec"), shop.__dict__)
+    scope: dict[str, Any] = {}
+    exec(compile(test_block, "README testing", "exec"), scope)
+    await scope["test_ship"]()
+    [line] = capsys.readouterr().out.splitlines()  # the record handler saw the shipment
+    assert line.endswith(" {'order_id': 1}")
+    assert not (tmp_path / "queue").exists()  # a memory store, not the app's directory

@@ -48,6 +48,9 @@ class MessageLog(Observer):
     def settled(self, message: Message, outcome: Outcome, reason: str | None) -> None:
         started = self._started.pop(id(message), None)
         duration = self._ran.pop(id(message), None)
+        level = logging.WARNING if outcome == "dead_letter" else logging.INFO
+        if not logger.isEnabledFor(level):
+            return
         if duration is None and started is not None:
             duration = time.perf_counter() - started
         fields = {
@@ -58,7 +61,6 @@ class MessageLog(Observer):
             "outcome": outcome,
             "reason": reason,
         }
-        level = logging.WARNING if outcome == "dead_letter" else logging.INFO
         logger.log(level, "message %s", outcome, extra=fields)
 
 
@@ -70,13 +72,13 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
+        if getattr(record, "outcome", None) is None:  # not a message line
+            return line
         extra = " ".join(
             f"{name}={_text(getattr(record, name))}"
             for name in _FIELDS
             if getattr(record, name, None) is not None
         )
-        if not extra:
-            return line
         first, newline, rest = line.partition("\n")  # a traceback follows the first line
         return f"{first} {extra}{newline}{rest}"
 

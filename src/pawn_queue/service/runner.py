@@ -50,10 +50,11 @@ class WorkerOptions:
 def run_worker(app: App, options: WorkerOptions) -> int:
     """Run ``app`` in this process until stopped; return the exit code."""
     setup_logging(options.log_format, options.log_level)
-    return asyncio.run(_run(app, options))
+    return asyncio.run(run_app(app, options))
 
 
-async def _run(app: App, options: WorkerOptions) -> int:
+async def run_app(app: App, options: WorkerOptions) -> int:
+    """What :func:`run_worker` runs on its event loop (signal handlers included)."""
     signals = 0
 
     def stop(reason: str) -> None:
