@@ -6,7 +6,7 @@ COMPAT_VENV := .venv-pq013
 VSQS_VENV := .venv-vsqs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-soak clean
+.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,7 +61,11 @@ bench-delays: $(STAMP)
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark
 
-bench: bench-store bench-queue bench-delays bench-spark
+# JSON encode and decode: the standard library, orjson, msgspec and the library's codec.
+bench-codec: $(STAMP)
+	$(PY) -m bench.codec
+
+bench: bench-store bench-queue bench-delays bench-spark bench-codec
 
 # Soak (not in `make bench` or `make test`): SOAK_MINUTES of producers and consumers on S3
 # through injected network faults, then a drain and an audit; fails if a message was lost.

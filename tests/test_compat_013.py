@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,43 @@ async def test_we_publish_013_consumes(configs: tuple[dict[str, Any], dict[str, 
         assert {g["producer_id"] for g in got} == {producer.id}
         assert await pq.store.list("events/messages/") == []
         assert await pq.list_topics() == ["events"]
+
+
+# Values whose JSON the fast codec and the standard library could write or read differently.
+PAYLOADS: list[Any] = [
+    {"text": "naïve café 注文 \U0001f600 \u2028 </script>", "escapes": '"\\\n\t\x00\x7f'},
+    {"big": [2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**40], "digits": "1" * 30},
+    {"floats": [0.1, 1e-05, 1e16, 1e300, -0.0, 5e-324, 1.5], "none": None, "bools": [True, False]},
+    [[[[{"deep": {"k": []}}]]]],
+    "a string",
+    12345678901234567890123,
+    None,
+]
+
+
+async def test_payloads_round_trip_with_013_both_ways(
+    configs: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    legacy, ours = configs
+    async with await PawnQueue.from_config(ours) as pq:
+        await pq.create_topic("to-013")
+        producer = await pq.register_producer("ours")
+        ids = [await producer.publish("to-013", payload) for payload in PAYLOADS]
+        got = await run_013(legacy, "consume", "to-013", str(len(PAYLOADS)))
+        assert [(g["id"], g["payload"]) for g in got] == list(zip(ids, PAYLOADS, strict=True))
+
+        # 0.1.3 writes NaN and infinity (it never refused them): they are read as before.
+        sent = [*PAYLOADS, {"nan": math.nan, "inf": [math.inf, -math.inf]}]
+        ids = await run_013(legacy, "publish-json", "from-013", json.dumps(sent))
+        consumer = await pq.register_consumer("ours", topics=["from-013"])
+        received: dict[str, Any] = {}
+        while len(received) < len(sent):
+            for message in await consumer.poll():
+                received[message.id] = message.payload
+                await message.ack()
+        assert [received[i] for i in ids[:-1]] == PAYLOADS
+        last = received[ids[-1]]
+        assert math.isnan(last["nan"]) and last["inf"] == [math.inf, -math.inf]
 
 
 async def test_013_registration_keeps_its_id(

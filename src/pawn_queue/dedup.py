@@ -10,10 +10,10 @@ itself, under the same key, so a retry after a failed publish never loses the me
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 
+from pawn_queue import codec
 from pawn_queue.envelope import encode_json, now_utc, parse_time
 from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed
 from pawn_queue.store.base import IfMatch, PutMode, Store
@@ -73,7 +73,7 @@ async def mark_written(store: Store, key: str, decision: Decision) -> None:
 
 def _decode(data: bytes) -> Marker | None:
     try:
-        raw = json.loads(data)
+        raw = codec.loads(data)
         marker = Marker(
             dedup_id=str(raw["dedup_id"]),
             message_id=str(raw["message_id"]),

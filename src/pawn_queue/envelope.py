@@ -13,11 +13,11 @@ header line, and the raw bytes; 0.1.x cannot parse such a body and skips it.
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from pawn_queue import codec
 from pawn_queue.exceptions import PayloadError
 from pawn_queue.layout import is_uuid
 
@@ -36,9 +36,7 @@ def encode_json(value: Any) -> bytes:
     """Encode ``value`` as compact UTF-8 JSON, keeping key order; raise PayloadError if it
     cannot be (not serialisable, NaN or infinity, nested too deeply)."""
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
-            "utf-8"
-        )
+        return codec.dumps(value)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
     except RecursionError:
@@ -71,7 +69,7 @@ def _load_object(data: bytes, what: str) -> dict[str, Any]:
         header["payload"] = data[end + 1 :]
         return header
     try:
-        value = json.loads(data)
+        value = codec.loads(data)
     except (ValueError, RecursionError) as exc:
         raise CorruptObject(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from dataclasses import asdict, dataclass
 
-from pawn_queue import layout
+from pawn_queue import codec, layout
 from pawn_queue._aio import gather_limited
 from pawn_queue.envelope import encode_json, now_utc
 from pawn_queue.exceptions import (
@@ -38,7 +37,7 @@ class RegistryEntry:
 
 def _decode(data: bytes) -> RegistryEntry | None:
     try:
-        raw = json.loads(data)
+        raw = codec.loads(data)
         return RegistryEntry(
             **{k: str(raw[k]) for k in ("role", "name", "entity_id", "registered_at", "last_seen")}
         )
@@ -153,7 +152,7 @@ class Registry:
 def _index_id(data: bytes) -> str | None:
     """The id a name index holds; None if it is unreadable."""
     try:
-        entity_id = json.loads(data)["entity_id"]
+        entity_id = codec.loads(data)["entity_id"]
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
     return entity_id if isinstance(entity_id, str) and layout.is_uuid(entity_id) else None

@@ -3,7 +3,6 @@ stats, and peeking at its oldest messages), from one classification of its listi
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -11,7 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, final
 
-from pawn_queue import layout
+from pawn_queue import codec, layout
 from pawn_queue.envelope import CorruptObject, Envelope, decode_batch, encode_json, now_utc
 from pawn_queue.exceptions import (
     AlreadyExists,
@@ -97,7 +96,7 @@ def _read_marker(data: bytes) -> tuple[str | None, TopicSettings | None]:
     """The creation time and the settings a marker holds; None for what is unreadable.
     A marker without settings (pawn-queue 0.1.x) holds the defaults."""
     try:
-        body = json.loads(data)
+        body = codec.loads(data)
     except (ValueError, RecursionError):
         return None, None
     if not isinstance(body, dict):

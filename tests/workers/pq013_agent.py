@@ -1,6 +1,7 @@
 """Runs under pawn-queue 0.1.3 (its own venv): publish, consume or register, print JSON.
 
 python pq013_agent.py CONFIG_JSON publish TOPIC N
+python pq013_agent.py CONFIG_JSON publish-json TOPIC PAYLOADS_JSON_LIST
 python pq013_agent.py CONFIG_JSON consume TOPIC N
 python pq013_agent.py CONFIG_JSON register NAME
 """
@@ -19,6 +20,11 @@ async def main(config: dict, action: str, *args: str) -> object:
             await pq.create_topic(topic)
             producer = await pq.register_producer("legacy-producer")
             return [await producer.publish(topic, {"n": n, "from": "0.1.3"}) for n in range(count)]
+        if action == "publish-json":
+            topic, payloads = args[0], json.loads(args[1])
+            await pq.create_topic(topic)
+            producer = await pq.register_producer("legacy-producer")
+            return [await producer.publish(topic, payload) for payload in payloads]
         if action == "consume":
             topic, count = args[0], int(args[1])
             consumer = await pq.register_consumer("legacy-consumer", topics=[topic])

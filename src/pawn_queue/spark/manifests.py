@@ -6,10 +6,10 @@ order, with their size, the batch members settled before (skipped) and their rec
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from pawn_queue import codec
 from pawn_queue.envelope import encode_json, now_utc
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.spark.reading import ObjectRef
@@ -53,7 +53,7 @@ class Manifest:
     @classmethod
     def decode(cls, batch: int, data: bytes) -> Manifest:
         try:
-            body = json.loads(data)
+            body = codec.loads(data)
             refs = tuple(
                 ObjectRef(
                     key=str(entry["key"]),

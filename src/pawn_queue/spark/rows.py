@@ -6,7 +6,6 @@ is several times faster than converting rows one by one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -22,6 +21,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from pawn_queue import codec
 from pawn_queue.envelope import DeadLetterInfo, Envelope, parse_time
 
 ROWS_PER_RECORD_BATCH = 8192
@@ -55,12 +55,9 @@ def dead_letter_schema() -> StructType:
     )
 
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
 def payload_json(payload: Any) -> str:
     """A payload as compact JSON text (what the ``payload`` column holds)."""
-    return _ENCODER.encode(payload)
+    return codec.text(payload)
 
 
 class RowBuffer:
@@ -90,7 +87,7 @@ class RowBuffer:
         c[2] += [key] * len(envelopes)
         c[3] += [e.producer_id for e in envelopes]
         c[4] += [self._time(e.created_at) for e in envelopes]
-        c[5] += [_ENCODER.encode(e.payload) for e in envelopes]
+        c[5] += [codec.text(e.payload) for e in envelopes]
         c[6] += [list(e.attributes.items()) for e in envelopes]
         c[7] += [e.prior_receives + receives for e in envelopes]
         if self._dead_letters:

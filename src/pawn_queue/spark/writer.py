@@ -11,7 +11,6 @@ marked it committed, running it again writes nothing.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import math
 import uuid
@@ -33,7 +32,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import MapType, StringType, StructType
 
-from pawn_queue import layout
+from pawn_queue import codec, layout
 from pawn_queue.envelope import Envelope, encode_batch, encode_json, now_utc, parse_time
 from pawn_queue.exceptions import AlreadyExists, ConfigError, PawnQueueError, PayloadError
 from pawn_queue.notify import ChangeSignals
@@ -107,7 +106,7 @@ def _parse(text: str | None, row: int) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
+        return codec.loads(text)
     except ValueError as exc:
         raise PayloadError(
             f"pawnqueue: row {row} of a record batch: 'payload' is not JSON text: {exc}"
@@ -316,7 +315,7 @@ async def _batch_time(options: SourceOptions, query: str, batch: int) -> tuple[d
         await store.put(key, encode_json({"at": now.isoformat(), "committed": False}), "create")
         return now, False
     except AlreadyExists:
-        stored = json.loads((await store.get(key)).data)
+        stored = codec.loads((await store.get(key)).data)
         return parse_time(stored["at"]), bool(stored.get("committed"))
 
 
