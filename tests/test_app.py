@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -76,6 +77,12 @@ class OrderDict(TypedDict):
     quantity: int
 
 
+def as_dict(order: Any) -> dict[str, Any]:
+    if isinstance(order, BaseModel):
+        return order.model_dump()
+    return dataclasses.asdict(order) if dataclasses.is_dataclass(order) else dict(order)
+
+
 @pytest.mark.parametrize("kind", [OrderModel, OrderData, OrderDict], ids=lambda k: k.__name__)
 @pytest.mark.parametrize("run_as", ["async", "sync"])
 async def test_typed_payloads_are_validated_and_invalid_ones_dead_lettered_once(
@@ -105,8 +112,7 @@ async def test_typed_payloads_are_validated_and_invalid_ones_dead_lettered_once(
     assert {(s[0], s[1]) for s in settlements.seen} == {(good, "ack"), (bad, "dead_letter")}
     [(order, where)] = received
     assert isinstance(order, dict if kind is OrderDict else kind)
-    expected = {"order_id": 1, "quantity": 2}
-    assert (dict(order) if kind is OrderDict else dataclasses.asdict(order) if kind is OrderData else order.model_dump()) == expected  # fmt: skip
+    assert as_dict(order) == {"order_id": 1, "quantity": 2}
     assert where == ("loop" if run_as == "async" else "thread")
     assert (letter.id, letter.reason, letter.receive_count) == (bad, "invalid_payload", 1)
     assert "order_id" in (letter.error or "") and "quantity" in (letter.error or "")
@@ -256,6 +262,21 @@ def test_declaration_errors_are_clear() -> None:
         Retry(jitter=2)
 
 
+async def test_a_callable_object_is_a_handler_too() -> None:
+    app = App("memory://", name="objects")
+    seen: list[OrderModel] = []
+
+    class Handler:
+        async def __call__(self, order: OrderModel, message: Message) -> None:
+            seen.append(order)
+
+    app.subscriber("orders", name="objects")(Handler())
+    async with TestClient(app) as client:
+        await client.publish("orders", {"order_id": 3, "quantity": 1})
+        await client.drain()
+    assert seen == [OrderModel(order_id=3, quantity=1)]
+
+
 def test_retry_delays_grow_with_jitter_below_the_cap() -> None:
     retry = Retry(base_delay=1, factor=2, max_delay=5, jitter=0.5)
     for receive_count, full in ((1, 1), (2, 2), (3, 4), (4, 5), (9, 5)):
@@ -279,8 +300,9 @@ def _example_app() -> App:
 
 
 async def test_the_testing_client_runs_the_example_apps_handlers(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)
     app = _example_app()
     async with TestClient(app) as client:
         await client.publish("orders", {"order_id": 7, "sku": "pawn", "quantity": 25})
@@ -290,11 +312,12 @@ async def test_the_testing_client_runs_the_example_apps_handlers(
         assert await client.pending("shipments") == []  # consumed by the record handler
     assert "shipped order 7 in 3 parcel(s)" in capsys.readouterr().out
     assert (letter.payload["order_id"], letter.reason) == (8, "invalid_payload")
-    assert not Path("service-queue").exists()  # the memory store, not the app's directory
+    assert os.listdir() == []  # the memory store, not the app's directory
 
 
 async def test_the_testing_client_reports_a_handler_that_never_settles() -> None:
     app = App("memory://", name="stuck")
+
     @app.subscriber("jobs", retry=None)
     async def work(job: Any) -> None:
         await asyncio.Event().wait()

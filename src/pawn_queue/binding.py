@@ -57,7 +57,7 @@ class Binding:
         name = getattr(handler, "__qualname__", repr(handler))
         try:
             signature = inspect.signature(handler)
-            hints = typing.get_type_hints(handler)
+            hints = _hints(handler)
         except (TypeError, ValueError, NameError) as exc:
             raise ArgumentError(f"cannot read the parameters of handler {name}: {exc}") from None
         message_parameter: str | None = None
@@ -109,6 +109,17 @@ class Binding:
             return self.payload_type.validate_python(payload)
         except pydantic.ValidationError as exc:
             raise InvalidPayload(_describe(exc)) from None
+
+
+def _hints(handler: Callable[..., Any]) -> dict[str, Any]:
+    """The resolved annotations of a function, or of a callable object's ``__call__``; none
+    for what has neither (a ``functools.partial``: its payload is passed as decoded)."""
+    for target in (handler, getattr(type(handler), "__call__", None)):
+        try:
+            return typing.get_type_hints(target)
+        except TypeError:
+            continue
+    return {}
 
 
 def _describe(error: pydantic.ValidationError) -> str:
