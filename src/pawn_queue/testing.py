@@ -34,9 +34,13 @@ class TestClient:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, app: App, config: PawnQueueConfig | None = None) -> None:
-        """``config``: the memory store's settings (default: ``memory://`` defaults)."""
+    def __init__(
+        self, app: App, config: PawnQueueConfig | None = None, *, grace: float = 1.0
+    ) -> None:
+        """``config``: the memory store's settings (default: ``memory://`` defaults).
+        ``grace``: how long handlers still running at the end of the block may finish."""
         self.app = app
+        self._grace = grace
         self._config = config or PawnQueueConfig.from_url("memory://")
         self._changed = asyncio.Event()
         self._serving: asyncio.Task[None] | None = None
@@ -50,7 +54,7 @@ class TestClient:
             await self.app.start(self._config)
         finally:
             self.app.create_topics = create
-        self._serving = asyncio.create_task(self.app.serve())
+        self._serving = asyncio.create_task(self.app.serve(grace=self._grace))
         return self
 
     async def __aexit__(
