@@ -12,6 +12,7 @@ from pawn_queue.builder import PawnQueueBuilder
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import (
     ENV_VARS,
+    OTHER_ENV_VARS,
     S3_URL_KEYS,
     URL_ENV_VAR,
     FilesystemConfig,
@@ -286,7 +287,8 @@ def test_readme_lists_every_variable() -> None:
     readme = REPO / "README.md"
     documented = set(re.findall(r"PAWNQUEUE_[A-Z0-9_]+", readme.read_text(encoding="utf-8")))
     known = {*ENV_VARS, URL_ENV_VAR}
-    assert documented - known == set(), "README names variables the code does not know"
+    # Variables of the project's tools (the dashboard's token) are documented where used.
+    assert documented - known - OTHER_ENV_VARS == set(), "README names unknown variables"
     assert known - documented == set(), "variables missing from the README"
 
 

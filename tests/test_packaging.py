@@ -93,13 +93,19 @@ def test_links_and_extras(built: tuple[str, Path]) -> None:
         assert label and url.startswith("https://"), entry
     extras = set(meta.get_all("Provides-Extra") or [])
     # The test tools are no user-facing extra.
-    assert extras == {"cli", "spark", "metrics", "tracing"}
+    assert extras == {"cli", "spark", "metrics", "tracing", "dashboard"}
     spark = [req for req in meta.get_all("Requires-Dist") or [] if 'extra == "spark"' in req]
     assert {re.split(r"[<>=!~ ;\[]", req, maxsplit=1)[0] for req in spark} >= {
         "pyspark",
         "pyarrow",
         "pandas",  # without it Spark's Arrow optimisation of Python UDFs falls back, warning
     }
+
+
+def test_the_wheel_carries_the_dashboard_files(built: tuple[str, Path]) -> None:
+    _, names = metadata(built[1])
+    for name in ("templates/base.html", "templates/overview.html", "static/dashboard.js"):
+        assert f"pawn_queue/dashboard/{name}" in names
 
 
 def test_the_test_tools_are_a_dependency_group_the_makefile_installs() -> None:

@@ -261,6 +261,8 @@ OTHER_ENV_VARS: Final[frozenset[str]] = frozenset(
     {
         # The Python of pawn-queue 0.1.3 for the compatibility tests (set by `make pytest`).
         "PAWNQUEUE_COMPAT_PYTHON",
+        # The token of `pawn-queue dashboard` (its --token).
+        "PAWNQUEUE_DASHBOARD_TOKEN",
     }
 )
 """``PAWNQUEUE_*`` names read by tools of the project, not by the configuration. Any other

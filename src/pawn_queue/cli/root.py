@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover
 from pawn_queue import __version__
 from pawn_queue.cli.admin import consumers, dlq_app, producers, topics_app
 from pawn_queue.cli.common import LOG_LEVELS, Options, setup_logging
+from pawn_queue.cli.dashboard import dashboard
 from pawn_queue.cli.doctor import demo, doctor, metrics
 from pawn_queue.cli.messages import consume, peek, publish
 from pawn_queue.cli.worker import worker
@@ -170,6 +171,7 @@ app.command()(producers)
 app.command()(doctor)
 app.command()(demo)
 app.command()(metrics)
+app.command()(dashboard)
 app.command()(worker)
 
 

@@ -1,0 +1,421 @@
+"""The dashboard's web app (Starlette): pages rendered on the server with Jinja2 (every value
+escaped), a small script that swaps in fresh content when the queue changed, and the two
+actions (redrive, purge) behind ``allow_actions``, a confirmation and a CSRF token."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from pawn_queue import layout
+from pawn_queue.client import PawnQueue
+from pawn_queue.config import PawnQueueConfig
+from pawn_queue.dashboard import charts
+from pawn_queue.dashboard.meter import RequestMeter
+from pawn_queue.dashboard.security import Csrf, Guard, csrf_cookie
+from pawn_queue.dashboard.settings import DashboardSettings
+from pawn_queue.dashboard.snapshots import DEAD_LETTER_LIMIT, Monitor, TopicView
+from pawn_queue.envelope import now_utc
+from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError, TopicNotFoundError
+from pawn_queue.store import open_store
+from pawn_queue.store.base import Store
+from pawn_queue.store.wrapper import StoreWrapper
+
+logger = logging.getLogger(__name__)
+
+SORT_KEYS = ("name", "pending", "in_flight", "delayed", "dead_letter", "oldest_age")
+_PREVIEW_CHARS = 160
+_FULL_CHARS = 200_000
+_MAX_FORM_BYTES = 1_000_000
+_STATIC = Path(__file__).parent / "static"
+
+
+def create_app(
+    config: PawnQueueConfig, settings: DashboardSettings, *, store: Store | None = None
+) -> Starlette:
+    """The dashboard over the store ``config`` selects (or ``store``). Its lifespan opens the
+    queue and starts refreshing (:attr:`app.state.monitor`, a :class:`Monitor`)."""
+    notify = config.notify.model_copy(
+        update={
+            "check_interval_seconds": settings.refresh,
+            "idle_check_interval_seconds": settings.refresh,
+        }
+    )
+    config = config.model_copy(update={"notify": notify})
+    meter = RequestMeter(store or open_store(config))
+    monitor = Monitor(PawnQueue(config, store=meter), meter, settings)
+    pages = _Pages(monitor, settings, _describe(meter))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # A server that started the monitor itself (DashboardServer) also stops it.
+        started = await monitor.start()
+        try:
+            yield
+        finally:
+            if started:
+                await monitor.stop()
+
+    topic = "/topics/{topic}"
+    app = Starlette(
+        routes=[
+            Route("/", pages.overview),
+            Route(topic, pages.topic),
+            Route(topic + "/dead-letters", pages.dead_letters),
+            Route(topic + "/dead-letters/redrive", pages.redrive, methods=["POST"]),
+            Route(topic + "/dead-letters/purge", pages.purge, methods=["POST"]),
+            Route(topic + "/dead-letters/{message_id}", pages.dead_letter),
+            Route("/registry", pages.registry),
+            Route("/refresh", pages.refresh, methods=["POST"]),
+            Route("/api/state", pages.state),
+            Route("/api/topics", pages.api_topics),
+            Mount("/static", StaticFiles(directory=_STATIC), name="static"),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.monitor = monitor
+    app.add_middleware(Guard, token=settings.token)
+    return app
+
+
+def _describe(store: Store) -> str:
+    """The store as the page names it: its repr, which never holds a credential."""
+    while isinstance(store, StoreWrapper):
+        store = store.inner
+    return repr(store)
+
+
+class _Pages:
+    def __init__(self, monitor: Monitor, settings: DashboardSettings, store_name: str) -> None:
+        self.monitor = monitor
+        self.settings = settings
+        self.store_name = store_name
+        self.csrf = Csrf()
+        self.env = Environment(
+            loader=PackageLoader("pawn_queue.dashboard", "templates"),
+            autoescape=True,  # every value, whatever the template's name
+            undefined=StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters.update(
+            age=_age, preview=_preview, clip=_clip, full=_full, ago=self._ago, q=_quote
+        )
+
+    # -- rendering --------------------------------------------------------------------------
+
+    def _render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        monitor = self.monitor
+        values = {
+            "monitor": monitor,
+            "settings": self.settings,
+            "store_name": self.store_name,
+            "cost": monitor.meter.cost(),
+            "now": monitor.now(),
+            "csrf": self.csrf.token_for(csrf_cookie(request.scope, request.cookies)),
+            "notice": None,
+            **context,
+        }
+        template = self.env.get_template(name)
+        if request.headers.get("x-fragment") == "1":
+            # The script asks for the part that changes: <main>, nothing around it.
+            block = template.blocks["main"]
+            html = "".join(block(template.new_context(values)))
+        else:
+            html = template.render(values)
+        return HTMLResponse(html, status_code=status)
+
+    def _problem(self, request: Request, status: int, message: str) -> Response:
+        return self._render(request, "message.html", status, title="Error", message=message)
+
+    async def _guarded(self, request: Request, page: Callable[[], Awaitable[Response]]) -> Response:
+        """``page()``, with the library's errors as one-line error pages."""
+        try:
+            return await page()
+        except TopicNotFoundError as exc:
+            return self._problem(request, 404, str(exc))
+        except (ConfigError, ArgumentError) as exc:
+            return self._problem(request, 400, _first_line(exc))
+        except PawnQueueError as exc:
+            return self._problem(request, 503, f"the store could not be read: {_first_line(exc)}")
+
+    def _ago(self, iso: str) -> float | None:
+        try:
+            return (now_utc() - datetime.fromisoformat(iso)).total_seconds()
+        except (ValueError, TypeError):
+            return None
+
+    # -- pages ------------------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        sort = request.query_params.get("sort", "")
+        descending = request.query_params.get("desc") == "1"
+        now = self.monitor.now()
+        views = list(self.monitor.topics.values())
+        if sort in SORT_KEYS:
+            views.sort(key=lambda v: _sort_key(v, sort, now), reverse=descending)
+        else:  # problems first, then by name
+            views.sort(key=lambda v: (not v.problems(now, self.settings.max_age), v.name))
+        return self._render(request, "overview.html", views=views, sort=sort, descending=descending)
+
+    async def topic(self, request: Request) -> Response:
+        name = request.path_params["topic"]
+
+        async def page() -> Response:
+            view = self._view(name)
+            now = self.monitor.now()
+            span = self.settings.history_seconds
+            peeked = await self.monitor.peek(name) if view.valid else []
+            groups = sorted(view.groups.items(), key=lambda kv: (-kv[1], kv[0]))[:20]
+            return self._render(
+                request,
+                "topic.html",
+                view=view,
+                peeked=peeked,
+                groups=[(self.monitor.group_names.get(h), h, n) for h, n in groups],
+                depth=charts.depth_chart(view.history, now, span),
+                flow=charts.flow_chart(view.history, now, span),
+                metrics=charts.metrics_chart(view.flow, now, span),
+                scrape_error=self.monitor.scraper.error,
+            )
+
+        return await self._guarded(request, page)
+
+    async def dead_letters(self, request: Request) -> Response:
+        name = request.path_params["topic"]
+
+        async def page() -> Response:
+            view = self._view(name)
+            letters = await self.monitor.dead_letters(name) if view.valid else []
+            done = request.query_params.get("done", "")
+            count = request.query_params.get("count", "")
+            notice = None
+            if done in ("redrove", "purged") and count.isdigit():
+                notice = f"{done} {count} dead letters"
+            return self._render(
+                request,
+                "dead_letters.html",
+                view=view,
+                letters=letters,
+                limit=DEAD_LETTER_LIMIT,
+                notice=notice,
+            )
+
+        return await self._guarded(request, page)
+
+    async def dead_letter(self, request: Request) -> Response:
+        name = request.path_params["topic"]
+        message_id = request.path_params["message_id"]
+
+        async def page() -> Response:
+            view = self._view(name)
+            letter = await self.monitor.queue.dead_letter(name, message_id)
+            if letter is None:
+                return self._problem(request, 404, f"no dead letter {message_id!r} in {name!r}")
+            return self._render(request, "dead_letter.html", view=view, letter=letter)
+
+        return await self._guarded(request, page)
+
+    async def registry(self, request: Request) -> Response:
+        heartbeat = self.monitor.queue.config.registry.heartbeat_interval_seconds
+        return self._render(request, "registry.html", window=2 * heartbeat)
+
+    def _view(self, name: str) -> TopicView:
+        view = self.monitor.topics.get(name)
+        if view is None:
+            raise TopicNotFoundError(f"topic {name!r} does not exist (or is not read yet)")
+        return view
+
+    # -- actions ----------------------------------------------------------------------------
+
+    async def _form(self, request: Request) -> dict[str, list[str]] | Response:
+        """The posted form once the action may run; else the page that refuses it."""
+        if not self.settings.allow_actions:
+            return self._problem(
+                request, 403, "actions are off: start the dashboard with --allow-actions"
+            )
+        body = await request.body()
+        if len(body) > _MAX_FORM_BYTES:
+            return self._problem(request, 413, "form too large")
+        form: dict[str, list[str]] = {}
+        for key, value in parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True):
+            form.setdefault(key, []).append(value)
+        cookie = csrf_cookie(request.scope, request.cookies)
+        if not self.csrf.valid(cookie, next(iter(form.get("csrf", [])), None)):
+            return self._problem(
+                request, 403, "missing or wrong CSRF token: reload the page and try again"
+            )
+        return form
+
+    async def redrive(self, request: Request) -> Response:
+        name = request.path_params["topic"]
+        form = await self._form(request)
+        if isinstance(form, Response):
+            return form
+        ids = form.get("id", [])
+        everything = form.get("all") == ["1"]
+        if not everything and not ids:
+            return self._problem(request, 400, "select the dead letters to redrive")
+        bad = [i for i in ids if not layout.is_uuid(i)]
+        if bad:
+            return self._problem(request, 400, f"not a message id: {bad[0][:40]!r}")
+
+        async def act() -> Response:
+            view = self._view(name)
+            if form.get("confirmed") != ["yes"]:
+                return self._render(
+                    request,
+                    "confirm.html",
+                    view=view,
+                    action="redrive",
+                    ids=ids,
+                    everything=everything,
+                )
+            count = await self.monitor.queue.redrive(name, ids=None if everything else ids)
+            self._log(request, "redrive", name, count)
+            await self.monitor.changed(name)
+            return _after(name, "redrove", count)
+
+        return await self._guarded(request, act)
+
+    async def purge(self, request: Request) -> Response:
+        name = request.path_params["topic"]
+        form = await self._form(request)
+        if isinstance(form, Response):
+            return form
+
+        async def act() -> Response:
+            view = self._view(name)
+            if form.get("confirmed") != ["yes"]:
+                return self._render(
+                    request, "confirm.html", view=view, action="purge", ids=[], everything=True
+                )
+            count = await self.monitor.queue.purge_dead_letters(name)
+            self._log(request, "purge", name, count)
+            await self.monitor.changed(name)
+            return _after(name, "purged", count)
+
+        return await self._guarded(request, act)
+
+    def _log(self, request: Request, action: str, topic: str, count: int) -> None:
+        client = request.client.host if request.client else "-"
+        logger.warning(
+            "dashboard action=%s topic=%s dead_letters=%d client=%s", action, topic, count, client
+        )
+
+    async def refresh(self, request: Request) -> Response:
+        cookie = csrf_cookie(request.scope, request.cookies)
+        body = dict(parse_qsl((await request.body())[:4096].decode("utf-8", "replace")))
+        if not self.csrf.valid(cookie, body.get("csrf")):
+            return self._problem(request, 403, "missing or wrong CSRF token")
+        self.monitor.refresh_soon()
+        back = body.get("back", "/")
+        if not back.startswith("/") or back.startswith("//"):
+            back = "/"  # only a page of this dashboard
+        return RedirectResponse(back, status_code=303)
+
+    # -- JSON -------------------------------------------------------------------------------
+
+    async def state(self, request: Request) -> Response:
+        monitor = self.monitor
+        return JSONResponse(
+            {
+                "version": monitor.version,
+                "error": monitor.error,
+                "last_full": monitor.last_full,
+                "cost": asdict(monitor.meter.cost()),
+                "idle_per_minute": monitor.idle_per_minute(),
+                "full_refresh_requests": monitor.full_cost,
+            }
+        )
+
+    async def api_topics(self, request: Request) -> Response:
+        now = self.monitor.now()
+        rows = []
+        for view in sorted(self.monitor.topics.values(), key=lambda v: v.name):
+            stats = asdict(view.stats) if view.stats is not None else None
+            if stats is not None:
+                stats["oldest_age_seconds"] = view.oldest_age(now)
+            rows.append(
+                {
+                    "topic": view.name,
+                    "valid": view.valid,
+                    "stats": stats,
+                    "settings": asdict(view.settings) if view.settings else None,
+                    "problems": view.problems(now, self.settings.max_age),
+                }
+            )
+        return JSONResponse(rows)
+
+
+def _after(topic: str, done: str, count: int) -> Response:
+    url = f"/topics/{_quote(topic)}/dead-letters?done={done}&count={count}"
+    return RedirectResponse(url, status_code=303)
+
+
+def _quote(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _sort_key(view: TopicView, sort: str, now: float) -> tuple[float, str]:
+    if sort == "name" or view.stats is None:
+        return (0.0 if sort == "name" else -1.0, view.name)
+    if sort == "oldest_age":
+        return (view.oldest_age(now) or -1.0, view.name)
+    return (float(getattr(view.stats, sort)), view.name)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _text(payload: Any, indent: int | None) -> str:
+    if isinstance(payload, bytes | bytearray | memoryview):
+        raw = bytes(payload)
+        return f"({len(raw)} bytes, base64) " + base64.b64encode(raw[:3000]).decode("ascii")
+    return json.dumps(payload, ensure_ascii=False, indent=indent, default=str)
+
+
+def _preview(payload: Any) -> str:
+    text = " ".join(_text(payload, None).split())
+    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 1] + "…"
+
+
+def _clip(text: str) -> str:
+    """Text on one line, cut to a preview's length."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _PREVIEW_CHARS else flat[: _PREVIEW_CHARS - 1] + "…"
+
+
+def _full(payload: Any) -> str:
+    text = _text(payload, 2)
+    if len(text) > _FULL_CHARS:
+        return text[:_FULL_CHARS] + f"\n… ({len(text) - _FULL_CHARS} more characters)"
+    return text
