@@ -45,6 +45,23 @@ def default_skew_margin(visibility_timeout: float) -> float:
     return min(SKEW_MARGIN_SECONDS, visibility_timeout / 4)
 
 
+LEASE_REQUEST_FLOOR_SECONDS: Final = 0.5  # no lease request is given up sooner
+
+
+def claim_seconds(visibility_timeout: float) -> float:
+    """How long a claim's requests may take before the claim is given up (rule 11): half the
+    visibility timeout, so a lease claimed is held for at least the other half."""
+    return max(LEASE_REQUEST_FLOOR_SECONDS, visibility_timeout / 2)
+
+
+def renew_seconds(visibility_timeout: float, safe_seconds: float) -> float:
+    """How long a refresh or release may take before it is given up (rule 11): a quarter of
+    the visibility timeout, so a stalled refresh leaves time for the next one, and no longer
+    than the ``safe_seconds`` the lease stays safe (but at least 1 s where a quarter allows)."""
+    bound = min(visibility_timeout / 4, max(safe_seconds, 1.0))
+    return max(LEASE_REQUEST_FLOOR_SECONDS, bound)
+
+
 def set_derived(model: BaseModel, name: str, value: object) -> None:
     """Set a default computed from other fields on a frozen model, leaving the field out of
     ``model_fields_set``: it still counts as not set when the config is rebuilt."""

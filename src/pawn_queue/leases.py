@@ -30,6 +30,7 @@ from typing import Literal, TypeVar
 from pawn_queue import layout
 from pawn_queue._aio import IO_CONCURRENCY, Background, gather_limited
 from pawn_queue.config import ConcurrencyConfig
+from pawn_queue.config_sections import claim_seconds, renew_seconds
 from pawn_queue.envelope import CorruptObject, LeaseBody, now_utc
 from pawn_queue.exceptions import (
     AlreadyExists,
@@ -49,6 +50,7 @@ _T = TypeVar("_T")
 _SETTLED_SECONDS = 60.0  # longer than any listing stays in use
 _SETTLED_MEMORY = 10_000
 _RELEASED = "1970-01-01T00:00:00+00:00"  # expired on every clock: free to take at once
+
 ResolvedStrategy = Literal["conditional_write", "csprng_verify"]
 
 
@@ -153,10 +155,11 @@ class LeaseManager:
         """
         key = layout.lease_key(topic, lease_id or message_id)
         body = self._new_body(consumer_id, message_id, message_key, visibility)
+        seconds = claim_seconds(visibility)
         if self.strategy == "conditional_write":
-            won = await self._claim_conditional(key, body)
+            won = await self._claim_conditional(key, body, seconds)
         else:
-            won = await self._claim_csprng(key, body)
+            won = await self._claim_csprng(key, body, seconds)
         if won is None:
             return None
         etag, body = won
@@ -164,27 +167,31 @@ class LeaseManager:
         self._held_here.add(key)
         return Lease(topic, message_id, message_key, key, etag, body, visibility)
 
-    async def _claim_conditional(self, key: str, body: LeaseBody) -> tuple[str, LeaseBody] | None:
-        etag, current = await self._conditional_put(key, body, "create")
+    async def _claim_conditional(
+        self, key: str, body: LeaseBody, seconds: float
+    ) -> tuple[str, LeaseBody] | None:
+        etag, current = await self._conditional_put(key, body, "create", seconds)
         if etag is not None:
             return etag, body
         if current is None:
             # Released between our put and our read: one more create decides.
-            etag, _ = await self._conditional_put(key, body, "create")
+            etag, _ = await self._conditional_put(key, body, "create", seconds)
             return None if etag is None else (etag, body)
         previous = self._expired_lease(key, current.data, current.meta.last_modified)
         if previous is None:
             return None
         body = replace(body, settled=previous.settled, receive_count=previous.receive_count + 1)
-        etag, _ = await self._conditional_put(key, body, IfMatch(current.meta.etag))
+        etag, _ = await self._conditional_put(key, body, IfMatch(current.meta.etag), seconds)
         if etag is None:
             return None
         logger.info("lease takeover key=%s", key)
         return etag, body
 
-    async def _claim_csprng(self, key: str, body: LeaseBody) -> tuple[str, LeaseBody] | None:
+    async def _claim_csprng(
+        self, key: str, body: LeaseBody, seconds: float
+    ) -> tuple[str, LeaseBody] | None:
         try:
-            current = await self._store.get(key)
+            current = await _bounded(seconds, key, self._store.get(key))
         except NotFound:
             pass
         else:
@@ -193,16 +200,17 @@ class LeaseManager:
                 return None
             body = replace(body, settled=previous.settled, receive_count=previous.receive_count + 1)
         cfg = self._csprng
-        etag = await self._store.put(key, body.encode(), "overwrite", durable=False)
+        put = self._store.put(key, body.encode(), "overwrite", durable=False)
+        etag = await _bounded(seconds, key, put)
         jitter_ms = cfg.jitter_min_ms + secrets.randbelow(cfg.jitter_max_ms - cfg.jitter_min_ms + 1)
         await asyncio.sleep(jitter_ms / 1000)
         for attempt in range(cfg.verify_retries + 1):
             if attempt:
                 await asyncio.sleep(cfg.verify_retry_delay_ms / 1000)
-            if not await self._etag_is(key, etag):
+            if not await self._etag_is(key, etag, seconds):
                 return None
         await asyncio.sleep(cfg.jitter_min_ms / 1000)
-        return (etag, body) if await self._etag_is(key, etag) else None
+        return (etag, body) if await self._etag_is(key, etag, seconds) else None
 
     # -- keeping ----------------------------------------------------------------------------
 
@@ -455,15 +463,19 @@ class LeaseManager:
 
     async def _replace(self, lease: Lease, body: LeaseBody) -> str | None:
         """Write ``body`` over our lease; None if the lease is no longer ours."""
+        window = self.margin.total_seconds() + min(1.0, lease.visibility / 4)
+        safe = (lease.expires - self.clock()).total_seconds() - window
+        seconds = renew_seconds(lease.visibility, safe)
         if self.strategy == "conditional_write":
-            etag, _ = await self._conditional_put(lease.key, body, IfMatch(lease.etag))
+            etag, _ = await self._conditional_put(lease.key, body, IfMatch(lease.etag), seconds)
             return etag
-        if not await self._etag_is(lease.key, lease.etag):
+        if not await self._etag_is(lease.key, lease.etag, seconds):
             return None
-        return await self._store.put(lease.key, body.encode(), "overwrite", durable=False)
+        put = self._store.put(lease.key, body.encode(), "overwrite", durable=False)
+        return await _bounded(seconds, lease.key, put)
 
     async def _conditional_put(
-        self, key: str, body: LeaseBody, mode: PutMode
+        self, key: str, body: LeaseBody, mode: PutMode, seconds: float
     ) -> tuple[str | None, StoredObject | None]:
         """``(etag, None)`` once ``body`` is stored; else ``(None, what is stored)``, where
         None means nothing. A retried request can fail on its own earlier success, so a
@@ -472,16 +484,18 @@ class LeaseManager:
         A transient failure is checked the same way: S3 clients do not resend a conditional
         write whose connection broke or timed out, though the server may have applied it.
         If the stored lease is not ours then, the failure is raised (the outcome is unknown).
+        Each request is given up after ``seconds`` (rule 11), which counts as such a failure.
         """
         unknown: StoreUnavailable | None = None
         try:
-            return await self._store.put(key, body.encode(), mode, durable=False), None
+            put = self._store.put(key, body.encode(), mode, durable=False)
+            return await _bounded(seconds, key, put), None
         except (AlreadyExists, PreconditionFailed):
             pass
         except StoreUnavailable as exc:
             unknown = exc
         try:
-            current = await self._store.get(key)
+            current = await _bounded(seconds, key, self._store.get(key))
         except NotFound:
             current = None
         try:
@@ -493,11 +507,24 @@ class LeaseManager:
             raise unknown
         return None, current
 
-    async def _etag_is(self, key: str, etag: str) -> bool:
+    async def _etag_is(self, key: str, etag: str, seconds: float) -> bool:
         try:
-            return (await self._store.head(key)).etag == etag
+            return (await _bounded(seconds, key, self._store.head(key))).etag == etag
         except NotFound:
             return False
+
+
+async def _bounded(seconds: float, key: str, request: Awaitable[_T]) -> _T:
+    """``request``, given up after ``seconds`` with StoreUnavailable (rule 11). A write given
+    up may still land: callers treat its outcome as unknown (rule 6)."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await request
+    except TimeoutError:
+        raise StoreUnavailable(
+            f"lease request on key '{key}' at its {seconds:.3g} s bound: timed out "
+            "(outcome unknown)"
+        ) from None
 
 
 def nonce() -> str:
