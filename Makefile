@@ -6,12 +6,12 @@ COMPAT_VENV := .venv-pq013
 VSQS_VENV := .venv-vsqs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-soak clean
+.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-soak chromium clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[cli,metrics,spark]" --group dev
+	$(PY) -m pip install --quiet -e ".[cli,metrics,spark,dashboard]" --group dev
 	touch $(STAMP)
 
 # pawn-queue 0.1.3 from PyPI, in its own venv (same import name), for the compatibility tests.
@@ -37,7 +37,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP) $(COMPAT_VENV)/.installed
+# Debian's Chromium for the dashboard's browser tests (Playwright drives it; it downloads
+# no browser of its own). Without apt-get those tests are skipped, saying why.
+CHROMIUM := /usr/bin/chromium
+chromium:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+		$$sudo apt-get update -qq && \
+		$$sudo apt-get install -y --no-install-recommends chromium; \
+	else \
+		echo "apt-get not found: install Chromium at $(CHROMIUM), or the dashboard's browser tests are skipped"; \
+	fi
+
+pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium
 	PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
 
 test: lint typecheck pytest

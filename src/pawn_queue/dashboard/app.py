@@ -168,6 +168,7 @@ class _Pages:
         now = self.monitor.now()
         views = list(self.monitor.topics.values())
         if sort in SORT_KEYS:
+            views.sort(key=lambda v: v.name)  # ties stay by name, either way
             views.sort(key=lambda v: _sort_key(v, sort, now), reverse=descending)
         else:  # problems first, then by name
             views.sort(key=lambda v: (not v.problems(now, self.settings.max_age), v.name))
@@ -372,12 +373,15 @@ def _quote(value: str) -> str:
     return quote(value, safe="")
 
 
-def _sort_key(view: TopicView, sort: str, now: float) -> tuple[float, str]:
-    if sort == "name" or view.stats is None:
-        return (0.0 if sort == "name" else -1.0, view.name)
+def _sort_key(view: TopicView, sort: str, now: float) -> str | float:
+    if sort == "name":
+        return view.name
+    if view.stats is None:
+        return -1.0
     if sort == "oldest_age":
-        return (view.oldest_age(now) or -1.0, view.name)
-    return (float(getattr(view.stats, sort)), view.name)
+        age = view.oldest_age(now)
+        return -1.0 if age is None else age
+    return float(getattr(view.stats, sort))
 
 
 def _first_line(exc: BaseException) -> str:
