@@ -112,7 +112,8 @@ async def test_signals_can_be_turned_off(queue_config: dict[str, Any]) -> None:
         await message.ack()
         counts = counting.reset()
         assert await pq.store.list(layout.NOTIFY) == []
-    assert counts["HEAD"] == 0 and counts["PUT"] == 1
+    # The publish and the claim (both create-only), and no signal.
+    assert counts["HEAD"] == 0 and counts["PUT create"] == 2 and counts["PUT"] == 0
 
 
 async def test_signals_of_a_burst_are_coalesced(queue_config: dict[str, Any]) -> None:
@@ -133,7 +134,8 @@ async def test_signals_of_a_burst_are_coalesced(queue_config: dict[str, Any]) ->
         await asyncio.gather(*(producer.publish("t", n) for n in range(100)))
         await asyncio.wait_for(root_written.wait(), 10)
         counts = counting.reset()
-        assert counts["PUT"] == 100 + 2  # the messages, then one slot and the root
+        assert counts["PUT create"] == 100  # the messages (create-only)
+        assert counts["PUT"] == 2  # then one slot and the root
         assert await pq.store.head(layout.notify_slot_key("t"))
 
 

@@ -106,6 +106,8 @@ class PawnQueue:
             clock=self._clock,
             deleter=DeleteCoalescer(store),  # one, so concurrent deletes share requests
             background=background,
+            # Memory and a local directory always answer: no publish needs to look.
+            keep_tombstones=strategy == "conditional_write" and not known_conditional(store),
         )
         runtime = self._runtime = Runtime(
             config=self.config,

@@ -52,6 +52,7 @@ class DeadLetters:
     """Dead-letter operations on one store."""
 
     def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
         self._store = runtime.store
         self._topics = runtime.topics
         self._signals = runtime.signals
@@ -172,7 +173,7 @@ class DeadLetters:
                 except PreconditionFailed:
                     continue  # rewritten meanwhile, or our own retried write landed: read again
             message = replace(envelope, topic=topic)
-            await write_message(self._store, message, target, self._signals)
+            await write_message(self._runtime, message, target)
             await self._store.delete(key)
             return 1
         raise StoreError(f"dead letter {key} kept changing while it was being redriven")

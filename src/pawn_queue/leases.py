@@ -42,6 +42,7 @@ from pawn_queue.exceptions import (
 )
 from pawn_queue.store.base import IfMatch, PutMode, Store, StoredObject
 from pawn_queue.store.coalesce import DeleteCoalescer
+from pawn_queue.tombstones import TOMBSTONE_SECONDS, Tombstones
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ _T = TypeVar("_T")
 _SETTLED_SECONDS = 60.0  # longer than any listing stays in use
 _SETTLED_MEMORY = 10_000
 _RELEASED = "1970-01-01T00:00:00+00:00"  # expired on every clock: free to take at once
+
 
 ResolvedStrategy = Literal["conditional_write", "csprng_verify"]
 
@@ -91,12 +93,16 @@ class LeaseManager:
         *,
         deleter: DeleteCoalescer | None = None,
         background: Background | None = None,
+        keep_tombstones: bool = False,
     ) -> None:
         """``deleter`` and ``background``: the queue's own (its runtime's), shared with the
-        other code that deletes or works in the background there."""
+        other code that deletes or works in the background there. ``keep_tombstones``: keep
+        the leases of acked messages a while (:mod:`pawn_queue.tombstones`)."""
         self._store = store
         self._deleter = deleter or DeleteCoalescer(store)
         self._background = background or Background()
+        self._tombstones = Tombstones(self.release_gone, self._background)
+        self._keep_tombstones = keep_tombstones
         self.strategy = strategy
         self._csprng = concurrency.csprng_verify
         self.margin = timedelta(seconds=concurrency.clock_skew_margin_seconds)
@@ -287,15 +293,18 @@ class LeaseManager:
             lease.released = True
             await self._deleter.delete(lease.key)
 
-    async def settle(self, lease: Lease, object_key: str, *, lease_later: bool = False) -> None:
+    async def settle(
+        self, lease: Lease, object_key: str, *, lease_later: bool = False, acked: bool = False
+    ) -> None:
         """The messages of ``object_key`` are settled: delete the object, then its lease
         (rule 4). The object's delete raises; the lease's is only logged (a leftover lease
         blocks nothing, and :meth:`sweep_orphans` deletes it) and, with ``lease_later``, runs
-        in the background (the queue's teardown waits for it)."""
+        in the background (the queue's teardown waits for it), after a while if ``acked``
+        (:meth:`release_gone_later`)."""
         with contextlib.suppress(NotFound):
             await self._deleter.delete(object_key)
         if lease_later:
-            self.release_gone_later(lease)
+            self.release_gone_later(lease, acked=acked)
         else:
             await self.release_gone(lease)
 
@@ -351,10 +360,27 @@ class LeaseManager:
         except StoreError as exc:
             logger.warning("lease release failed key=%s error=%s", lease.key, exc)
 
-    def release_gone_later(self, lease: Lease) -> None:
+    def release_gone_later(self, lease: Lease, *, acked: bool = False) -> None:
         """:meth:`release_gone` in the background: nothing needs to wait for it, so an ack
-        costs one round trip. A crash before it lands leaves an orphan lease."""
-        self._background.start(self.release_gone(lease))
+        costs one round trip. The lease of an ``acked`` object is kept as a tombstone with
+        ``keep_tombstones``: deleted ``TOMBSTONE_SECONDS`` later, or two safety windows before
+        it expires if that comes first (not after a dead letter: a redrive brings the same
+        id back, which the lease would hold up). A crash before the delete lands leaves an
+        orphan lease."""
+        seconds = (lease.expires - self.clock()).total_seconds() - 2 * self._window(lease)
+        if acked and self._keep_tombstones and seconds > 0:
+            self._tombstones.keep(lease, min(seconds, TOMBSTONE_SECONDS))
+        else:
+            self._background.start(self.release_gone(lease))
+
+    async def flush_tombstones(self) -> None:
+        """Delete the kept leases of acked messages now (a stop, a teardown), and wait for
+        that and the rest of the background work (which may keep more: a batch's last ack)."""
+        while True:
+            self._tombstones.flush()
+            await self._background.done()
+            if not self._tombstones:
+                return
 
     async def sweep_orphans(self, topic: str, consumer_id: str, older_than: float) -> int:
         """Delete the leases of ``topic`` whose message is gone; return how many.
@@ -401,8 +427,11 @@ class LeaseManager:
 
         A window is the skew margin plus time for a request to land (at most 1 s).
         """
-        window = self.margin.total_seconds() + min(1.0, lease.visibility / 4)
-        return (lease.expires - self.clock()).total_seconds() > windows * window
+        return (lease.expires - self.clock()).total_seconds() > windows * self._window(lease)
+
+    def _window(self, lease: Lease) -> float:
+        """One safety window, in seconds: see :meth:`_safe_for`."""
+        return self.margin.total_seconds() + min(1.0, lease.visibility / 4)
 
     async def _renew(
         self, lease: Lease, seconds: float, *, released: bool = False, receives: int | None = None

@@ -25,27 +25,26 @@ from pawn_queue.exceptions import (
     PublishError,
     StoreError,
 )
+from pawn_queue.landing import write_new
 from pawn_queue.lease_keeper import LeaseKeeper
 from pawn_queue.leases import Lease
-from pawn_queue.notify import ChangeSignals
 from pawn_queue.observe import Outcome
 from pawn_queue.runtime import Runtime
-from pawn_queue.store.base import Store
 
 logger = logging.getLogger(__name__)
 
 _MAX_SECONDS = 100 * 365 * 86400.0  # a lease expiry must stay a datetime (NaN, inf refused)
 
 
-async def write_message(store: Store, envelope: Envelope, key: str, signals: ChangeSignals) -> str:
-    """Write one message object at ``key`` (whose timestamp says when it becomes visible);
-    return its id."""
+async def write_message(runtime: Runtime, envelope: Envelope, key: str) -> str:
+    """Write one message object at ``key`` (whose timestamp says when it becomes visible),
+    once even if an answer is lost (:func:`~pawn_queue.landing.write_new`); return its id."""
     body = envelope.encode()
     try:
-        await store.put(key, body, "overwrite")
+        await write_new(runtime, key, body)
     except StoreError as exc:
         raise PublishError(f"could not publish to topic {envelope.topic!r}: {exc}") from exc
-    signals.published(envelope.topic)
+    runtime.signals.published(envelope.topic)
     logger.debug("published message=%s topic=%s", envelope.id, envelope.topic)
     return envelope.id
 
@@ -64,6 +63,7 @@ class ClaimedObject:
         self.key = key
         self.lease = lease
         self.size = size
+        self._runtime = runtime
         self._store = runtime.store
         self._leases = runtime.leases
         self._signals = runtime.signals
@@ -110,15 +110,15 @@ class ClaimedObject:
         moved = replace(envelope, prior_receives=self.receive_count(envelope))
         due = self._clock() + timedelta(seconds=delay)
         key = layout.message_key(envelope.topic, envelope.id, due, delayed=delay > 0)
-        await write_message(self._store, moved, key, self._signals)
+        await write_message(self._runtime, moved, key)
         await self.settle(index)
 
     def receive_count(self, envelope: Envelope) -> int:
         return envelope.prior_receives + self.lease.body.receive_count
 
-    async def settle(self, index: int) -> None:
-        """Message ``index`` is acked (or its dead letter is durable); delete the object when
-        it was the last one."""
+    async def settle(self, index: int, *, acked: bool = False) -> None:
+        """Message ``index`` is ``acked`` (or its dead letter is durable); delete the object
+        when it was the last one."""
         own_lease = self.lease.key == layout.lease_key(self.lease.topic, self.lease.message_id)
         if self.size > 1:
             self.lease.settled.add(index)
@@ -132,15 +132,17 @@ class ClaimedObject:
                 self._background.start(self._finish_batch())
                 return
         # A group's next message waits for its lease: that release is not left for later.
-        await self._leases.settle(self.lease, self.key, lease_later=own_lease)
+        await self._leases.settle(self.lease, self.key, lease_later=own_lease, acked=acked)
         self._on_done(self.lease)
 
     async def _finish_batch(self) -> None:
-        """Delete a batch object whose members are all settled, then its lease. If the delete
-        fails, the lease records every member as settled (so far as the store lets it) and
-        is left to expire: the consumer that takes the object over deletes it."""
+        """Delete a batch object whose members are all settled, then (as after an ack) its
+        lease. If the delete fails, the lease records every member as settled (so far as the
+        store lets it) and is left to expire: the consumer that takes the object over
+        deletes it."""
         try:
-            await self._leases.settle(self.lease, self.key)
+            # Acked: its id is the batch's, which no redrive brings back.
+            await self._leases.settle(self.lease, self.key, lease_later=True, acked=True)
         except StoreError as exc:
             logger.warning("batch object delete failed key=%s error=%s", self.key, exc)
             with contextlib.suppress(PawnQueueError):
@@ -222,7 +224,7 @@ class Message:
             if self._settled:
                 return
             await self._claimed.ensure_held()
-            await self._claimed.settle(self._index)
+            await self._claimed.settle(self._index, acked=True)
             self._settled = True
             self._observed("ack")
 

@@ -22,6 +22,7 @@ from pawn_queue.exceptions import (
     QueueFullError,
     StoreError,
 )
+from pawn_queue.landing import write_new
 from pawn_queue.message import write_message
 from pawn_queue.observe import Publication
 from pawn_queue.registry import RegistryEntry
@@ -38,6 +39,7 @@ class Producer:
 
     def __init__(self, entry: RegistryEntry, runtime: Runtime) -> None:
         self._entry = entry
+        self._runtime = runtime
         self._signals = runtime.signals
         self._room: dict[str, tuple[float, int]] = {}  # topic -> (checked at, pending count)
         self._store = runtime.store
@@ -156,7 +158,7 @@ class Producer:
         if settings.max_pending:
             await self._wait_for_room(topic, settings.max_pending, wait_for_room)
         if dedup_id is None:
-            return await write_message(self._store, envelope, key, self._signals)
+            return await write_message(self._runtime, envelope, key)
         marker = dedup.Marker(dedup_id, envelope.id, key, now.isoformat())
         return await self._publish_once(envelope, due, marker, settings.dedup_window_seconds)
 
@@ -174,7 +176,7 @@ class Producer:
                 )
                 return marker.message_id
             envelope = replace(envelope, id=marker.message_id)
-            await write_message(self._store, envelope, marker.message_key, self._signals)
+            await write_message(self._runtime, envelope, marker.message_key)
             await dedup.mark_written(self._store, marker_key, decision)
         except StoreError as exc:
             raise PublishError(f"could not publish to topic {envelope.topic!r}: {exc}") from exc
@@ -239,7 +241,7 @@ class Producer:
         body = encode_batch(batch_id, members)
         key = layout.message_key(topic, batch_id, now, batch=True)
         try:
-            await self._store.put(key, body, "overwrite")
+            await write_new(self._runtime, key, body)
         except StoreError as exc:
             raise PublishError(f"could not publish a batch to topic {topic!r}: {exc}") from exc
         self._signals.published(topic)

@@ -11,8 +11,8 @@ from pawn_queue import PawnQueue
 
 async def settled(pq: PawnQueue) -> None:
     """Wait for the deletes that follow acks (leases; a finished batch object): they run
-    after ``ack()`` returned."""
-    await pq.runtime.background.done()
+    after ``ack()`` returned. The leases kept as tombstones (S3) are deleted now."""
+    await pq.runtime.leases.flush_tombstones()  # with the rest of the background work
 
 
 async def keys_under(pq: PawnQueue, prefix: str) -> list[str]:

@@ -27,6 +27,7 @@ from pawn_queue.exceptions import (
     StoreError,
     StoreUnavailableError,
 )
+from pawn_queue.store.base import AnswerLost
 
 _ACCESS_CODES = frozenset(
     {
@@ -69,7 +70,7 @@ class S3ErrorDetail(Exception):
     """
 
 
-class NoAnswer(S3ErrorDetail):
+class NoAnswer(S3ErrorDetail, AnswerLost):
     """The connection broke or timed out before an answer: the request may have landed."""
 
 

@@ -17,6 +17,17 @@ LIST_PAGE = 1000
 the page in which the queue lists and deletes (re-exported as ``layout.LIST_PAGE``)."""
 
 
+class AnswerLost(Exception):
+    """Kept as ``__cause__`` of a StoreUnavailableError whose request got no answer (its
+    connection broke or it timed out): the store may have applied it. A store that always
+    answers (memory, a local directory) never raises it."""
+
+
+def answer_lost(error: BaseException) -> bool:
+    """Whether ``error`` came without an answer, so its request may have been applied."""
+    return isinstance(error.__cause__, AnswerLost)
+
+
 @dataclass(frozen=True, slots=True)
 class IfMatch:
     """Put mode: replace the object only if its current etag is ``etag``."""
