@@ -106,7 +106,7 @@ class Claimer:
         self._clock = runtime.clock
         self._visibility = visibility
         self._keeper = keeper
-        self._buffer: deque[Message] = deque()
+        self._buffer: dict[str, deque[Message]] = {}  # topic -> messages for later polls
         self._next_due: datetime | None = None  # first delayed message the last listings saw
         self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
         self.lanes = Lanes(runtime, visibility)
@@ -123,19 +123,34 @@ class Claimer:
         delayed one) comes due."""
         return self._next_due
 
-    def buffered(self, wanted: int) -> list[Message]:
-        """Begin a poll: up to ``wanted`` messages kept for it whose lease is still held."""
+    def start_poll(self) -> None:
+        """A poll begins: :attr:`next_due` starts afresh."""
         self._next_due = None
+
+    @property
+    def buffered_topics(self) -> list[str]:
+        """The topics with messages kept for the next polls."""
+        return list(self._buffer)
+
+    def buffered(self, wanted: int, topic: str | None = None) -> list[Message]:
+        """Up to ``wanted`` messages kept for this poll (of ``topic``, if given) whose lease
+        is still held, in the order they were kept."""
         taken: list[Message] = []
-        while self._buffer and len(taken) < wanted:
-            message = self._buffer.popleft()
-            if message.lease_held:
-                taken.append(message)
+        names: list[str] = [topic] if topic is not None else list(self._buffer)
+        for name in names:
+            waiting = self._buffer.get(name)
+            while waiting and len(taken) < wanted:
+                message = waiting.popleft()
+                if message.lease_held:
+                    taken.append(message)
+            if waiting is not None and not waiting:
+                del self._buffer[name]
         return taken
 
     def keep(self, messages: Iterable[Message]) -> None:
-        """Hand ``messages`` out with the next poll."""
-        self._buffer.extend(messages)
+        """Hand ``messages`` out with the next polls."""
+        for message in messages:
+            self._buffer.setdefault(message.topic, deque()).append(message)
 
     async def close(self) -> None:
         """Let claims still in flight finish (their leases are then held) and drop what was
@@ -310,7 +325,7 @@ class Claimer:
         try:
             lease = await claim
             if lease is not None:
-                self._buffer.extend(await self._read(topic, pending, key, lease) or [])
+                self.keep(await self._read(topic, pending, key, lease) or [])
         except StoreError as exc:
             logger.warning("claim failed topic=%s error=%s", topic, exc)
 

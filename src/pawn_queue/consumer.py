@@ -113,14 +113,34 @@ class Consumer:
 
     async def _poll_once(self, wanted: int | None = None) -> list[Message]:
         wanted = wanted or self._polling.max_messages_per_poll
-        messages = self._claimer.buffered(wanted)
+        self._claimer.start_poll()
         count = len(self._topics)
         start, self._next_topic = self._next_topic, (self._next_topic + 1) % max(count, 1)
-        for i in range(count):
+        order = [self._topics[(start + i) % count] for i in range(count)]
+        messages: list[Message] = []
+        dry: set[str] = set()  # listed in this poll, and nothing more to claim there
+        waiting = self._claimer.buffered_topics
+        if waiting and count > 1:
+            # The members of a batch object wait here: each topic gets its share of the poll,
+            # so a big batch in one topic does not hold back the others until it is done.
+            share = max(1, wanted // count)
+            for topic in order:
+                room = min(share, wanted - len(messages))
+                if room <= 0:
+                    break
+                if topic in waiting:
+                    messages += self._claimer.buffered(room, topic)
+                else:
+                    claimed = await self._claimer.claim(topic, room)
+                    if len(claimed) < room:
+                        dry.add(topic)
+                    messages += claimed
+        messages += self._claimer.buffered(wanted - len(messages))
+        for topic in order:
             if len(messages) >= wanted:
                 break
-            topic = self._topics[(start + i) % count]
-            messages += await self._claimer.claim(topic, wanted - len(messages))
+            if topic not in dry:
+                messages += await self._claimer.claim(topic, wanted - len(messages))
         self._claimer.keep(messages[wanted:])
         return await self._still_held(messages[:wanted])
 
