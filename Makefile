@@ -6,7 +6,7 @@ COMPAT_VENV := .venv-pq013
 VSQS_VENV := .venv-vsqs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-soak chromium clean
+.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-soak chromium clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,7 +78,11 @@ bench-spark: $(STAMP)
 bench-codec: $(STAMP)
 	$(PY) -m bench.codec
 
-bench: bench-store bench-queue bench-delays bench-spark bench-codec
+# The worker against listen(), and --processes 2 against 1 (a CPU-bound handler).
+bench-worker: $(STAMP)
+	$(PY) -m bench.worker
+
+bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker
 
 # Soak (not in `make bench` or `make test`): SOAK_MINUTES of producers and consumers on S3
 # through injected network faults, then a drain and an audit; fails if a message was lost.
