@@ -415,11 +415,11 @@ async def test_flow_between_reads_counts_what_came_and_went(fs_config: dict[str,
 
 async def test_a_store_failure_shows_and_passes(fs_config: dict[str, Any]) -> None:
     class Flaky(StoreWrapper):
-        failing = False
+        failing: Exception | None = None
 
         async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
-            if self.failing:
-                raise StoreUnavailableError("connection refused (test)")
+            if self.failing is not None:
+                raise self.failing
             return await run()
 
     async with await PawnQueue.from_config(fs_config) as pq:
@@ -427,14 +427,16 @@ async def test_a_store_failure_shows_and_passes(fs_config: dict[str, Any]) -> No
     flaky = Flaky(open_store(load_config(fs_config)))
     monitor = await started(fs_config, settings(full_refresh=60), flaky)
     try:
-        flaky.failing = True
-        monitor.refresh_soon()
-        await eventually(lambda: monitor.error is not None)
-        assert "connection refused (test)" in str(monitor.error)
-        assert monitor.topics["orders"].stats is not None  # the last counts stay
-        flaky.failing = False
-        monitor.refresh_soon()
-        await eventually(lambda: monitor.error is None)
+        # The store's errors, and any other, show on the page; refreshing goes on.
+        for failure in (StoreUnavailableError("connection refused (test)"), RuntimeError("boom")):
+            flaky.failing = failure
+            monitor.refresh_soon()
+            await eventually(lambda: monitor.error is not None)
+            assert str(failure) in str(monitor.error)
+            assert monitor.topics["orders"].stats is not None  # the last counts stay
+            flaky.failing = None
+            monitor.refresh_soon()
+            await eventually(lambda: monitor.error is None)
     finally:
         await monitor.stop()
 

@@ -63,7 +63,7 @@ class Scraper:
         for index, url in enumerate(self._urls):
             try:
                 text = await asyncio.to_thread(_fetch, url)
-            except (OSError, ValueError) as exc:
+            except Exception as exc:  # any failure of an outside endpoint
                 errors.append(f"exporter {index + 1}: {type(exc).__name__}")
                 continue
             totals = parse_counters(text)

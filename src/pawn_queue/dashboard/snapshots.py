@@ -206,6 +206,10 @@ class Monitor:
                 self._note_error(None)
             except PawnQueueError as exc:
                 self._note_error(exc)
+            except Exception as exc:
+                # Not the store's: still keep refreshing, and say so on the page.
+                logger.exception("dashboard refresh failed")
+                self._note_error(exc)
             # At most one round per refresh interval, whatever woke it.
             rest = self.settings.refresh - (time.monotonic() - started)
             if rest > 0:
@@ -220,8 +224,8 @@ class Monitor:
         finally:
             for task in (waiter, forced):
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, PawnQueueError):
-                    await task
+            # A failed look at the signals only means reading now; the refresh reports errors.
+            await asyncio.gather(waiter, forced, return_exceptions=True)
 
     def _next_wait(self, next_full: float) -> float:
         now = time.monotonic()
@@ -247,7 +251,7 @@ class Monitor:
     def _valid_names(self) -> list[str]:
         return [name for name, view in self.topics.items() if view.valid]
 
-    def _note_error(self, exc: PawnQueueError | None) -> None:
+    def _note_error(self, exc: Exception | None) -> None:
         message = None if exc is None else (str(exc).splitlines() or [type(exc).__name__])[0]
         if message != self.error:
             if message is not None:
