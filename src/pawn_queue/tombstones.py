@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 TOMBSTONE_SECONDS = 30.0
 """The longest an acked message's lease is kept (the default S3 request timeout)."""
 
+_EARLY_SECONDS = 0.01  # a delete this much early costs nothing: it has a window to spare
+
 
 class Tombstones:
     """Leases to delete later, each at its own time, by ``delete`` run in ``background``."""
@@ -59,7 +61,8 @@ class Tombstones:
         self._timer = loop.call_at(self._due[0][0], self._expire) if self._due else None
 
     def _expire(self) -> None:
-        self._start(asyncio.get_running_loop().time())
+        # A timer may fire a hair before its time (the loop's clock resolution).
+        self._start(asyncio.get_running_loop().time() + _EARLY_SECONDS)
 
     def _start(self, until: float) -> None:
         """Start the deletes due by ``until``, all in this loop turn (so they share requests)."""
