@@ -114,7 +114,7 @@ class Binding:
 def _hints(handler: Callable[..., Any]) -> dict[str, Any]:
     """The resolved annotations of a function, or of a callable object's ``__call__``; none
     for what has neither (a ``functools.partial``: its payload is passed as decoded)."""
-    for target in (handler, getattr(type(handler), "__call__", None)):
+    for target in (handler, type(handler).__call__):
         try:
             return typing.get_type_hints(target)
         except TypeError:
