@@ -6,7 +6,7 @@ COMPAT_VENV := .venv-pq013
 VSQS_VENV := .venv-vsqs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-soak chromium clean
+.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-soak chromium clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -82,7 +82,11 @@ bench-codec: $(STAMP)
 bench-worker: $(STAMP)
 	$(PY) -m bench.worker
 
-bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker
+# Single publish() calls with group commit on and off, on SeaweedFS: messages/s and $/million.
+bench-group-commit: $(STAMP)
+	$(PY) -m bench.group_commit
+
+bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit
 
 # Soak (not in `make bench` or `make test`): SOAK_MINUTES of producers and consumers on S3
 # through injected network faults, then a drain and an audit; fails if a message was lost.

@@ -57,20 +57,24 @@ async def test_batch_member_nack_goes_alone_to_dead_letter(pq: PawnQueue) -> Non
     assert await keys_under(pq, "t/messages/") == []
 
 
-async def test_last_member_ack_returns_before_the_object_delete_which_teardown_waits_for(
+async def test_last_member_ack_returns_once_the_object_is_deleted_teardown_waits_for_the_lease(
     queue_config: dict[str, Any],
 ) -> None:
-    """The last member's ack, like the others, does not wait for the store: the object and
-    lease deletes run in the background, and teardown() waits for them."""
+    """The last member's ack is durable when it returns, as every member's: it waits for the
+    object's delete. The lease's delete runs in the background, and teardown() waits for it."""
     config = load_config(queue_config)
     store = FaultyStore(open_store(config))
     deletes: list[str] = []
     delete_started, go = asyncio.Event(), asyncio.Event()
+    lease_delete_started, lease_go = asyncio.Event(), asyncio.Event()
 
-    async def hold_object_deletes(operation: str, key: str) -> None:
+    async def hold_deletes(operation: str, key: str) -> None:
         if operation == "delete" and "/messages/" in key:
             delete_started.set()
             await go.wait()
+        if operation == "delete" and "/leases/" in key:
+            lease_delete_started.set()
+            await lease_go.wait()
 
     async def note_deletes(operation: str, key: str) -> None:
         if operation == "delete":
@@ -80,17 +84,22 @@ async def test_last_member_ack_returns_before_the_object_delete_which_teardown_w
     await pq.setup()
     await pq.create_topic("t")
     await (await pq.register_producer("p")).publish_batch("t", ["a", "b"])
-    messages = await (await pq.register_consumer("c", topics=["t"])).poll()
+    first, last = await (await pq.register_consumer("c", topics=["t"])).poll()
     store.observers.append(note_deletes)
-    store.hooks.append(hold_object_deletes)
-    for message in messages:
-        await asyncio.wait_for(message.ack(), 10)
+    store.hooks.append(hold_deletes)
+    await asyncio.wait_for(first.ack(), 10)
+    acking = asyncio.create_task(last.ack())
     await asyncio.wait_for(delete_started.wait(), 10)
+    done, _ = await asyncio.wait({acking}, timeout=0.5)
+    assert not done, "the last ack returned before the object was deleted"
+    go.set()
+    await asyncio.wait_for(acking, 10)
+    assert deletes == ["messages"]
+    await asyncio.wait_for(lease_delete_started.wait(), 10)
     closing = asyncio.create_task(pq.teardown())
     done, _ = await asyncio.wait({closing}, timeout=0.5)
-    assert not done, "teardown() did not wait for the object delete"
-    assert deletes == []
-    go.set()
+    assert not done, "teardown() did not wait for the lease delete"
+    lease_go.set()
     await asyncio.wait_for(closing, 10)
     assert deletes == ["messages", "leases"]
     after = open_store(config)

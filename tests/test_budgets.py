@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import PawnQueue
+from pawn_queue import PawnQueue, layout
 from pawn_queue.config import load_config
+from pawn_queue.envelope import LeaseBody
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.helpers.support import settled
@@ -125,19 +126,47 @@ async def test_idle_poll_costs_one_list(counted: tuple[PawnQueue, CountingStore]
     assert await spent(pq, store) == Counter({"LIST": 1})
 
 
-async def test_batch_of_100_costs_five_requests(counted: tuple[PawnQueue, CountingStore]) -> None:
+async def test_batch_of_100_costs_a_lease_write_per_poll(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
     pq, store = counted
     producer = await pq.register_producer("p")
     consumer = await pq.register_consumer("c", topics=["t"])
     await spent(pq, store)
     await producer.publish_batch("t", [{"n": n} for n in range(100)])
+    polls = 0
     received = 0
     while received < 100:
-        for message in await consumer.poll():
-            await message.ack()
-            received += 1
-    # publish, LIST, claim, read, delete object and lease; later polls are served locally.
-    assert await spent(pq, store) == Counter({"PUT create": 2, "LIST": 1, "GET": 1, "DELETE": 2})
+        messages = await consumer.poll()
+        polls += 1
+        # The acks of a poll, gathered, are made durable by one lease write.
+        await asyncio.gather(*(message.ack() for message in messages))
+        received += len(messages)
+    assert polls == 10  # polling.max_messages_per_poll: 10
+    # publish, LIST, claim, read, a lease write for each poll's acks but the last, whose
+    # acks delete the object (and then its lease); later polls are served locally.
+    assert await spent(pq, store) == Counter(
+        {"PUT create": 2, "LIST": 1, "GET": 1, "PUT if-match": polls - 1, "DELETE": 2}
+    )
+
+
+async def test_each_ack_of_a_batch_member_is_durable_when_it_returns(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    await producer.publish_batch("t", ["a", "b", "c"])
+    await spent(pq, store)
+    first, *rest = await consumer.poll()
+    await first.ack()
+    assert await spent(pq, store) == Counter(
+        {"LIST": 1, "PUT create": 1, "GET": 1, "PUT if-match": 1}
+    )
+    lease = await pq.store.get(layout.lease_key("t", first._claimed.lease.message_id))
+    assert LeaseBody.decode(lease.data).settled == (0,)  # stored before ack() returned
+    for message in rest:
+        await message.ack()
 
 
 async def test_competing_consumer_stops_paying_for_held_messages(

@@ -101,6 +101,7 @@ def test_example_file_names_only_real_keys_and_every_section() -> None:
         "concurrency.csprng_verify",
         "registry",
         "notify",
+        "producer",
     }, sections
     top = {path.split(".")[0] for path in model_paths()}
     assert top <= {path.split(".")[0] for path in entries}, "sections missing from the example"

@@ -108,7 +108,9 @@ class World:
 
     def problem(self, message_id: str, text: str) -> None:
         seeds = sorted(self.touched.get(message_id, ()))
-        self.problems.append(f"message {message_id}: {text} (trial seeds {seeds})")
+        known = self.known.get(message_id)
+        topic = f" of topic {known.topic}" if known is not None else ""
+        self.problems.append(f"message {message_id}{topic}: {text} (trial seeds {seeds})")
 
 
 def matrix_config(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
@@ -297,6 +299,9 @@ class Evidence:
     received: list[Read] = field(default_factory=list)
     redrive: set[str] = field(default_factory=set)  # redrive begun
     member_settled: dict[str, float] = field(default_factory=dict)  # batch member ack() returned
+    # Batch members whose settlement began before a lease write that began: it may carry them
+    # (an ack returns once a lease write carrying its member landed, rule 13).
+    maybe_settled: set[str] = field(default_factory=set)
 
 
 def learn(world: World, trials: list[Trial]) -> Evidence:
@@ -304,6 +309,7 @@ def learn(world: World, trials: list[Trial]) -> Evidence:
     for trial in trials:
         settled_here: dict[str, set[str]] = collections.defaultdict(set)  # lease key -> members
         writing: dict[str, set[str]] = {}  # lease key -> members in the write under way
+        intended: dict[str, set[str]] = collections.defaultdict(set)  # lease key -> members
         read_at: dict[str, float] = {}  # object id -> when this worker last read it
         for e in trial.events:
             kind, key, done = e["e"], e.get("key", ""), e.get("s") == "done"
@@ -327,6 +333,8 @@ def learn(world: World, trials: list[Trial]) -> Evidence:
                     ev.received.append(Read(trial.seed, message_id, e["token"], at))
                 if kind == "acked":
                     ev.acked.add(message_id)
+                if kind.startswith("intent-") and batch_key:
+                    intended[lease_of(batch_key)].add(message_id)
                 if kind in ("acked", "nacked") and batch_key:
                     settled_here[lease_of(batch_key)].add(message_id)
                     ev.member_settled.setdefault(message_id, e["t"])
@@ -336,6 +344,7 @@ def learn(world: World, trials: list[Trial]) -> Evidence:
                 # A lease write carries the members settled before it began.
                 if not done:
                     writing[key] = set(settled_here[key])
+                    ev.maybe_settled |= intended[key]
                 for member in writing.pop(key, ()) if done else ():
                     ev.settled_at[member] = min(ev.settled_at.get(member, e["t"]), e["t"])
             elif kind == "delete" and "/messages/" in key:
@@ -425,6 +434,7 @@ def audit(
             drained_as.get(message_id) == "ack"
             or message_id in ev.acked
             or message_id in ev.deleted
+            or message_id in ev.maybe_settled
         ):
             world.problem(message_id, "lost: never acked, not pending, not a dead letter")
     for topic, letters in dead.items():
@@ -462,10 +472,12 @@ def summarise(world: World, trials: list[Trial], ev: Evidence, seconds: float) -
     )
     reads = collections.Counter(r.id for r in ev.received)
     world.stats["messages read by more than one worker"] = sum(n > 1 for n in reads.values())
-    # Documented (docs/protocol.md): a member's settlement is written with the next refresh,
-    # so a worker killed before that write gets the member redelivered.
+    # Rule 13: a member's ack() returns once its settlement is in the lease (or its object is
+    # deleted), so no worker reads it again after that.
     again = {r.id for r in ev.received if r.at > ev.member_settled.get(r.id, r.at)}
-    world.stats["batch members redelivered, settled but not yet in the lease"] = len(again)
+    world.stats["batch members read again after their ack() returned"] = len(again)
+    for message_id in sorted(again):
+        world.problem(message_id, "a batch member read again after its ack() returned")
     world.stats["kill points"] = dict(sorted(points.items()))
     world.stats["seconds"] = round(seconds, 1)
     return "\n".join(lines + [f"{k}: {v}" for k, v in world.stats.items()])

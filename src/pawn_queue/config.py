@@ -36,6 +36,7 @@ from pawn_queue.config_sections import (
     MemoryConfig,
     NotifyConfig,
     PollingConfig,
+    ProducerConfig,
     RegistryConfig,
     S3Config,
     Section,
@@ -74,6 +75,7 @@ __all__ = [
     "NotifyConfig",
     "PawnQueueConfig",
     "PollingConfig",
+    "ProducerConfig",
     "RegistryConfig",
     "S3Config",
     "Strategy",
@@ -97,6 +99,7 @@ class PawnQueueConfig(Section):
     concurrency: ConcurrencyConfig = Field(default_factory=ConcurrencyConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
+    producer: ProducerConfig = Field(default_factory=ProducerConfig)
 
     @model_validator(mode="before")
     @classmethod

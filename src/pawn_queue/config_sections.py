@@ -317,3 +317,15 @@ class NotifyConfig(Section):
     check_interval_seconds: float = Field(default=0.1, gt=0)
     idle_check_interval_seconds: float = Field(default=1.0, gt=0)
     backfill_interval_seconds: float = Field(default=60.0, gt=0)
+
+
+class ProducerConfig(Section):
+    """How publishes are written. Group commit: concurrent ``publish()`` calls to one topic
+    share batch objects (:mod:`pawn_queue.group_commit`); a lone publish is written at once."""
+
+    section_path: ClassVar[str] = "producer"
+
+    group_commit: bool = True
+    linger_seconds: float = Field(default=0.0, ge=0, le=1)
+    max_batch_messages: int = Field(default=1000, ge=1, le=100_000)
+    max_batch_bytes: int = Field(default=4 * 1024 * 1024, ge=1)

@@ -21,7 +21,6 @@ from pawn_queue.envelope import DeadLetterInfo, Envelope, encode_dead_letter
 from pawn_queue.exceptions import (
     ArgumentError,
     LeaseLostError,
-    PawnQueueError,
     PublishError,
     StoreError,
 )
@@ -68,10 +67,15 @@ class ClaimedObject:
         self._leases = runtime.leases
         self._signals = runtime.signals
         self._clock = runtime.clock
-        self._background = runtime.background
         self.observers = runtime.observers
         self._on_done = keeper.forget  # the lease needs no more refreshes
         self._abandoned: set[int] = set()
+        # Member settlements made durable in the lease: one write carries all those made
+        # while the write before it was in flight (group commit on the lease).
+        self._settlements = 0  # member settlements so far
+        self._recorded = 0  # of which the lease in the store has this many
+        self._recording: asyncio.Future[None] | None = None
+        self._finishing: asyncio.Future[None] | None = None  # the object's delete
 
     async def ensure_held(self) -> None:
         """Raise LeaseLostError unless the lease stays ours for a while (refresh if needed)."""
@@ -123,30 +127,51 @@ class ClaimedObject:
         if self.size > 1:
             self.lease.settled.add(index)
             if len(self.lease.settled) < self.size:
+                await self._record_settled()
                 return
             if own_lease:
-                # Like the acks of the other members (written with the next refresh), the
-                # last one does not wait for the store: the object delete runs in the
-                # background, and teardown waits for it.
+                # The last one deletes the object: its settlement, and those of the members
+                # still waiting for a lease write, are durable once that delete landed.
                 self._on_done(self.lease)
-                self._background.start(self._finish_batch())
+                self._finishing = asyncio.ensure_future(self._finish_batch())
+                await asyncio.shield(self._finishing)
                 return
         # A group's next message waits for its lease: that release is not left for later.
         await self._leases.settle(self.lease, self.key, lease_later=own_lease, acked=acked)
         self._on_done(self.lease)
 
+    async def _record_settled(self) -> None:
+        """Return once the lease in the store lists every member settled so far (rule 5):
+        a settlement made while a write is in flight waits for it, then goes out with the
+        others that waited, in one write."""
+        self._settlements += 1
+        wanted = self._settlements
+        while self._recorded < wanted:
+            if self._recording is None or self._recording.done():
+                self._recording = asyncio.ensure_future(self._write_settled())
+            await asyncio.shield(self._recording)
+
+    async def _write_settled(self) -> None:
+        # Read as the write begins (a loop turn after it was asked for): settlements made
+        # together, as the acks of one poll gathered, share this write.
+        settlements = self._settlements
+        if self._finishing is not None:
+            await asyncio.shield(self._finishing)  # every member settled: the delete says so
+        else:
+            await self._leases.refresh(self.lease)
+        self._recorded = max(self._recorded, settlements)
+
     async def _finish_batch(self) -> None:
-        """Delete a batch object whose members are all settled, then (as after an ack) its
-        lease. If the delete fails, the lease records every member as settled (so far as the
-        store lets it) and is left to expire: the consumer that takes the object over
-        deletes it."""
+        """Delete a batch object whose members are all settled, then (in the background, as
+        after an ack) its lease. If the delete fails, the lease records every member as
+        settled and is left to expire: the consumer that takes the object over deletes it.
+        Raises only if neither landed."""
         try:
             # Acked: its id is the batch's, which no redrive brings back.
             await self._leases.settle(self.lease, self.key, lease_later=True, acked=True)
         except StoreError as exc:
             logger.warning("batch object delete failed key=%s error=%s", self.key, exc)
-            with contextlib.suppress(PawnQueueError):
-                await self._leases.refresh(self.lease)
+            await self._leases.refresh(self.lease)
 
 
 class Message:

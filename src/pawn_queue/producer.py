@@ -22,6 +22,7 @@ from pawn_queue.exceptions import (
     QueueFullError,
     StoreError,
 )
+from pawn_queue.group_commit import GroupCommit
 from pawn_queue.landing import write_new
 from pawn_queue.message import write_message
 from pawn_queue.observe import Publication
@@ -46,6 +47,9 @@ class Producer:
         self._topics = runtime.topics
         self._clock = runtime.clock
         self._observers = runtime.observers
+        config = runtime.config.producer
+        self._group_commit = GroupCommit(runtime, config) if config.group_commit else None
+        self._batch_bytes = config.max_batch_bytes
 
     @property
     def id(self) -> str:
@@ -148,7 +152,8 @@ class Producer:
             attributes=attributes,
             group=group,
         )
-        envelope.encode()  # a payload that cannot be encoded fails before anything is written
+        # A payload that cannot be encoded fails here, before anything is written.
+        size = len(envelope.encode())
         due = _due(now, delay)
         delayed = due > now  # never delivered before it is due, whatever the skew margin
         if group is None:
@@ -158,6 +163,14 @@ class Producer:
         if settings.max_pending:
             await self._wait_for_room(topic, settings.max_pending, wait_for_room)
         if dedup_id is None:
+            if (
+                self._group_commit is not None
+                and group is None
+                and not delayed
+                and not isinstance(payload, bytes)  # batch objects hold JSON payloads only
+                and size <= self._batch_bytes
+            ):
+                return await self._group_commit.publish(envelope, key, size)
             return await write_message(self._runtime, envelope, key)
         marker = dedup.Marker(dedup_id, envelope.id, key, now.isoformat())
         return await self._publish_once(envelope, due, marker, settings.dedup_window_seconds)

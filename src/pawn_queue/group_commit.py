@@ -1,0 +1,129 @@
+"""Group commit: concurrent ``publish()`` calls to one topic share objects.
+
+A publish alone is written at once, as a one-message object: no added latency. Publishes to
+the same topic that arrive while that write is in flight wait for it, then go out together
+in the next write, as one batch object (at most ``producer.max_batch_messages`` messages and
+``producer.max_batch_bytes`` of payload; more make several objects, one after the other).
+Each call returns its id only once the object holding it is durable; if that write fails,
+every call in it raises :class:`~pawn_queue.exceptions.PublishError`. ``linger_seconds``
+holds each write back that long first, so that more calls join it.
+
+Only plain messages join: a publish with a delay, a group or a dedup id, or a ``bytes``
+payload, is written alone as before (docs/protocol.md, "Publish": why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from pawn_queue import layout
+from pawn_queue.config import ProducerConfig
+from pawn_queue.envelope import Envelope, encode_batch
+from pawn_queue.exceptions import PublishError, StoreError
+from pawn_queue.landing import write_new
+from pawn_queue.message import write_message
+from pawn_queue.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    envelope: Envelope
+    key: str  # its key written alone (a batch of one)
+    size: int  # its encoded size
+    written: asyncio.Future[None] = field(default_factory=asyncio.Future)
+
+
+class GroupCommit:
+    """The writes of one producer: one writer per topic, and the calls waiting for it."""
+
+    def __init__(self, runtime: Runtime, config: ProducerConfig) -> None:
+        self._runtime = runtime
+        self._config = config
+        self._waiting: dict[str, list[_Waiting]] = {}
+        self._writers: dict[str, asyncio.Task[None]] = {}
+
+    async def publish(self, envelope: Envelope, key: str, size: int) -> str:
+        """Write ``envelope`` (``size`` bytes encoded; alone at ``key``, or with others in a
+        batch object); return its id once durable."""
+        waiting = _Waiting(envelope, key, size)
+        queue = self._waiting.setdefault(envelope.topic, [])
+        queue.append(waiting)
+        if envelope.topic not in self._writers:
+            self._writers[envelope.topic] = asyncio.create_task(self._write_all(envelope.topic))
+        try:
+            await asyncio.shield(waiting.written)
+        except asyncio.CancelledError:
+            if waiting in queue:  # not taken yet: it is not written
+                queue.remove(waiting)
+            raise
+        return envelope.id
+
+    async def _write_all(self, topic: str) -> None:
+        """Write what waits for ``topic``, one object at a time, until nothing does."""
+        try:
+            while self._waiting.get(topic):
+                if self._config.linger_seconds:
+                    await asyncio.sleep(self._config.linger_seconds)
+                taken = self._take(self._waiting[topic])
+                try:
+                    await self._write(topic, taken)
+                except BaseException as exc:
+                    for waiting in taken:
+                        if not waiting.written.done():
+                            waiting.written.set_exception(_failure(topic, exc))
+                    if not isinstance(exc, Exception):
+                        raise
+                else:
+                    for waiting in taken:
+                        if not waiting.written.done():
+                            waiting.written.set_result(None)
+        finally:
+            del self._writers[topic]
+            if not self._waiting.get(topic):
+                self._waiting.pop(topic, None)
+
+    def _take(self, queue: list[_Waiting]) -> list[_Waiting]:
+        """The calls the next object holds: the oldest, and those after it within bounds."""
+        count, size = 0, 0
+        for waiting in queue:
+            if count and (
+                count >= self._config.max_batch_messages
+                or size + waiting.size > self._config.max_batch_bytes
+            ):
+                break
+            count += 1
+            size += waiting.size
+        taken = queue[:count]
+        del queue[:count]
+        return taken
+
+    async def _write(self, topic: str, taken: list[_Waiting]) -> None:
+        if len(taken) == 1:
+            await write_message(self._runtime, taken[0].envelope, taken[0].key)
+            return
+        batch_id = str(uuid.uuid4())
+        members = [waiting.envelope for waiting in taken]
+        key = layout.message_key(topic, batch_id, self._runtime.clock(), batch=True)
+        try:
+            await write_new(self._runtime, key, encode_batch(batch_id, members))
+        except StoreError as exc:
+            raise PublishError(f"could not publish to topic {topic!r}: {exc}") from exc
+        self._runtime.signals.published(topic)
+        logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))
+
+
+def _failure(topic: str, exc: BaseException) -> BaseException:
+    """What one caller of a failed write raises (each its own exception)."""
+    if isinstance(exc, PublishError):
+        error = PublishError(str(exc))
+    elif isinstance(exc, asyncio.CancelledError):
+        error = PublishError(f"could not publish to topic {topic!r}: the write was cancelled")
+    else:
+        return exc  # a bug, not a store's failure: as it is
+    error.__cause__ = exc.__cause__ or exc
+    return error
