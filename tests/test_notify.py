@@ -119,6 +119,7 @@ async def test_signals_can_be_turned_off(queue_config: dict[str, Any]) -> None:
 async def test_signals_of_a_burst_are_coalesced(queue_config: dict[str, Any]) -> None:
     # A long interval: the burst's first mark goes out at once, a second only much later.
     queue_config["notify"] = {"check_interval_seconds": 30}
+    queue_config["producer"] = {"group_commit": False}  # a message object each
     config = load_config(queue_config)
     counting = CountingStore(open_store(config))
     root_written = asyncio.Event()

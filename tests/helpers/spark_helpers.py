@@ -86,7 +86,9 @@ async def publish(
 ) -> list[str]:
     """Publish ``singles`` one-message objects and batch objects of the given sizes; the
     payloads are ``{"n": start, ...}`` counting up. Returns the message ids."""
-    async with sq.queue() as pq:
+    # Group commit off: the singles, published concurrently, stay one-message objects.
+    config = load_config({**sq.config, "producer": {"group_commit": False}}, environ={})
+    async with PawnQueue(config) as pq:
         await pq.create_topic(topic)
         producer = await pq.register_producer("spark-tests")
         ids = list(
