@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,20 +239,25 @@ def test_health_metrics_and_readiness_follow_the_store(
             except urllib.error.HTTPError as exc:
                 return exc.code, exc.read().decode()
 
-        def until(path: str, status: int) -> str:
+        def until(path: str, status: int, check: Callable[[str], bool] = bool) -> str:
+            """The body of ``path`` once it answers ``status`` (and ``check`` holds): the
+            worker is another process, whose state only its answers show."""
             deadline = time.monotonic() + 60
-            while (answer := get(path))[0] != status:
+            while (answer := get(path))[0] != status or not check(answer[1]):
                 assert time.monotonic() < deadline, answer
                 time.sleep(0.2)
             return answer[1]
 
+        def acked(text: str) -> list[tuple[dict[str, str], float]]:
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            family = families.get("pawnqueue_messages_acked")
+            samples = family.samples if family is not None else []
+            return [(s.labels, s.value) for s in samples if s.name.endswith("_total")]
+
         assert get("/healthz") == (200, "ok\n")
         until("/readyz", 200)
-        families = {f.name: f for f in text_string_to_metric_families(until("/metrics", 200))}
-        acked = families["pawnqueue_messages_acked"].samples
-        assert [(s.labels, s.value) for s in acked if s.name.endswith("_total")] == [
-            ({"topic": "jobs"}, 1.0)
-        ]
+        # "done" is printed before the handler returns, and the ack follows it.
+        assert acked(until("/metrics", 200, acked)) == [({"topic": "jobs"}, 1.0)]
         proxy.set_rules([FaultRule("error_500", 1.0)])
         assert until("/readyz", 503).startswith("not ready: store failing")
         assert get("/healthz")[0] == 200  # alive: the loop answers

@@ -13,7 +13,6 @@ from rich.table import Table
 from pawn_queue.cli.common import (
     CliError,
     JsonOption,
-    age,
     fail,
     open_queue,
     options,
@@ -25,6 +24,7 @@ from pawn_queue.cli.common import (
 )
 from pawn_queue.client import PawnQueue
 from pawn_queue.dead_letters import DeadLetter
+from pawn_queue.durations import short_age
 from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import TopicSettingsConflictError
 from pawn_queue.topics import NotGiven, TopicSettings, TopicStats, given_settings
@@ -207,7 +207,7 @@ def topics_show(
         table.add_row(key, _shown(value))
     table.add_section()
     for key, value in asdict(stats).items():
-        table.add_row(key, age(value) if key == "oldest_age_seconds" else str(value))
+        table.add_row(key, short_age(value) if key == "oldest_age_seconds" else str(value))
     stdout_console().print(table)
 
 
@@ -278,7 +278,7 @@ def topics_stats(
             str(row["in_flight"]),
             str(row["delayed"]),
             str(row["dead_letter"]),
-            age(row["oldest_age_seconds"]),
+            short_age(row["oldest_age_seconds"]),
         )
     stdout_console().print(table)
 
@@ -442,7 +442,7 @@ def _registry(ctx: typer.Context, role: str, json_output: bool) -> None:
             row["name"],
             row["entity_id"],
             row["registered_at"],
-            f"{age(row['last_seen_seconds_ago'])} ago",
+            f"{short_age(row['last_seen_seconds_ago'])} ago",
             "yes" if row["alive"] else "no",
         )
     stdout_console().print(table)

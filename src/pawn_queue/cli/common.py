@@ -220,15 +220,3 @@ def payload_fields(payload: Any) -> dict[str, Any]:
 def short(value: Any, width: int = 60) -> str:
     text = value if isinstance(value, str) else json_line(value)
     return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"

@@ -30,6 +30,7 @@ from pawn_queue.dashboard.meter import RequestMeter
 from pawn_queue.dashboard.security import Csrf, Guard, csrf_cookie
 from pawn_queue.dashboard.settings import DashboardSettings
 from pawn_queue.dashboard.snapshots import DEAD_LETTER_LIMIT, Monitor, TopicView
+from pawn_queue.durations import short_age
 from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError, TopicNotFoundError
 from pawn_queue.store import open_store
@@ -114,7 +115,7 @@ class _Pages:
             lstrip_blocks=True,
         )
         self.env.filters.update(
-            age=_age, preview=_preview, clip=_clip, full=_full, ago=self._ago, q=_quote
+            age=short_age, preview=_preview, clip=_clip, full=_full, ago=self._ago, q=_quote
         )
 
     # -- rendering --------------------------------------------------------------------------
@@ -386,18 +387,6 @@ def _sort_key(view: TopicView, sort: str, now: float) -> str | float:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0]
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
 
 
 def _text(payload: Any, indent: int | None) -> str:
