@@ -108,6 +108,9 @@ class Claimer:
         self._keeper = keeper
         self._buffer: dict[str, deque[Message]] = {}  # topic -> messages for later polls
         self._next_due: datetime | None = None  # first delayed message the last listings saw
+        # This poll's listings found candidates it did not claim (a race lost, a probe): the
+        # next poll should come soon, not after an idle wait for a signal that may not come.
+        self.candidates_left = False
         self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
         self.lanes = Lanes(runtime, visibility)
         # topic -> candidates left by the last listing, and until when to trust them
@@ -124,8 +127,9 @@ class Claimer:
         return self._next_due
 
     def start_poll(self) -> None:
-        """A poll begins: :attr:`next_due` starts afresh."""
+        """A poll begins: :attr:`next_due` and :attr:`candidates_left` start afresh."""
         self._next_due = None
+        self.candidates_left = False
 
     @property
     def buffered_topics(self) -> list[str]:
@@ -175,6 +179,7 @@ class Claimer:
             if self.lanes.contended(topic):
                 remembered = self.lanes.in_lane(topic, remembered) or []
             claimed, rest, conflicts = await self._claim_candidates(topic, remembered, wanted)
+            self.candidates_left |= bool(rest)
             if conflicts:
                 self._met_competitor(topic)
             elif rest:
@@ -215,6 +220,7 @@ class Claimer:
                 topic, candidates, wanted - len(claimed), probe
             )
             claimed += won
+            self.candidates_left |= bool(rest)
             if conflicts:
                 self._met_competitor(topic)
             elif rest:

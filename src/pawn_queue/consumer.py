@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 MessageHandler = Callable[[Message], Awaitable[Any]]  # the async kind of handlers.Handler
 
 _DUE_SLACK = 0.01
+_RETRY_SOON = 0.05  # after a poll that left candidates unclaimed (a race lost, a probe)
 
 __all__ = ["Consumer", "MessageHandler", "Retry"]  # Retry lived here once: still importable
 
@@ -106,6 +107,8 @@ class Consumer:
         """How long to wait before polling again when idle: until the backfill, or until a
         delayed message or a lease held elsewhere (a requeue delay, a crash) comes due."""
         idle = self._signals.idle_wait(self._polling.interval_seconds)
+        if self._claimer.candidates_left:
+            return min(idle, _RETRY_SOON)
         due = [t for t in (self._claimer.next_due, self._leases.next_expiry()) if t is not None]
         if due:
             idle = min(idle, max(0.0, (min(due) - self._clock()).total_seconds()) + _DUE_SLACK)
