@@ -38,6 +38,7 @@ from typing import Any
 from bench.common import REPO, git_state, last_json_line, median, scrubbed_env
 
 from pawn_queue import App, Message, PawnQueue
+from pawn_queue.config import parse_url
 from pawn_queue.observe import Observer, Outcome
 
 TOPIC = "bench"
@@ -68,8 +69,13 @@ class Clock(Observer):
         return self.target / (self.last - self.first)
 
 
-async def publish(url: str, count: int, payload: dict[str, Any]) -> None:
-    async with PawnQueue.from_url(url) as pq:
+async def publish(
+    url: str, count: int, payload: dict[str, Any], *, group_commit: bool = False
+) -> None:
+    """``count`` messages, 16 publishes at a time: one-message objects, or with group
+    commit the batch objects those concurrent calls share."""
+    config = parse_url(url) | {"producer": {"group_commit": group_commit}}
+    async with await PawnQueue.from_config(config) as pq:
         await pq.create_topic(TOPIC)
         producer = await pq.register_producer("bench")
         slots = asyncio.Semaphore(16)
@@ -165,27 +171,40 @@ def main(argv: list[str] | None = None) -> None:
             rate = child_worker(args.url, args.messages, args.log)
         print(json.dumps({"rate": rate}))
         return
-    rates: dict[str, list[float]] = {"listen": [], "worker": [], "p1": [], "p2": []}
+    rates: dict[str, list[float]] = {"p1": [], "p2": []}
     with tempfile.TemporaryDirectory(prefix="pq-bench-worker-") as tmp:
         for run in range(args.runs):
-            for case in ("listen", "worker") if run % 2 == 0 else ("worker", "listen"):
-                url = f"file://{tmp}/{case}-{run}"
-                asyncio.run(publish(url, args.messages, {"n": 1}))
-                rates[case].append(run_child(case, url, args.messages, Path(tmp) / "log"))
+            for objects in ("single", "batch"):
+                for case in ("listen", "worker") if run % 2 == 0 else ("worker", "listen"):
+                    url = f"file://{tmp}/{case}-{objects}-{run}"
+                    asyncio.run(
+                        publish(url, args.messages, {"n": 1}, group_commit=objects == "batch")
+                    )
+                    rate = run_child(case, url, args.messages, Path(tmp) / "log")
+                    rates.setdefault(f"{case}-{objects}", []).append(rate)
             for processes in (1, 2) if run % 2 == 0 else (2, 1):
                 url = f"file://{tmp}/p{processes}-{run}"
                 rates[f"p{processes}"].append(
                     run_processes(url, args.cpu_messages, processes, args.spin)
                 )
     medians = {case: median(values) for case, values in rates.items()}
-    overhead = 1 - medians["worker"] / medians["listen"]
+    overhead = {
+        objects: 1 - medians[f"worker-{objects}"] / medians[f"listen-{objects}"]
+        for objects in ("single", "batch")
+    }
     scaling = medians["p2"] / medians["p1"]
     lines = [
         f"no-op handler, {args.messages} messages, concurrency {CONCURRENCY}, local directory "
         f"(median of {args.runs}):",
-        f"  listen()   {medians['listen']:9,.0f} msg/s   runs {rates['listen']}",
-        f"  worker     {medians['worker']:9,.0f} msg/s   runs {rates['worker']}",
-        f"  worker overhead: {overhead:.1%} (target <= 10%)",
+    ]
+    for objects, label in (("single", "one-message objects"), ("batch", "group-commit batches")):
+        lines += [
+            f"  {label}:",
+            f"    listen()   {medians[f'listen-{objects}']:9,.0f} msg/s",
+            f"    worker     {medians[f'worker-{objects}']:9,.0f} msg/s",
+            f"    worker overhead: {overhead[objects]:.1%} (target <= 10%)",
+        ]
+    lines += [
         f"{args.spin * 1000:g} ms of pure Python per message, {args.cpu_messages} messages:",
         f"  --processes 1 {medians['p1']:7,.0f} msg/s   runs {rates['p1']}",
         f"  --processes 2 {medians['p2']:7,.0f} msg/s   runs {rates['p2']}",

@@ -108,8 +108,9 @@ class Claimer:
         self._keeper = keeper
         self._buffer: dict[str, deque[Message]] = {}  # topic -> messages for later polls
         self._next_due: datetime | None = None  # first delayed message the last listings saw
-        # This poll's listings found candidates it did not claim (a race lost, a probe): the
-        # next poll should come soon, not after an idle wait for a signal that may not come.
+        # This poll left candidates unclaimed, or lost a race (a competitor is draining what
+        # is there): the next poll should come soon, not after an idle wait for a signal
+        # that may not come.
         self.candidates_left = False
         self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
         self.lanes = Lanes(runtime, visibility)
@@ -179,7 +180,7 @@ class Claimer:
             if self.lanes.contended(topic):
                 remembered = self.lanes.in_lane(topic, remembered) or []
             claimed, rest, conflicts = await self._claim_candidates(topic, remembered, wanted)
-            self.candidates_left |= bool(rest)
+            self.candidates_left |= bool(rest or conflicts)
             if conflicts:
                 self._met_competitor(topic)
             elif rest:
@@ -220,7 +221,7 @@ class Claimer:
                 topic, candidates, wanted - len(claimed), probe
             )
             claimed += won
-            self.candidates_left |= bool(rest)
+            self.candidates_left |= bool(rest or conflicts)
             if conflicts:
                 self._met_competitor(topic)
             elif rest:
