@@ -231,3 +231,28 @@ async def test_a_member_acked_before_a_kill_is_not_delivered_again(
                     await message.ack()
         assert not got & acked, "a member acked before the kill came back"
         assert got and got | acked <= set(ids)
+
+
+async def test_a_call_cancelled_before_its_write_began_is_not_written(
+    faulty: tuple[PawnQueue, FaultyStore],
+) -> None:
+    pq, store = faulty
+    producer = await pq.register_producer("p")
+    go = asyncio.Event()
+
+    async def hold_writes(operation: str, key: str) -> None:
+        if operation == "put" and "/messages/" in key:
+            await go.wait()
+
+    store.hooks.append(hold_writes)
+    first = asyncio.create_task(producer.publish("t", {"n": 0}))
+    await asyncio.sleep(0)  # the first write is in flight (held)
+    waiting = asyncio.create_task(producer.publish("t", {"n": 1}))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    go.set()
+    first_id = await first
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert list(await drain(pq, 1)) == [first_id]
+    assert await objects(pq) == []

@@ -60,6 +60,8 @@ class GroupCommit:
         except asyncio.CancelledError:
             if waiting in queue:  # not taken yet: it is not written
                 queue.remove(waiting)
+            else:  # being written: nobody will read how that ends
+                waiting.written.add_done_callback(_retrieve)
             raise
         return envelope.id
 
@@ -115,6 +117,11 @@ class GroupCommit:
             raise PublishError(f"could not publish to topic {topic!r}: {exc}") from exc
         self._runtime.signals.published(topic)
         logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _failure(topic: str, exc: BaseException) -> BaseException:
