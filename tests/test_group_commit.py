@@ -37,6 +37,18 @@ async def objects(pq: PawnQueue) -> list[str]:
     return [meta.key for meta in await pq.store.list(layout.messages_prefix("t"))]
 
 
+def hold_message_writes(store: FaultyStore) -> asyncio.Event:
+    """Hold every message write until the event returned is set."""
+    go = asyncio.Event()
+
+    async def hold(operation: str, key: str) -> None:
+        if operation == "put" and "/messages/" in key:
+            await go.wait()
+
+    store.hooks.append(hold)
+    return go
+
+
 async def drain(pq: PawnQueue, expected: int) -> dict[str, Any]:
     consumer = await pq.register_consumer("drain", ["t"])
     got: dict[str, Any] = {}
@@ -77,18 +89,13 @@ async def test_an_id_is_returned_only_once_its_object_is_durable(
 ) -> None:
     pq, store = faulty
     producer = await pq.register_producer("p")
-    go = asyncio.Event()
+    go = hold_message_writes(store)
     writes: list[str] = []
-
-    async def hold_writes(operation: str, key: str) -> None:
-        if operation == "put" and "/messages/" in key:
-            await go.wait()
 
     async def note(operation: str, key: str) -> None:
         if operation == "put" and "/messages/" in key:
             writes.append(key)
 
-    store.hooks.append(hold_writes)
     store.observers.append(note)
     first = asyncio.create_task(producer.publish("t", {"n": 0}))
     await asyncio.sleep(0)  # the first write is in flight (held)
@@ -238,13 +245,7 @@ async def test_a_call_cancelled_before_its_write_began_is_not_written(
 ) -> None:
     pq, store = faulty
     producer = await pq.register_producer("p")
-    go = asyncio.Event()
-
-    async def hold_writes(operation: str, key: str) -> None:
-        if operation == "put" and "/messages/" in key:
-            await go.wait()
-
-    store.hooks.append(hold_writes)
+    go = hold_message_writes(store)
     first = asyncio.create_task(producer.publish("t", {"n": 0}))
     await asyncio.sleep(0)  # the first write is in flight (held)
     waiting = asyncio.create_task(producer.publish("t", {"n": 1}))
