@@ -8,6 +8,7 @@ which the tests read as they come (no polling of files, no sleeps).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import signal
@@ -28,6 +29,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from pawn_queue.service.logs import JsonFormatter, TextFormatter
 from pawn_queue.sync import PawnQueue
 from tests.conftest import queue_config_dict
 from tests.servers.fault_proxy import FaultProxy, FaultRule
@@ -285,3 +287,30 @@ def test_exit_codes_and_errors_are_clear(tmp_path: Path, workers: Any) -> None:
     assert no_topic.returncode == 1 and "topic 'jobs' does not exist" in no_topic.stderr
     usage = run(APP, "--log-format", "xml")
     assert usage.returncode == 2 and "choose one of text, json" in usage.stderr
+
+
+def test_message_log_lines_as_text_and_json() -> None:
+    fields = {
+        "message_id": "m-1",
+        "topic": "jobs",
+        "receive_count": 2,
+        "duration": 0.25,
+        "outcome": "dead_letter",
+        "reason": "handler error",
+    }
+    record = logging.makeLogRecord(
+        {"msg": "message %s", "args": ("dead_letter",), "levelname": "WARNING", **fields}
+    )
+    text = TextFormatter().format(record)
+    assert text.endswith(
+        "message dead_letter message_id=m-1 topic=jobs receive_count=2 duration=0.25 "
+        "outcome=dead_letter reason='handler error'"
+    )
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    line = json.loads(JsonFormatter().format(record))
+    assert {k: line[k] for k in fields} == fields
+    assert line["message"] == "message dead_letter" and line["level"] == "warning"
+    assert "ValueError: boom" in line["traceback"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ logger = logging.getLogger("pawn_queue.worker")
 # Fields of a message line, in the order text shows them.
 _FIELDS = ("message_id", "topic", "receive_count", "duration", "outcome", "reason")
 _RECORD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({})))
+_SPACE = re.compile(r"\s")
 
 
 class MessageLog(Observer):
@@ -104,7 +106,7 @@ class JsonFormatter(logging.Formatter):
 
 def _text(value: object) -> str:
     text = str(value)
-    return repr(text) if not text or any(c.isspace() for c in text) else text
+    return repr(text) if not text or _SPACE.search(text) else text
 
 
 def setup_logging(log_format: LogFormat, level: str) -> None:
