@@ -34,7 +34,7 @@ from pawn_queue import handlers, layout
 from pawn_queue.binding import Binding, InvalidPayload, jsonable
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig, load_config
-from pawn_queue.consumer import Consumer
+from pawn_queue.consumer import Consumer, check_concurrency
 from pawn_queue.exceptions import ArgumentError, PawnQueueError
 from pawn_queue.handlers import BlockingMessage
 from pawn_queue.message import Message
@@ -134,7 +134,7 @@ class App:
             layout.validate_name(topic, "topic name")
         if not names:
             raise ArgumentError("a subscriber needs at least one topic")
-        _check_concurrency(concurrency)
+        check_concurrency(concurrency)
         if retry is not None and not isinstance(retry, Retry):
             raise ArgumentError(f"retry must be a Retry or None, got {type(retry).__name__}")
 
@@ -187,7 +187,7 @@ class App:
     def set_concurrency(self, concurrency: int) -> None:
         """Run every subscriber with ``concurrency`` handlers at a time (the worker's
         ``--concurrency``); before :meth:`start`."""
-        _check_concurrency(concurrency)
+        check_concurrency(concurrency)
         for name, sub in self._subscribers.items():
             self._subscribers[name] = dataclasses.replace(sub, concurrency=concurrency)
 
@@ -350,11 +350,6 @@ class App:
             await message.ack()
 
         return handle
-
-
-def _check_concurrency(concurrency: object) -> None:
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ArgumentError(f"concurrency must be a positive integer, got {concurrency!r}")
 
 
 async def _call_hook(hook: Hook) -> None:

@@ -34,7 +34,14 @@ MessageHandler = Callable[[Message], Awaitable[Any]]  # the async kind of handle
 _DUE_SLACK = 0.01
 _RETRY_SOON = 0.05  # after a poll that left candidates unclaimed (a race lost, a probe)
 
-__all__ = ["Consumer", "MessageHandler", "Retry"]  # Retry lived here once: still importable
+# Retry lived here once: still importable from here.
+__all__ = ["Consumer", "MessageHandler", "Retry", "check_concurrency"]
+
+
+def check_concurrency(concurrency: object) -> None:
+    """Refuse a ``concurrency`` that is not a positive integer."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ArgumentError(f"concurrency must be a positive integer, got {concurrency!r}")
 
 
 class Consumer:
@@ -199,8 +206,8 @@ class Consumer:
         running, then releases every lease still held so others take those messages at
         once, without counting a receive. A second cancel cuts the grace short.
         """
-        if concurrency is not None and (isinstance(concurrency, bool) or concurrency < 1):
-            raise ArgumentError(f"concurrency must be a positive integer, got {concurrency!r}")
+        if concurrency is not None:
+            check_concurrency(concurrency)
         call = handlers.as_async(handler, executor=executor)
         grace = self._polling.shutdown_grace_seconds if grace is None else grace
         running: set[asyncio.Task[None]] = set()

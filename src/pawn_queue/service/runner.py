@@ -69,7 +69,8 @@ async def run_app(app: App, options: WorkerOptions) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop, signal.Signals(signum).name)
-    health = _observe(app, options)
+    metrics = _metrics() if options.metrics_port is not None else None
+    health = _observe(app, metrics)
     try:
         await app.start()
     except (PawnQueueError, OSError, ValueError) as exc:
@@ -81,7 +82,7 @@ async def run_app(app: App, options: WorkerOptions) -> int:
     try:
         if options.metrics_port is not None:
             server = HealthServer(
-                app, health(), _metrics(), options.metrics_host, options.metrics_port
+                app, health(), metrics, options.metrics_host, options.metrics_port
             )
             await server.start()
         logger.info(
@@ -109,14 +110,12 @@ async def run_app(app: App, options: WorkerOptions) -> int:
     return code
 
 
-def _observe(app: App, options: WorkerOptions) -> StoreHealthRef:
-    """Add the message log, the metrics (with an exporter) and the store's health."""
+def _observe(app: App, metrics: QueueMetrics | None) -> StoreHealthRef:
+    """Add the message log, the metrics (when exported) and the store's health."""
     app.add_observer(MessageLog())
-    if options.metrics_port is not None:
-        metrics = _metrics()
-        if metrics is not None:
-            app.add_observer(metrics.observer)
-            app.wrap_store(metrics.wrap_store)
+    if metrics is not None:
+        app.add_observer(metrics.observer)
+        app.wrap_store(metrics.wrap_store)
     ref = StoreHealthRef()
     app.wrap_store(ref.wrap)
     return ref
