@@ -12,6 +12,7 @@ import pytest
 from pawn_queue import PawnQueue, layout
 from pawn_queue.config import load_config
 from pawn_queue.envelope import LeaseBody
+from pawn_queue.exceptions import NotFoundError
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.helpers.support import settled
@@ -148,6 +149,77 @@ async def test_batch_of_100_costs_a_lease_write_per_poll(
     assert await spent(pq, store) == Counter(
         {"PUT create": 2, "LIST": 1, "GET": 1, "PUT if-match": polls - 1, "DELETE": 2}
     )
+
+
+async def listen_until(consumer: Any, count: int, handle: Any) -> None:
+    """Run ``consumer.listen(handle)`` until ``handle`` was called ``count`` times."""
+    calls = 0
+    done = asyncio.Event()
+
+    async def counting(message: Any) -> None:
+        nonlocal calls
+        await handle(message)
+        calls += 1
+        if calls == count:
+            done.set()
+
+    listener = asyncio.create_task(consumer.listen(counting))
+    await asyncio.wait_for(done.wait(), 30)
+    listener.cancel()
+    await asyncio.gather(listener, return_exceptions=True)
+
+
+async def test_listen_writes_the_acks_of_a_batch_of_100_in_one_lease_write_at_most(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
+    """listen() hands out the next poll while the acks of the last one wait for their write,
+    and that write waits for the members still kept back: the object's delete makes them all
+    durable. Handed out a poll at a time with a write per poll, it took 9 lease writes."""
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    await producer.publish_batch("t", [{"n": n} for n in range(100)])
+    await spent(pq, store)
+    acked: list[int] = []
+
+    async def handle(message: Any) -> None:
+        await message.ack()
+        acked.append(message.payload["n"])
+
+    await listen_until(consumer, 100, handle)
+    assert sorted(acked) == list(range(100))
+    counts = await spent(pq, store)
+    assert counts["PUT if-match"] <= 1, counts
+    assert counts["DELETE"] == 2, counts  # the object, then its lease
+
+
+async def test_a_listener_s_member_ack_is_durable_when_it_returns(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
+    """Rule 13 holds while the write waits for the next polls' acks: once ``ack()`` returned,
+    the stored lease lists the member, or the object is gone."""
+    pq = counted[0]
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    await producer.publish_batch("t", [{"n": n} for n in range(35)])
+    durable: list[bool] = []
+
+    async def handle(message: Any) -> None:
+        await message.ack()
+        claimed = message._claimed
+        try:
+            lease = await pq.store.get(layout.lease_key("t", claimed.lease.message_id))
+            listed = message._index in LeaseBody.decode(lease.data).settled
+        except NotFoundError:
+            listed = False
+        try:
+            await pq.store.head(claimed.key)
+            durable.append(listed)
+        except NotFoundError:
+            durable.append(True)
+
+    await listen_until(consumer, 35, handle)
+    assert durable == [True] * 35
 
 
 async def test_each_ack_of_a_batch_member_is_durable_when_it_returns(

@@ -32,6 +32,7 @@ from pawn_queue.envelope import (
     encode_unreadable,
 )
 from pawn_queue.exceptions import StoreError
+from pawn_queue.handout import Handout
 from pawn_queue.lanes import LANE_WIDTH, LANES, Lanes
 from pawn_queue.lease_keeper import LeaseKeeper
 from pawn_queue.leases import Lease
@@ -96,9 +97,15 @@ class Claimer:
     for the next poll (:meth:`buffered`, :meth:`keep`)."""
 
     def __init__(
-        self, consumer_id: str, runtime: Runtime, visibility: float, keeper: LeaseKeeper
+        self,
+        consumer_id: str,
+        runtime: Runtime,
+        visibility: float,
+        keeper: LeaseKeeper,
+        handout: Handout | None = None,
     ) -> None:
         self._consumer_id = consumer_id
+        self._handout = handout
         self._runtime = runtime
         self._store = runtime.store
         self._leases = runtime.leases
@@ -146,6 +153,7 @@ class Claimer:
             waiting = self._buffer.get(name)
             while waiting and len(taken) < wanted:
                 message = waiting.popleft()
+                message._claimed.kept -= 1
                 if message.lease_held:
                     taken.append(message)
             if waiting is not None and not waiting:
@@ -155,12 +163,16 @@ class Claimer:
     def keep(self, messages: Iterable[Message]) -> None:
         """Hand ``messages`` out with the next polls."""
         for message in messages:
+            message._claimed.kept += 1
             self._buffer.setdefault(message.topic, deque()).append(message)
 
     async def close(self) -> None:
         """Let claims still in flight finish (their leases are then held) and drop what was
         kept: the caller releases the leases."""
         await asyncio.gather(*self._background, return_exceptions=True)
+        for waiting in self._buffer.values():
+            for message in waiting:
+                message._claimed.kept -= 1
         self._buffer.clear()
 
     async def claim(self, topic: str, wanted: int) -> list[Message]:
@@ -396,7 +408,9 @@ class Claimer:
                 await self._remove(key, lease)
                 logger.info("expired message key=%s %s", key, error)
             return []
-        claimed = ClaimedObject(key, lease, len(envelopes), self._runtime, self._keeper)
+        claimed = ClaimedObject(
+            key, lease, len(envelopes), self._runtime, self._keeper, self._handout
+        )
         self._keeper.hold(lease)
         return [
             Message(envelope, claimed, index)
@@ -412,7 +426,9 @@ class Claimer:
     async def _dead_letter_all(
         self, key: str, lease: Lease, envelopes: list[Envelope], reason: str, error: str
     ) -> None:
-        claimed = ClaimedObject(key, lease, len(envelopes), self._runtime, self._keeper)
+        claimed = ClaimedObject(
+            key, lease, len(envelopes), self._runtime, self._keeper, self._handout
+        )
         for index, envelope in enumerate(envelopes):
             if index not in lease.settled:
                 await Message(envelope, claimed, index).dead_letter(reason, error)

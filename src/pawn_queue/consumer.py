@@ -21,6 +21,7 @@ from pawn_queue.exceptions import (
     TopicNotFoundError,
 )
 from pawn_queue.handlers import Handler
+from pawn_queue.handout import Handout
 from pawn_queue.lease_keeper import LeaseKeeper
 from pawn_queue.message import Message
 from pawn_queue.registry import RegistryEntry
@@ -65,8 +66,13 @@ class Consumer:
         self._polling = polling
         # The leases of the messages handed out or buffered.
         self._keeper = LeaseKeeper(runtime.leases, polling.lease_refresh_interval_seconds)
+        self._handout = Handout()
         self._claimer = Claimer(
-            entry.entity_id, runtime, polling.visibility_timeout_seconds, self._keeper
+            entry.entity_id,
+            runtime,
+            polling.visibility_timeout_seconds,
+            self._keeper,
+            self._handout,
         )
         self._next_topic = 0
         self._stopping = False  # listen() was cancelled and waits for its handlers
@@ -194,8 +200,10 @@ class Consumer:
         ``handler`` is an ``async def`` function, run on the loop, or a plain function, run
         in a worker thread of ``executor`` (default: the loop's) with a blocking message
         whose ``ack()``/``nack()`` work from that thread (:mod:`pawn_queue.handlers`).
-        Messages of one poll are handled concurrently, and the next poll waits for them all;
-        with ``concurrency``, up to that many handlers run at a time and a free slot is
+        Messages of one poll are handled concurrently, and the next poll waits until each
+        handler returned or waits only for the write that makes its ack durable (the
+        members of a batch object then share that write, :mod:`pawn_queue.handout`); with
+        ``concurrency``, up to that many handlers run at a time and a free slot is
         filled at once. A handler that raises dead-letters its message (the README's
         behaviour), unless ``retry`` is given: then the message is requeued with
         exponential backoff as the :class:`~pawn_queue.retry.Retry` says. A message the
@@ -215,15 +223,19 @@ class Consumer:
             # No handler outlives the listener: the group waits for (or cancels) them all.
             async with asyncio.TaskGroup() as group:
                 try:
+                    if concurrency is None:
+                        self._handout.start()
                     await self._serve(call, retry, group, running, concurrency)
                 except asyncio.CancelledError:
                     self._stopping = True
+                    self._handout.stop()
                     if running:
                         _, late = await asyncio.wait(running, timeout=grace)
                         for task in late:
                             task.cancel()
                     raise
         finally:
+            self._handout.stop()
             try:
                 await asyncio.shield(self.release_all())
             finally:
@@ -263,7 +275,10 @@ class Consumer:
             for task in tasks:
                 task.add_done_callback(running.discard)
             if concurrency is None:
-                await asyncio.wait(tasks)
+                # The next poll need not wait for the writes that make acks durable: acks of
+                # one object's members share them across polls (pawn_queue.handout).
+                await self._handout.until_settling(tasks, [m._waits_for_write for m in messages])
+                self._handout.round_settled()
 
     async def _idle(self, seen: dict[str, int], running: set[asyncio.Task[None]]) -> None:
         waiting = asyncio.ensure_future(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -24,6 +24,7 @@ from pawn_queue.exceptions import (
     PublishError,
     StoreError,
 )
+from pawn_queue.handout import Handout
 from pawn_queue.landing import write_new
 from pawn_queue.lease_keeper import LeaseKeeper
 from pawn_queue.leases import Lease
@@ -58,6 +59,7 @@ class ClaimedObject:
         size: int,
         runtime: Runtime,
         keeper: LeaseKeeper,
+        handout: Handout | None = None,
     ) -> None:
         self.key = key
         self.lease = lease
@@ -76,6 +78,13 @@ class ClaimedObject:
         self._recorded = 0  # of which the lease in the store has this many
         self._recording: asyncio.Future[None] | None = None
         self._finishing: asyncio.Future[None] | None = None  # the object's delete
+        self._handout = handout
+        self.kept = 0  # members the consumer keeps for its next polls
+        self._awaiting: set[int] = set()  # members whose settlement waits for a write
+
+    def awaiting_write(self, index: int) -> bool:
+        """Whether member ``index`` is settled and waits only for the write saying so."""
+        return index in self._awaiting
 
     async def ensure_held(self) -> None:
         """Raise LeaseLostError unless the lease stays ours for a while (refresh if needed)."""
@@ -127,18 +136,28 @@ class ClaimedObject:
         if self.size > 1:
             self.lease.settled.add(index)
             if len(self.lease.settled) < self.size:
-                await self._record_settled()
+                await self._awaiting_write(index, self._record_settled())
                 return
             if own_lease:
                 # The last one deletes the object: its settlement, and those of the members
                 # still waiting for a lease write, are durable once that delete landed.
                 self._on_done(self.lease)
                 self._finishing = asyncio.ensure_future(self._finish_batch())
-                await asyncio.shield(self._finishing)
+                await self._awaiting_write(index, asyncio.shield(self._finishing))
                 return
         # A group's next message waits for its lease: that release is not left for later.
         await self._leases.settle(self.lease, self.key, lease_later=own_lease, acked=acked)
         self._on_done(self.lease)
+
+    async def _awaiting_write(self, index: int, write: Awaitable[None]) -> None:
+        """Wait for ``write``, known meanwhile as a member that waits only for it."""
+        self._awaiting.add(index)
+        if self._handout is not None:
+            self._handout.waiting_for_write()
+        try:
+            await write
+        finally:
+            self._awaiting.discard(index)
 
     async def _record_settled(self) -> None:
         """Return once the lease in the store lists every member settled so far (rule 5):
@@ -152,8 +171,11 @@ class ClaimedObject:
             await asyncio.shield(self._recording)
 
     async def _write_settled(self) -> None:
-        # Read as the write begins (a loop turn after it was asked for): settlements made
-        # together, as the acks of one poll gathered, share this write.
+        if self._handout is not None:
+            # Members still to be handed out by the listener: their acks may share this write.
+            await self._handout.hold(lambda: self.kept > 0)
+        # Read as the write begins (a loop turn after it was asked for, at least): settlements
+        # made together, as the acks of one poll gathered, share this write.
         settlements = self._settlements
         if self._finishing is not None:
             await asyncio.shield(self._finishing)  # every member settled: the delete says so
@@ -239,6 +261,10 @@ class Message:
         """Stop keeping this message: it is redelivered after the visibility timeout."""
         if not self._settled:
             self._claimed.abandon(self._index)
+
+    def _waits_for_write(self) -> bool:
+        """Settled, and waiting only for the write that makes it durable."""
+        return self._claimed.awaiting_write(self._index)
 
     def __repr__(self) -> str:
         return f"Message(id={self.id!r}, topic={self.topic!r}, created_at={self.created_at!r})"

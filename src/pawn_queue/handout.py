@@ -1,0 +1,89 @@
+"""Handout: how a listener hands out a batch object's members, and when their acks are written.
+
+A batch member's ``ack()`` returns once a lease write lists it (rule 13), and the acks made
+while a write is in flight share the next one. ``listen()`` hands out a poll at a time, so
+without more, an object of 32 members costs three lease writes at 10 messages per poll.
+
+Two things let the acks of one object share a write, or need none:
+
+- A listener moves on to its next poll once every handler of the current one returned or
+  waits only for such a write (:meth:`Handout.until_settling`), rather than for the writes
+  themselves.
+- A write for an object whose members the listener still keeps for its next polls waits for
+  them to be handed out and settled, :data:`LINGER_SECONDS` at most. When the last member is
+  settled meanwhile, the object's delete makes every ack durable and no lease write is made.
+
+With :meth:`~pawn_queue.consumer.Consumer.poll` (the caller decides when to poll again), or
+no members kept back, a write starts at once, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+LINGER_SECONDS = 0.02  # the longest a member's ack waits for the next polls' acks to join it
+
+
+class Handout:
+    """One consumer's listener, as the member-ack writes of its objects see it."""
+
+    def __init__(self) -> None:
+        self._listening = False
+        self._round = asyncio.Event()  # set when a round settles or the listener stops
+        self._settling = asyncio.Event()  # set when a handler begins waiting for a write
+
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
+    def start(self) -> None:
+        """A listener hands out polls from now on."""
+        self._listening = True
+
+    def stop(self) -> None:
+        """The listener stopped: writes held for it go out now."""
+        self._listening = False
+        self.round_settled()
+
+    def round_settled(self) -> None:
+        """Every message of the poll handed out last is settling or done."""
+        self._round.set()
+        self._round = asyncio.Event()
+
+    def waiting_for_write(self) -> None:
+        """A handler now waits only for a member-ack write."""
+        self._settling.set()
+        self._settling = asyncio.Event()
+
+    async def hold(self, kept_back: Callable[[], bool]) -> None:
+        """Before a member-ack write: while the listener keeps members of the same object
+        for its next polls (``kept_back``), wait for the rounds that hand them out and
+        settle them, :data:`LINGER_SECONDS` at most."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LINGER_SECONDS
+        while self._listening and kept_back():
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._round.wait(), left)
+            except TimeoutError:
+                return
+
+    async def until_settling(
+        self, tasks: Sequence[asyncio.Task[None]], settling: Sequence[Callable[[], bool]]
+    ) -> None:
+        """Return once each of ``tasks`` is done or its ``settling`` check is true (its
+        message waits only for the write that makes its settlement durable)."""
+        while True:
+            busy = [
+                t for t, check in zip(tasks, settling, strict=True) if not (t.done() or check())
+            ]
+            if not busy:
+                return
+            changed = asyncio.ensure_future(self._settling.wait())
+            try:
+                await asyncio.wait({changed, *busy}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
