@@ -6,8 +6,10 @@ planned on the driver and read in an executor, where the objects are fetched con
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,7 +18,6 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
 from pawn_queue import layout
-from pawn_queue._aio import gather_limited
 from pawn_queue.envelope import (
     CorruptObject,
     DeadLetterInfo,
@@ -31,13 +32,14 @@ from pawn_queue.exceptions import DataLossError as DataLossError  # also importa
 from pawn_queue.exceptions import NotFound
 from pawn_queue.spark import runtime
 from pawn_queue.spark.options import SourceOptions
-from pawn_queue.spark.rows import RowBuffer
-from pawn_queue.store.base import Store
+from pawn_queue.spark.rows import RowBuffer, plain_batch
 
 logger = logging.getLogger(__name__)
 
 _FETCH_CONCURRENCY = 64
+_FETCH_AHEAD_BYTES = 16 << 20
 Kind = Literal["stream", "pending", "dead_letter"]
+Fetched = tuple[bytes | None, LeaseBody | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,19 +68,26 @@ class ObjectsPartition(InputPartition):
 
 
 def pack(refs: Sequence[ObjectRef], target_bytes: int, max_objects: int) -> list[list[ObjectRef]]:
-    """Consecutive groups of about ``target_bytes`` and at most ``max_objects`` objects.
+    """Consecutive groups of about ``target_bytes`` and at most ``max_objects`` objects, of
+    about equal size (a small last group would be a task running alone).
 
     A batch object is never split: objects are the natural unit of a partition.
     """
+    if not refs:
+        return []
+    total = sum(ref.size for ref in refs)
+    by_bytes = max(int(total / max(target_bytes, 1) + 0.5), 1)  # nearest: not a bound
+    by_objects = -(-len(refs) // max_objects)
+    per_bytes, per_objects = total / by_bytes, -(-len(refs) // by_objects)
     groups: list[list[ObjectRef]] = []
     current: list[ObjectRef] = []
     size = 0
     for ref in refs:
-        if current and (size + ref.size > target_bytes or len(current) >= max_objects):
-            groups.append(current)
-            current, size = [], 0
         current.append(ref)
         size += ref.size
+        if size >= per_bytes or len(current) >= per_objects:
+            groups.append(current)
+            current, size = [], 0
     if current:
         groups.append(current)
     return groups
@@ -88,28 +97,33 @@ def read_partition(
     options: SourceOptions, partition: ObjectsPartition, schema: StructType, kind: Kind
 ) -> Iterator[pa.RecordBatch]:
     """The rows of the partition's objects, in order, as record batches."""
-    fetched = runtime.run(_fetch_all(options, partition.refs, kind))
     buffer = RowBuffer(schema)
-    for ref, (data, lease) in zip(partition.refs, fetched, strict=True):
-        if data is None:
-            if kind == "stream" and options.fail_on_data_loss:
-                raise DataLossError(
-                    f"object {ref.key} of micro-batch {partition.batch} is gone: it was acked "
-                    "or deleted by someone else while the query did not hold its lease (the "
-                    "query was down longer than leaseTimeoutSeconds, or the topic was deleted). "
-                    "Set option failOnDataLoss=false to skip such messages"
-                )
-            if kind == "stream":
-                logger.warning("skipping missing object key=%s batch=%s", ref.key, partition.batch)
-            continue
-        try:
-            _add_object(buffer, ref, data, lease, kind)
-        except CorruptObject as exc:
-            if kind == "stream":
-                runtime.run(_dead_letter_corrupt(options, ref.key, data, str(exc)))
-            logger.warning("skipping unreadable object key=%s error=%s", ref.key, exc)
-        yield from buffer.batches()
-    yield from buffer.batches(full=True)
+    fetched = _fetched(options, partition.refs)
+    try:
+        for ref, (data, lease) in zip(partition.refs, fetched, strict=True):
+            if data is None:
+                if kind == "stream" and options.fail_on_data_loss:
+                    raise DataLossError(
+                        f"object {ref.key} of micro-batch {partition.batch} is gone: it was "
+                        "acked or deleted by someone else while the query did not hold its lease "
+                        "(the query was down longer than leaseTimeoutSeconds, or the topic was "
+                        "deleted). Set option failOnDataLoss=false to skip such messages"
+                    )
+                if kind == "stream":
+                    logger.warning(
+                        "skipping missing object key=%s batch=%s", ref.key, partition.batch
+                    )
+                continue
+            try:
+                _add_object(buffer, ref, data, lease, kind)
+            except CorruptObject as exc:
+                if kind == "stream":
+                    runtime.run(_dead_letter_corrupt(options, ref.key, data, str(exc)))
+                logger.warning("skipping unreadable object key=%s error=%s", ref.key, exc)
+            yield from buffer.batches()
+        yield from buffer.batches(full=True)
+    finally:
+        fetched.close()
 
 
 def _add_object(
@@ -122,31 +136,46 @@ def _add_object(
         return
     pending = layout.parse_pending_key(ref.key)
     is_batch = pending is not None and pending.kind == "batch"
-    envelopes = decode_batch(data) if is_batch else [Envelope.decode(data)]
     skip = set(ref.skip)
     receives = ref.receives
     if lease is not None and lease.message_key in ("", ref.key):
         skip.update(lease.settled)
         receives = lease.receive_count
+    plain = plain_batch(data, skip) if is_batch else None
+    if plain is not None:
+        buffer.add_plain(plain, ref.key, receives)
+        return
+    envelopes = decode_batch(data) if is_batch else [Envelope.decode(data)]
     if skip:
         envelopes = [e for index, e in enumerate(envelopes) if index not in skip]
     buffer.add(envelopes, ref.key, receives)
 
 
-async def _fetch_all(
-    options: SourceOptions, refs: Sequence[ObjectRef], kind: Kind
-) -> list[tuple[bytes | None, LeaseBody | None]]:
+def _fetched(options: SourceOptions, refs: Sequence[ObjectRef]) -> Generator[Fetched, None, None]:
+    """Each ref's object (None when gone) and lease, in order. Fetches run ahead of the
+    caller, up to _FETCH_CONCURRENCY objects and _FETCH_AHEAD_BYTES, so objects are decoded
+    while the next ones are on their way and a partition is never held in memory whole."""
+    pending: deque[tuple[ObjectRef, concurrent.futures.Future[Fetched]]] = deque()
+    ahead = 0
+    try:
+        for ref in refs:
+            while pending and (
+                len(pending) >= _FETCH_CONCURRENCY or ahead + ref.size > _FETCH_AHEAD_BYTES
+            ):
+                done, future = pending.popleft()
+                ahead -= done.size
+                yield future.result()
+            pending.append((ref, runtime.submit(_fetch(options, ref))))
+            ahead += ref.size
+        while pending:
+            yield pending.popleft()[1].result()
+    finally:
+        for _, future in pending:  # the task stopped early (an error, a cancelled task)
+            future.cancel()
+
+
+async def _fetch(options: SourceOptions, ref: ObjectRef) -> Fetched:
     store = await runtime.shared_store(options)
-    results = await gather_limited(_FETCH_CONCURRENCY, (_fetch(store, ref) for ref in refs))
-    out: list[tuple[bytes | None, LeaseBody | None]] = []
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-        out.append(result)
-    return out
-
-
-async def _fetch(store: Store, ref: ObjectRef) -> tuple[bytes | None, LeaseBody | None]:
     try:
         data = (await store.get(ref.key)).data
     except NotFound:
