@@ -71,8 +71,10 @@ bench-queue: $(STAMP) $(COMPAT_VENV)/.installed $(VSQS_VENV)/.installed
 bench-delays: $(STAMP)
 	$(PY) -m bench.delays
 
+# local[2] on a local directory, then a standalone cluster (two one-core workers) on SeaweedFS.
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark
+	$(PY) -m bench.spark_cluster
 
 # JSON encode and decode: the standard library, orjson, msgspec and the library's codec.
 bench-codec: $(STAMP)
