@@ -223,8 +223,6 @@ class Consumer:
             # No handler outlives the listener: the group waits for (or cancels) them all.
             async with asyncio.TaskGroup() as group:
                 try:
-                    if concurrency is None:
-                        self._handout.start()
                     await self._serve(call, retry, group, running, concurrency)
                 except asyncio.CancelledError:
                     self._stopping = True
@@ -250,15 +248,20 @@ class Consumer:
         concurrency: int | None,
     ) -> None:
         """Claim and hand out messages until cancelled: a poll at a time, or (with
-        ``concurrency``) as many as there are free slots."""
+        ``concurrency``) as many as there are free slots. A handler that waits only for the
+        write making its ack durable holds neither the next poll nor a slot: acks of one
+        object's members then share that write across polls (:mod:`pawn_queue.handout`)."""
         wanted = self._polling.max_messages_per_poll
+        settling: dict[asyncio.Task[None], Callable[[], bool]] = {}
+        self._handout.start()
         while True:
             if concurrency is not None:
-                free = concurrency - len(running)
-                if free <= 0:
-                    await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
+                busy = [task for task in running if not settling[task]()]
+                if len(busy) >= concurrency:
+                    self._handout.round_settled()
+                    await self._handout.until_settling(busy, [settling[t] for t in busy], 1)
                     continue
-                wanted = min(free, self._polling.max_messages_per_poll)
+                wanted = min(concurrency - len(busy), self._polling.max_messages_per_poll)
             seen = self._signals.snapshot(self._topics)
             try:
                 messages = await self._poll_once(wanted)
@@ -268,16 +271,17 @@ class Consumer:
             if not messages:
                 # Idle: wake on a change signal, or poll anyway after the backfill interval;
                 # with handlers running, also when one ends (it may have requeued a message).
+                self._handout.round_settled()
                 await self._idle(seen, running if concurrency is not None else set())
                 continue
             tasks = [group.create_task(self._dispatch(call, m, retry)) for m in messages]
             running.update(tasks)
-            for task in tasks:
+            for task, message in zip(tasks, messages, strict=True):
+                settling[task] = message._waits_for_write
                 task.add_done_callback(running.discard)
+                task.add_done_callback(settling.pop)
             if concurrency is None:
-                # The next poll need not wait for the writes that make acks durable: acks of
-                # one object's members share them across polls (pawn_queue.handout).
-                await self._handout.until_settling(tasks, [m._waits_for_write for m in messages])
+                await self._handout.until_settling(tasks, [settling[t] for t in tasks])
                 self._handout.round_settled()
 
     async def _idle(self, seen: dict[str, int], running: set[asyncio.Task[None]]) -> None:

@@ -8,13 +8,13 @@ Two things let the acks of one object share a write, or need none:
 
 - A listener moves on to its next poll once every handler of the current one returned or
   waits only for such a write (:meth:`Handout.until_settling`), rather than for the writes
-  themselves.
+  themselves; with ``concurrency``, such a handler frees its slot.
 - A write for an object whose members the listener still keeps for its next polls waits for
   them to be handed out and settled, :data:`LINGER_SECONDS` at most. When the last member is
   settled meanwhile, the object's delete makes every ack durable and no lease write is made.
 
 With :meth:`~pawn_queue.consumer.Consumer.poll` (the caller decides when to poll again), or
-no members kept back, a write starts at once, as before.
+no members kept back, a write starts a loop turn after it is asked for.
 """
 
 from __future__ import annotations
@@ -72,15 +72,19 @@ class Handout:
                 return
 
     async def until_settling(
-        self, tasks: Sequence[asyncio.Task[None]], settling: Sequence[Callable[[], bool]]
+        self,
+        tasks: Sequence[asyncio.Task[None]],
+        settling: Sequence[Callable[[], bool]],
+        free: int | None = None,
     ) -> None:
-        """Return once each of ``tasks`` is done or its ``settling`` check is true (its
-        message waits only for the write that makes its settlement durable)."""
+        """Return once each of ``tasks`` (or ``free`` of them) is done or its ``settling``
+        check is true: its message waits only for the write that makes its ack durable."""
+        wanted = len(tasks) if free is None else free
         while True:
             busy = [
                 t for t, check in zip(tasks, settling, strict=True) if not (t.done() or check())
             ]
-            if not busy:
+            if len(tasks) - len(busy) >= wanted:
                 return
             changed = asyncio.ensure_future(self._settling.wait())
             try:

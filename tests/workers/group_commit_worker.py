@@ -2,10 +2,11 @@
 
 ``python tests/workers/group_commit_worker.py publish CONFIG``: 16 tasks publish at once, in
 a loop; each id is printed as soon as its ``publish()`` returned.
-``python tests/workers/group_commit_worker.py ack CONFIG``: polls batch members, acks them
-one poll at a time (gathered), and prints each id once its ``ack()`` returned.
+``python tests/workers/group_commit_worker.py ack CONFIG``: polls batch members twice, acks
+them a poll at a time (gathered) and prints each id once its ``ack()`` returned; then polls a
+third time, prints ``held`` and waits, holding those unsettled.
 CONFIG is a queue config as JSON. Lines are flushed one by one: the test reads them and
-kills the process at any point.
+kills the process.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ async def ack(config: dict[str, object]) -> None:
     async with await PawnQueue.from_config(config) as pq:
         consumer = await pq.register_consumer("crash", ["t"])
         say("ready")
-        while True:
+        for _ in range(2):
             messages = await consumer.poll(wait=5)
 
             async def settle(message: object) -> None:
@@ -45,6 +46,9 @@ async def ack(config: dict[str, object]) -> None:
                 say(message.id)  # type: ignore[attr-defined]
 
             await asyncio.gather(*(settle(m) for m in messages))
+        await consumer.poll(wait=5)  # held, never settled
+        say("held")
+        await asyncio.Event().wait()  # until killed
 
 
 if __name__ == "__main__":
