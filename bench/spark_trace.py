@@ -1,10 +1,11 @@
 """The ``pawnqueue`` stream reader with timers around Spark's calls, for bench/spark_cluster.py.
 
-Registered as ``pawnqueue_traced``: the same reader, whose driver-side calls (latestOffset,
-partitions, commit; claims and acks inside them) and task reads (with the waits for the
-store apart) append one JSON
-line each to ``$PQ_BENCH_TRACE/{pid}.jsonl`` in whichever process runs them. A module
-of its own, so executors import only this (and pawn_queue) to unpickle it.
+Registered as ``pawnqueue_traced``: the same source, whose calls on the driver side (schema,
+streamReader, initialOffset, latestOffset, partitions, commit; the claims and acks inside
+latestOffset) and task reads (the waits for the store apart) append one JSON line each to
+``$PQ_BENCH_TRACE/{pid}.jsonl`` in whichever process runs them, with when that process
+started and when it imported this module. A module of its own, so the processes that
+unpickle the source import only this and pawn_queue.
 """
 
 from __future__ import annotations
@@ -16,22 +17,42 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped]
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.types import StructType
+_IMPORT_STARTED = time.time()  # this process has started Python and PySpark's runner
 
-from pawn_queue.spark import reading as spark_reading
-from pawn_queue.spark.source import PawnQueueDataSource
-from pawn_queue.spark.stream import PawnQueueStreamReader
+import pyarrow as pa  # type: ignore[import-untyped]  # noqa: E402
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition  # noqa: E402
+from pyspark.sql.types import StructType  # noqa: E402
+
+from pawn_queue.spark import reading as spark_reading  # noqa: E402
+from pawn_queue.spark.source import PawnQueueDataSource  # noqa: E402
+from pawn_queue.spark.stream import PawnQueueStreamReader  # noqa: E402
 
 TRACE_ENV = "PQ_BENCH_TRACE"
+
+
+def _process_started() -> float | None:
+    """When this process started, as a Unix time (Linux: its start and the uptime in /proc,
+    both since boot, to a clock tick)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+_PROCESS = {
+    "process_started": _process_started(),
+    "import_started": _IMPORT_STARTED,
+    "imported": time.time(),  # ... and imported pawn_queue, to unpickle the source
+}
 
 
 def _trace(event: dict[str, Any]) -> None:
     directory = os.environ.get(TRACE_ENV)
     if directory:
         with open(Path(directory) / f"{os.getpid()}.jsonl", "a", encoding="utf-8") as out:
-            out.write(json.dumps({"pid": os.getpid(), **event}) + "\n")
+            out.write(json.dumps({"pid": os.getpid(), **_PROCESS, **event}) + "\n")
 
 
 _fetch_waits: list[float] = []
@@ -146,7 +167,15 @@ class TracedSource(PawnQueueDataSource):
     def name(cls) -> str:
         return "pawnqueue_traced"
 
+    def schema(self) -> StructType:
+        at, started = time.time(), time.perf_counter()
+        schema = super().schema()  # load(): checks the options, the store and the topics
+        seconds = time.perf_counter() - started
+        _trace({"side": "driver", "call": "schema", "at": at, "seconds": seconds})
+        return schema
+
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        _trace({"side": "driver", "call": "streamReader", "at": time.time(), "seconds": 0.0})
         reader = super().streamReader(schema)
         assert isinstance(reader, PawnQueueStreamReader)
         return TracedStreamReader(reader._options, reader._schema)
