@@ -248,6 +248,7 @@ def reader_trace(trace_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
         marks += [opener["imported"], opener["at"]]
         names = ("to_process_start", "python_and_pyspark", "pawn_queue_import", "to_call")
         out["load_to_first_reader_call_s"] = round(opener["at"] - wall["loaded"], 3)
+        out["reader_process_imports_pyspark_from_zip"] = opener.get("pyspark_from_zip")
         if None not in marks:
             out["query_start_s"] = {
                 name: round(b - a, 3) for name, a, b in zip(names, marks, marks[1:], strict=False)

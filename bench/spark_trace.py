@@ -20,6 +20,7 @@ from typing import Any
 _IMPORT_STARTED = time.time()  # this process has started Python and PySpark's runner
 
 import pyarrow as pa  # type: ignore[import-untyped]  # noqa: E402
+import pyspark  # noqa: E402
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
@@ -45,6 +46,9 @@ _PROCESS = {
     "process_started": _process_started(),
     "import_started": _IMPORT_STARTED,
     "imported": time.time(),  # ... and imported pawn_queue, to unpickle the source
+    # Spark puts its pyspark.zip first on the path of the processes it starts: Python
+    # compiles every module of it again in each new process (no bytecode cache in a zip).
+    "pyspark_from_zip": ".zip" in (pyspark.__file__ or ""),
 }
 
 
