@@ -85,7 +85,7 @@ bench-worker: $(STAMP)
 	$(PY) -m bench.worker
 
 # Single publish() calls with group commit on and off, on SeaweedFS: messages/s and $/million.
-bench-group-commit: $(STAMP)
+bench-group-commit: $(STAMP) $(COMPAT_VENV)/.installed
 	$(PY) -m bench.group_commit
 
 bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit

@@ -6,12 +6,23 @@
    messages/s from the first publish to the last ack, and the S3 requests the server
    counted for the bucket (publish + consume + ack, change signals included), as USD per
    million messages at AWS list prices (PUT/LIST $5, GET/HEAD $0.40 per million).
+   Group commit on and off, and pawn-queue 0.1.3 (PyPI, ``.venv-pq013``, through
+   bench/pq013_runner.py) on the same workload: one PawnQueue, one producer, 4 consumers
+   ``listen()``-ing at 0.1.3's poll interval ``--pq013-interval`` (its rate hardly depends
+   on it: 23-24 msg/s at 1, 0.1 and 0.01 s). 0.1.3 drains at tens of messages a second, so
+   its drain stops after ``--pq013-timeout`` s: the rate is then what it acked by then,
+   marked bounded, and its requests per message are per message acked (a bounded run's
+   therefore include the publishes of the messages it left pending).
 2. serial: one caller publishing ``--serial`` messages one after the other: mean latency.
+
+Runs alternate the order of the modes. The ratios are of medians measured in the same run;
+the JSON's ``targets`` compares them with the goals (group commit on at 32 publishers: at
+least 5x off, at least 20x 0.1.3).
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.group_commit            # 3 runs, ~3 min
-    .venv/bin/python -m bench.group_commit --runs 1 --messages 1000
+    .venv/bin/python -m bench.group_commit            # 3 runs, ~12 min
+    .venv/bin/python -m bench.group_commit --runs 1 --messages 1000 --pq013-timeout 20
 
 Prints a table; writes ``bench/results/group_commit.json``.
 """
@@ -37,6 +48,7 @@ from bench.common import (
     median,
     scrape,
 )
+from bench.queue_support import PQ013_PYTHON, PQ013_RUNNER, Skipped, run_child
 
 from pawn_queue import Message, PawnQueue
 
@@ -45,6 +57,9 @@ from tests.servers.seaweedfs import SeaweedFS
 
 TOPIC = "bench"
 CONSUMERS = 4
+MODES = ("on", "off", "0.1.3")
+# Goals at 32 publishers: group commit on against off, and against 0.1.3 (msg/s ratios).
+TARGETS = {"on / off": 5.0, "on / 0.1.3": 20.0}
 
 
 def config(server: SeaweedFS, bucket: str, group_commit: bool) -> dict[str, Any]:
@@ -110,6 +125,42 @@ async def drain_case(
     }
 
 
+async def pq013_case(
+    server: SeaweedFS, publishers: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """drain_case's workload on pawn-queue 0.1.3, in its own venv (bench/pq013_runner.py)."""
+    bucket = f"gc013-{uuid.uuid4().hex[:16]}"
+    server.create_bucket(bucket)
+    spec = {
+        "action": "listen_drain",
+        "s3": {
+            "endpoint_url": server.endpoint,
+            "aws_access_key_id": "bench",
+            "aws_secret_access_key": "bench-secret",
+            "region_name": "us-east-1",
+            "use_ssl": False,
+        },
+        "metrics_url": server.metrics_url,
+        "bucket": bucket,
+        "publishers": publishers,
+        "messages": args.messages,
+        "consumers": CONSUMERS,
+        "interval": args.pq013_interval,
+        "timeout": args.pq013_timeout,
+    }
+    result: dict[str, Any] = await run_child(
+        PQ013_PYTHON, PQ013_RUNNER, spec, args.pq013_timeout + 120
+    )
+    counts = result.pop("requests")
+    classes = RequestClasses.from_counts(counts).per(max(1, result["acked"]))
+    return {
+        **result,
+        "counts": {k: v for k, v in counts.items() if ":" not in k},
+        "per_message": classes.as_dict(),
+        "usd_per_million": classes.dollars_per_million(),
+    }
+
+
 async def serial_case(server: SeaweedFS, count: int, group_commit: bool) -> float:
     bucket = f"gc-{uuid.uuid4().hex[:16]}"
     server.create_bucket(bucket)
@@ -126,17 +177,29 @@ async def serial_case(server: SeaweedFS, count: int, group_commit: bool) -> floa
 async def run_all(server: SeaweedFS, args: argparse.Namespace) -> dict[str, Any]:
     drain: dict[str, list[dict[str, Any]]] = {}
     serial: dict[str, list[float]] = {"on": [], "off": []}
+    skipped: dict[str, str] = {}
     for run in range(args.runs):
-        modes = (True, False) if run % 2 == 0 else (False, True)
+        modes = MODES if run % 2 == 0 else MODES[::-1]
         for publishers in args.publishers:
-            for on in modes:
-                case = f"{publishers}-{'on' if on else 'off'}"
-                result = await drain_case(server, publishers, args.messages, on)
+            for mode in modes:
+                if mode == "0.1.3" and (args.no_pq013 or mode in skipped):
+                    continue
+                case = f"{publishers}-{mode}"
+                try:
+                    if mode == "0.1.3":
+                        result = await pq013_case(server, publishers, args)
+                    else:
+                        result = await drain_case(server, publishers, args.messages, mode == "on")
+                except Skipped as exc:
+                    skipped[mode] = str(exc)
+                    print(case, "skipped:", exc, flush=True)
+                    continue
                 drain.setdefault(case, []).append(result)
-                print(case, f"{result['rate']:,.0f} msg/s", result["counts"], flush=True)
-        for on in modes:
+                bounded = " (bounded)" if result.get("bounded") else ""
+                print(case, f"{result['rate']:,.0f} msg/s{bounded}", result["counts"], flush=True)
+        for on in (True, False) if run % 2 == 0 else (False, True):
             serial["on" if on else "off"].append(await serial_case(server, args.serial, on))
-    return {"drain": drain, "serial": serial}
+    return {"drain": drain, "serial": serial, "skipped": skipped}
 
 
 def summary(results: dict[str, Any], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -148,22 +211,55 @@ def summary(results: dict[str, Any], args: argparse.Namespace) -> tuple[str, dic
     ]
     medians: dict[str, Any] = {}
     for publishers in args.publishers:
-        for mode in ("on", "off"):
-            runs = results["drain"][f"{publishers}-{mode}"]
+        for mode in MODES:
+            runs = results["drain"].get(f"{publishers}-{mode}")
+            if not runs:
+                continue
+            bounded = sum(bool(r.get("bounded")) for r in runs)
             m = {
                 "rate": median(r["rate"] for r in runs),
                 "put_list": median(r["per_message"]["put_list"] for r in runs),
                 "get_head": median(r["per_message"]["get_head"] for r in runs),
                 "usd": median(r["usd_per_million"] for r in runs),
+                "bounded_runs": bounded,
             }
             medians[f"{publishers}-{mode}"] = m
+            note = (
+                f"  (bounded at {args.pq013_timeout:g} s: {bounded} of {len(runs)})"
+                if bounded
+                else ""
+            )
             lines.append(
                 f"{publishers:>10} {mode:>12} {m['rate']:8,.0f} {m['put_list']:9.3f} "
-                f"{m['get_head']:9.3f} {m['usd']:9.2f}"
+                f"{m['get_head']:9.3f} {m['usd']:9.2f}{note}"
             )
-        ratio = medians[f"{publishers}-on"]["rate"] / medians[f"{publishers}-off"]["rate"]
-        medians[f"{publishers}-ratio"] = ratio
-        lines.append(f"{'':>10} {'on / off':>12} {ratio:7.2f}x")
+        for name in TARGETS:
+            first, _, second = name.partition(" / ")
+            a, b = medians.get(f"{publishers}-{first}"), medians.get(f"{publishers}-{second}")
+            if a is None or b is None:
+                continue
+            ratio = a["rate"] / b["rate"]
+            # The first key keeps its name from before 0.1.3 was measured here.
+            key = f"{publishers}-ratio" if second == "off" else f"{publishers}-ratio-013"
+            medians[key] = ratio
+            lines.append(f"{'':>10} {name:>12} {ratio:7.2f}x")
+    targets = {}
+    for name, goal in TARGETS.items():
+        key = "32-ratio" if name.endswith("off") else "32-ratio-013"
+        if key in medians:
+            measured = medians[key]
+            targets[f"32 publishers, {name} msg/s"] = {
+                "goal": f">= {goal:g}x",
+                "measured": round(measured, 2),
+                "met": measured >= goal,
+            }
+            lines.append(
+                f"target 32 publishers {name} >= {goal:g}x: {measured:.2f}x "
+                f"({'met' if measured >= goal else 'not met'})"
+            )
+    medians["targets"] = targets
+    for mode, reason in results.get("skipped", {}).items():
+        lines.append(f"{mode}: skipped: {reason}")
     on, off = median(results["serial"]["on"]), median(results["serial"]["off"])
     medians["serial"] = {"on_ms": on * 1000, "off_ms": off * 1000, "ratio": on / off}
     lines.append(
@@ -180,6 +276,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--serial", type=int, default=300)
     parser.add_argument("--publishers", type=int, nargs="+", default=[1, 4, 32])
     parser.add_argument(
+        "--pq013-timeout", type=float, default=60.0, help="bound of a 0.1.3 drain, seconds"
+    )
+    parser.add_argument(
+        "--pq013-interval", type=float, default=1.0, help="0.1.3's polling.interval_seconds"
+    )
+    parser.add_argument("--no-pq013", action="store_true", help="leave pawn-queue 0.1.3 out")
+    parser.add_argument(
         "--out", type=Path, default=REPO / "bench" / "results" / "group_commit.json"
     )
     args = parser.parse_args(argv)
@@ -195,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     document = {
         "results": results,
         "medians": medians,
+        "targets": medians.pop("targets"),
         "settings": vars(args) | {"out": str(args.out)},
         "host": {"python": platform.python_version()},
         "git": git_state(),

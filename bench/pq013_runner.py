@@ -25,6 +25,7 @@ import contextlib  # noqa: E402
 import importlib.metadata  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import time  # noqa: E402
 from collections.abc import AsyncIterator, Awaitable, Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -146,9 +147,81 @@ async def latency(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return results
 
 
+async def listen_drain(spec: dict[str, Any]) -> dict[str, Any]:
+    """bench/group_commit.py's workload: ``publishers`` tasks call ``publish()`` one message at
+    a time on one producer while ``consumers`` consumers of the same PawnQueue ``listen()``
+    and ack, all started together; stops when every message is acked or after ``timeout``
+    seconds (then ``bounded``: the rate is what was acked by then)."""
+    bucket, messages = spec["bucket"], spec["messages"]
+    count = _counter(spec, bucket)
+    async with _queues([_config(spec, bucket, spec["interval"])]) as (pq,):
+        await pq.create_topic(TOPIC)
+        producer = await pq.register_producer("bench-producer")
+        consumers = [
+            await pq.register_consumer(f"bench-consumer-{i}", topics=[TOPIC])
+            for i in range(spec["consumers"])
+        ]
+        before = await asyncio.to_thread(count)
+        ids: set[str] = set()
+        acks = 0
+        done = asyncio.Event()
+
+        async def handle(message: Any) -> None:
+            nonlocal acks
+            await message.ack()
+            acks += 1
+            ids.add(message.id)
+            if len(ids) >= messages:
+                done.set()
+
+        published = 0
+        publish_seconds = float("nan")
+
+        async def publish(share: int) -> None:
+            nonlocal published
+            for n in range(share):
+                await producer.publish(TOPIC, {"n": n})
+                published += 1
+
+        async def publish_all() -> None:
+            nonlocal publish_seconds
+            publishers = spec["publishers"]
+            shares = [
+                messages // publishers + (i < messages % publishers) for i in range(publishers)
+            ]
+            await asyncio.gather(*(publish(share) for share in shares))
+            publish_seconds = time.perf_counter() - started
+
+        listeners = [asyncio.create_task(c.listen(handle)) for c in consumers]
+        started = time.perf_counter()
+        publishing = asyncio.create_task(publish_all())
+        bounded = False
+        try:
+            await asyncio.wait_for(done.wait(), spec["timeout"])
+        except TimeoutError:
+            bounded = True
+        elapsed = time.perf_counter() - started
+        unique = len(ids)
+        for task in (publishing, *listeners):
+            task.cancel()
+        await asyncio.gather(publishing, *listeners, return_exceptions=True)
+    await asyncio.sleep(1.5)  # the server's counters lag a little
+    return {
+        "bounded": bounded,
+        "published": published,
+        "acked": unique,
+        "duplicates": acks - unique,
+        "seconds": elapsed,
+        "publish_seconds": publish_seconds,
+        "rate": unique / elapsed,
+        "requests": common.delta(before, await asyncio.to_thread(count)),
+    }
+
+
 ACTIONS: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
     "publish": publish,
     "drain": drain,
+    "listen_drain": listen_drain,
     "idle": idle,
     "latency": latency,
 }
