@@ -148,7 +148,8 @@ def plain_batch(data: bytes, skip: Collection[int] = ()) -> PlainBatch | None:
     else:
         attributes = [()] * len(members)
     if skip:
-        kept = [i for i in range(len(members)) if i not in set(skip)]
+        skipped = set(skip)
+        kept = [i for i in range(len(members)) if i not in skipped]
         ids = [ids[i] for i in kept]
         payloads = [payloads[i] for i in kept]
         attributes = [attributes[i] for i in kept]
