@@ -21,7 +21,7 @@ least 5x off, at least 20x 0.1.3).
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.group_commit            # 3 runs, ~12 min
+    .venv/bin/python -m bench.group_commit            # 3 runs, ~20 min
     .venv/bin/python -m bench.group_commit --runs 1 --messages 1000 --pq013-timeout 20
 
 Prints a table; writes ``bench/results/group_commit.json``.

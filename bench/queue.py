@@ -12,8 +12,10 @@ Cases (each figure the median of ``--runs`` runs):
 4. idle: requests per minute of an idle ``listen()`` on 1 and 10 topics, USD per month
 5. latency: publish-to-handler p50/p95 with one publish every 50 ms
 6. backlog (``--backlog``): one ``poll()`` + acks at 100 and 100,000 pending messages
-7. batch: a drain of ``publish_batch`` objects of 100, if the Producer has it, with polls
-   of 10 (the default) by 1 and 4 consumers, and polls of 100 by 1 consumer
+7. batch: ``publish_batch`` objects of 100 drained by ``listen()``, with polls of 10 (the
+   default) by 1 and 4 consumers and polls of 100 by 1 consumer, published before or while
+   the consumers listen, on S3 and on the memory store: msgs/s, requests per message, USD,
+   and the goals in ``targets``
 8. local: the filesystem store against vsqs 0.3 at a 2,000 and a 10,000-message backlog
 9. wake: publish-to-handler latency of an idle ``listen()`` (defaults) when another process
    publishes after idle gaps of 1-60 s (``--wake-gaps``), on a directory and on S3
@@ -27,7 +29,8 @@ Run from the repository root (``bench/queue.py`` is named like the standard libr
 
 0.1.3 runs in ``.venv-pq013`` (bench/pq013_runner.py) and vsqs in ``.venv-vsqs``
 (bench/vsqs_bench.py); a case whose venv is missing is skipped with a note. The cases are in
-bench/queue_throughput.py (1-3, 6-8) and bench/queue_waiting.py (4-5, 9), the plumbing in
+bench/queue_throughput.py (1-3, 6, 8), bench/queue_batch.py (7) and bench/queue_waiting.py
+(4-5, 9), the plumbing in
 bench/queue_support.py, the printed tables in bench/queue_report.py.
 """
 
@@ -52,9 +55,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench.queue_batch import case_batch
 from bench.queue_report import table
 from bench.queue_support import CASES, DEFAULT_CASES, QUICK, REPO, Bench, Sizes, Skipped
-from bench.queue_throughput import case_backlog, case_batch, case_drain, case_local, case_publish
+from bench.queue_throughput import case_backlog, case_drain, case_local, case_publish
 from bench.queue_waiting import case_idle, case_latency, case_wake
 
 logger = logging.getLogger("bench.queue")

@@ -51,6 +51,7 @@ class Sizes:
     drain_013: int = 200  # 0.1.3 drains at ~60-90 msg/s
     drain_timeout: float = 120.0
     batch_messages: int = 20000  # 200 objects: a run long enough to leave start-up behind
+    batch_messages_memory: int = 100_000  # ~2 s at 50,000 msg/s
     batch_size: int = 100
     idle_seconds: float = 20.0
     idle_warmup: float = 1.5
@@ -76,6 +77,7 @@ QUICK = Sizes(
     drain_013=60,
     drain_timeout=60.0,
     batch_messages=500,
+    batch_messages_memory=2000,
     idle_seconds=8.0,
     latency_fast_seconds=2.0,
     latency_slow_seconds=5.0,

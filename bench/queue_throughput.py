@@ -1,6 +1,6 @@
 """Queue benchmark cases on throughput and requests (``python -m bench.queue``): 1. publish,
-2-3. drain and requests per message (also split by step), 7. drain of batch objects,
-8. local directory against vsqs 0.3, and 6. backlog.
+2-3. drain and requests per message (also split by step), 8. local directory against
+vsqs 0.3, and 6. backlog (7. batch objects is in bench/queue_batch.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -261,65 +261,6 @@ def _progress(row: dict[str, Any]) -> None:
         row.get("msgs_per_s"),
         row.get("requests_per_msg"),
     )
-
-
-# -- 7. batch objects ---------------------------------------------------------------------------
-
-
-async def case_batch(b: Bench) -> list[dict[str, Any]]:
-    s = b.sizes
-    rows: list[dict[str, Any]] = []
-    default_poll = PawnQueueConfig.from_dict({"backend": "memory"}).polling.max_messages_per_poll
-    for consumers, poll in ((1, default_poll), (4, default_poll), (1, s.batch_size)):
-        runs = []
-        for run in range(s.runs):
-            bucket = await b.bucket(f"batch-{consumers}c-{poll}p-{run}")
-            config = b.ours_s3(bucket, polling={"max_messages_per_poll": poll})
-            async with queues([config] * (1 + consumers)) as (pq_producer, *pq_consumers):
-                await pq_producer.create_topic(TOPIC)
-                producer = await pq_producer.register_producer("bench-producer")
-                if not hasattr(producer, "publish_batch"):
-                    raise Skipped("Producer.publish_batch not available")
-                consumer_objs = [
-                    await pq.register_consumer(f"bench-consumer-{i}", topics=[TOPIC])
-                    for i, pq in enumerate(pq_consumers)
-                ]
-                before = await b.counted(bucket)
-                batches = -(-s.batch_messages // s.batch_size)
-                started = time.perf_counter()
-                publish_seconds = await common.publish_many(
-                    _batch_publisher(producer, s.batch_size), batches, 4
-                )
-                result = await common.drain(consumer_objs, batches * s.batch_size, s.drain_timeout)
-                total = time.perf_counter() - started
-                requests = common.delta(before, await b.counted(bucket))
-            runs.append(
-                {
-                    "publish_seconds": publish_seconds,
-                    "end_to_end_seconds": total,
-                    "end_to_end_msgs_per_s": round(result.unique / total, 1),
-                    "requests": requests,
-                    **result.summary(),
-                }
-            )
-        label = f"batch {s.batch_size} poll {poll}"
-        row = drain_row("ours", label, consumers, s.batch_messages, runs)
-        row["end_to_end_msgs_per_s"] = round(
-            common.median(r["end_to_end_msgs_per_s"] for r in runs), 1
-        )
-        rows.append(row)
-        _progress(row)
-    return rows
-
-
-def _batch_publisher(producer: Any, size: int) -> Callable[[int], Awaitable[object]]:
-    def publish(i: int) -> Awaitable[object]:
-        sent: Awaitable[object] = producer.publish_batch(
-            TOPIC, [{"n": i * size + j} for j in range(size)]
-        )
-        return sent
-
-    return publish
 
 
 # -- 8. local directory: ours vs vsqs ---------------------------------------------------------
