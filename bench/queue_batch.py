@@ -15,7 +15,10 @@ write, shared with the acks of its object made meanwhile, or the object's delete
 On S3 the requests are those SeaweedFS counted for the bucket from before the first publish
 to after the PawnQueues closed (publish, claims, reads, acks, lease deletes, change signals),
 per message and as USD per million at AWS list prices. The memory store runs the same code
-(the PawnQueues share one named store). ``targets`` compares the rows with the goals.
+(the PawnQueues share one named store). ``cpu_us_per_msg`` is this process's CPU time (all
+its threads) from the first publish to the last ack, per message: on a shared host it tells
+the client's cost apart from the time it waited for a core. ``targets`` compares the rows
+with the goals.
 """
 
 from __future__ import annotations
@@ -132,6 +135,7 @@ async def batch_run(
             for i, pq in enumerate(pq_consumers)
         ]
         before = await b.counted(bucket) if bucket else {}
+        cpu = time.process_time()
         started = time.perf_counter()
         if mode == "live":
             drain.start(listeners)
@@ -142,6 +146,7 @@ async def batch_run(
             drain.start(listeners)
         try:
             complete = await drain.wait(b.sizes.drain_timeout)
+            cpu = time.process_time() - cpu
         finally:
             await drain.stop()
     run: dict[str, Any] = {
@@ -151,6 +156,7 @@ async def batch_run(
         "timed_out": not complete,
         "publish_seconds": round(publish_seconds, 3),
         "end_to_end_msgs_per_s": round(len(drain.ids) / (drain.finished - started), 1),
+        "cpu_us_per_msg": round(cpu / max(1, len(drain.ids)) * 1e6, 1),
     }
     if mode == "backlog":
         run["msgs_per_s"] = round(len(drain.ids) / (drain.finished - drain.started), 1)
@@ -178,6 +184,7 @@ def batch_row(
     }
     if mode == "backlog":
         row["msgs_per_s"] = round(common.median(r["msgs_per_s"] for r in runs), 1)
+    row["cpu_us_per_msg"] = round(common.median(r["cpu_us_per_msg"] for r in runs), 1)
     if all("requests" in r for r in runs):
         per = common.median_classes(
             [RequestClasses.from_counts(r["requests"]).per(r["expected"]) for r in runs]

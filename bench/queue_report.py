@@ -149,7 +149,7 @@ def batch_table(batch: dict[str, Any]) -> list[str]:
     rows = batch["rows"]
     size = rows[0]["batch_size"] if rows else "?"
     header = (
-        f"{'store':<8}{'mode':<9}{'c':>3}{'poll':>6}{'N':>8}{'drain/s':>9}{'e2e/s':>9}"
+        f"{'store':<8}{'mode':<9}{'c':>3}{'poll':>6}{'N':>8}{'drain/s':>9}{'e2e/s':>9}{'cpu us':>8}"
         f"{'PUT+LIST':>10}{'GET+HEAD':>10}{'DELETE':>8}{'$/M msg':>9}{'dup':>5}{'t/o':>4}"
     )
     lines = [
@@ -168,13 +168,15 @@ def batch_table(batch: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"{r['store']:<8}{r['mode']:<9}{r['consumers']:>3}{r['poll']:>6}{r['messages']:>8,}"
-            f"{_f(r.get('msgs_per_s')):>9}{_f(r['end_to_end_msgs_per_s']):>9}{requests}"
+            f"{_f(r.get('msgs_per_s')):>9}{_f(r['end_to_end_msgs_per_s']):>9}"
+            f"{_f(r.get('cpu_us_per_msg'), ',.1f'):>8}{requests}"
             f"{r['duplicates']:>5}{r['timed_out']:>4}"
         )
     for name, target in batch["targets"].items():
         checked = target["rows"].values()
         met = sum(c["met"] for c in checked)
         lines.append(f"goal {name} {target['goal']}: met in {met} of {len(checked)} rows")
+    lines.append("cpu us: this process's CPU time per message, first publish to last ack")
     return lines
 
 
