@@ -84,7 +84,7 @@ bench-codec: $(STAMP)
 bench-worker: $(STAMP)
 	$(PY) -m bench.worker
 
-# Single publish() calls with group commit on and off, on SeaweedFS: messages/s and $/million.
+# Single publish() calls with group commit on and off and on pawn-queue 0.1.3, on SeaweedFS: messages/s and $/million.
 bench-group-commit: $(STAMP) $(COMPAT_VENV)/.installed
 	$(PY) -m bench.group_commit
 
