@@ -102,7 +102,7 @@ class Claimer:
         runtime: Runtime,
         visibility: float,
         keeper: LeaseKeeper,
-        handout: Handout | None = None,
+        handout: Handout,
     ) -> None:
         self._consumer_id = consumer_id
         self._handout = handout

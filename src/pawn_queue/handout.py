@@ -33,10 +33,6 @@ class Handout:
         self._round = asyncio.Event()  # set when a round settles or the listener stops
         self._settling = asyncio.Event()  # set when a handler begins waiting for a write
 
-    @property
-    def listening(self) -> bool:
-        return self._listening
-
     def start(self) -> None:
         """A listener hands out polls from now on."""
         self._listening = True

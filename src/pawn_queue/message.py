@@ -2,8 +2,8 @@
 
 A message lives in a message object or in a batch object; either way one lease covers the
 whole object (:class:`ClaimedObject`). The object is deleted once all its messages are
-settled. For a batch, the members settled so far are written into the lease with its next
-refresh, so a consumer that takes the batch over after a crash skips them.
+settled. For a batch, a member's settlement is in the stored lease before its ``ack()`` or
+``nack()`` returns (rule 13), so a consumer that takes the batch over after a crash skips it.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class ClaimedObject:
         size: int,
         runtime: Runtime,
         keeper: LeaseKeeper,
-        handout: Handout | None = None,
+        handout: Handout,
     ) -> None:
         self.key = key
         self.lease = lease
@@ -152,8 +152,7 @@ class ClaimedObject:
     async def _awaiting_write(self, index: int, write: Awaitable[None]) -> None:
         """Wait for ``write``, known meanwhile as a member that waits only for it."""
         self._awaiting.add(index)
-        if self._handout is not None:
-            self._handout.waiting_for_write()
+        self._handout.waiting_for_write()
         try:
             await write
         finally:
@@ -171,9 +170,8 @@ class ClaimedObject:
             await asyncio.shield(self._recording)
 
     async def _write_settled(self) -> None:
-        if self._handout is not None:
-            # Members still to be handed out by the listener: their acks may share this write.
-            await self._handout.hold(lambda: self.kept > 0)
+        # Members still to be handed out by the listener: their acks may share this write.
+        await self._handout.hold(lambda: self.kept > 0)
         # Read as the write begins (a loop turn after it was asked for, at least): settlements
         # made together, as the acks of one poll gathered, share this write.
         settlements = self._settlements
