@@ -14,12 +14,14 @@ import contextlib
 import json
 import math
 import os
+import platform
 import statistics
 import subprocess
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -365,6 +367,18 @@ def last_json_line(stdout: str) -> Any:
         if line.startswith(("{", "[")):
             return json.loads(line)
     raise ValueError(f"no JSON in output: {stdout[-500:]!r}")
+
+
+def host_report(load_at_start: tuple[float, float, float]) -> dict[str, Any]:
+    """When and where a benchmark ran, and how busy the host was at its start and end."""
+    return {
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
+    }
 
 
 def git_state() -> dict[str, Any]:

@@ -32,13 +32,11 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
+from bench.common import host_report  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from tests.helpers.spark_helpers import local_spark  # noqa: E402
@@ -253,12 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     report = {
         "benchmark": "spark",
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": os.getloadavg(),
+        **host_report(load_at_start),
         "master": "local[2]",
         "store": "filesystem",
         "messages": {"singles": args.singles, "batched": args.batched},

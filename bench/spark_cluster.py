@@ -31,13 +31,12 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import socket
 import sys
 import tempfile
 import time
 import urllib.request
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
-from bench.common import delta, git_state, median, scrape  # noqa: E402
+from bench.common import delta, git_state, host_report, median, scrape  # noqa: E402
 from bench.spark import publish, read_json  # noqa: E402
 from bench.spark_trace import TRACE_ENV, TracedSource  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
@@ -435,12 +434,7 @@ def main(argv: list[str] | None = None) -> None:
             server.stop()
     report = {
         "benchmark": "spark_cluster",
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": os.getloadavg(),
+        **host_report(load_at_start),
         "master": "standalone: 2 workers x 1 core, 1 GiB (loopback)",
         "store": "s3 (SeaweedFS); read.json: local files",
         "runs": args.runs,
