@@ -23,7 +23,7 @@ Cases (each figure the median of ``--runs`` runs):
 Run from the repository root (``bench/queue.py`` is named like the standard library's
 ``queue``, so it must be run as a module)::
 
-    .venv/bin/python -m bench.queue                 # everything but --backlog, < 13 min
+    .venv/bin/python -m bench.queue                 # everything but --backlog, < 17 min
     .venv/bin/python -m bench.queue --quick         # smaller sizes, ~3.5 min
     .venv/bin/python -m bench.queue --cases drain,idle --backlog
 
