@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,3 +205,53 @@ async def test_a_batch_member_requeued_alone_keeps_counting_its_receives(pq: Paw
     assert await consumer.poll(wait=1) == []  # a third receive is over the limit
     [letter] = await pq.dead_letters("t")
     assert letter.id == first and letter.reason == "max_receive_count"
+
+
+_DRAIN_WITH_SLOTS = """
+import asyncio, sys
+from pawn_queue import PawnQueue
+
+async def drain(pq, topic):
+    await pq.create_topic(topic)
+    producer = await pq.register_producer("p")
+    await producer.publish_batch(topic, [{"n": n} for n in range(200)])
+    consumer = await pq.register_consumer("c", [topic])
+    loop = asyncio.get_running_loop()
+    seen, done = set(), asyncio.Event()
+
+    def handle(message):  # a plain function: it runs, and acks, in a worker thread
+        message.ack()
+        seen.add(message.payload["n"])
+        if len(seen) == 200:
+            loop.call_soon_threadsafe(done.set)
+
+    listener = asyncio.create_task(consumer.listen(handle, concurrency=4))
+    await asyncio.wait_for(done.wait(), 60)
+    listener.cancel()
+    await asyncio.gather(listener, return_exceptions=True)
+    return len(seen)
+
+async def main(url):
+    async with PawnQueue.from_url(url) as pq:
+        # The spin needed a task done before its callbacks ran: about every other drain.
+        print("drained", *[await drain(pq, f"t{i}") for i in range(10)])
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("url", ["memory://", "file"])
+def test_listen_with_slots_drains_a_batch_acked_from_threads(url: str, tmp_path: Path) -> None:
+    """A handler's task can be done before its callbacks took it out of the running set;
+    counting it as a busy slot once made listen(concurrency=4) spin without yielding, so
+    nothing more was handled and no timeout in that loop could fire: hence a process."""
+    url = f"file://{tmp_path / 'queue'}" if url == "file" else url
+    run = subprocess.run(
+        [sys.executable, "-c", _DRAIN_WITH_SLOTS, url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["drained"] + ["200"] * 10

@@ -256,7 +256,8 @@ class Consumer:
         self._handout.start()
         while True:
             if concurrency is not None:
-                busy = [task for task in running if not settling[task]()]
+                # A task may be done before its callbacks took it out of ``running``.
+                busy = [task for task in running if not (task.done() or settling[task]())]
                 if len(busy) >= concurrency:
                     self._handout.round_settled()
                     await self._handout.until_settling(busy, [settling[t] for t in busy], 1)
