@@ -150,10 +150,18 @@ class Ledger:
 
 
 async def consume(
-    consumer: Consumer, ledger: Ledger, stop: asyncio.Event, *, stall_once: bool = False
+    consumer: Consumer,
+    ledger: Ledger,
+    stop: asyncio.Event,
+    stalling: asyncio.Event,
+    *,
+    stall_once: bool = False,
 ) -> None:
     """Poll and ack until ``stop``. ``stall_once``: the first batch is held with lease
-    refreshes paused (a stalled process) until another consumer took one of them over."""
+    refreshes paused (a stalled process) until another consumer took one of them over; the
+    others start once it holds that batch (``stalling``), or they could take every message."""
+    if not stall_once:
+        await stalling.wait()
     while not stop.is_set():
         try:
             messages = await consumer.poll(wait=0.3)
@@ -165,6 +173,7 @@ async def consume(
             await ledger.add(delivery)
         if stall_once and batch:
             stall_once = False
+            stalling.set()
             await stall_until_taken_over(consumer, ledger, {d.seq for d in batch}, batch[0].at)
         for delivery in batch:
             await ledger.settle(delivery)
@@ -274,7 +283,7 @@ async def test_drain_under_faults(
     config["polling"].update(
         visibility_timeout_seconds=visibility, lease_refresh_interval_seconds=visibility * 0.15
     )
-    ledger, stop = Ledger(), asyncio.Event()
+    ledger, stop, stalling = Ledger(), asyncio.Event(), asyncio.Event()
     async with await PawnQueue.from_config(config) as pq:
         await pq.create_topic("t")
         producer = await pq.register_producer("p")
@@ -284,7 +293,7 @@ async def test_drain_under_faults(
         consumers = [await q.register_consumer(f"c{i}", ["t"]) for i, q in enumerate(queues)]
         proxy.set_rules(rules)
         tasks = [
-            asyncio.create_task(consume(c, ledger, stop, stall_once=i == 0))
+            asyncio.create_task(consume(c, ledger, stop, stalling, stall_once=i == 0))
             for i, c in enumerate(consumers)
         ]
         refresh = visibility * 0.15
