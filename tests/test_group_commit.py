@@ -16,6 +16,7 @@ import pytest
 
 from pawn_queue import PawnQueue, PublishError, layout
 from pawn_queue.config import load_config
+from pawn_queue.envelope import LeaseBody
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
@@ -256,4 +257,74 @@ async def test_a_call_cancelled_before_its_write_began_is_not_written(
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert list(await drain(pq, 1)) == [first_id]
+    assert await objects(pq) == []
+
+
+def hold_lease_writes(store: FaultyStore, failures: int) -> tuple[asyncio.Event, list[str]]:
+    """Hold lease writes until the event returned is set; then the first ``failures`` of
+    them fail. The list returned collects the lease writes that landed."""
+    go, landed = asyncio.Event(), []
+    failing = {"left": failures}
+
+    async def hold(operation: str, key: str) -> None:
+        if operation == "put" and "/leases/" in key:
+            await go.wait()
+            if failing["left"] > 0:
+                failing["left"] -= 1
+                raise StoreUnavailable("injected: the store is down")
+
+    async def note(operation: str, key: str) -> None:
+        if operation == "put" and "/leases/" in key:
+            landed.append(key)
+
+    store.hooks.append(hold)
+    store.observers.append(note)
+    return go, landed
+
+
+async def stored_settled(pq: PawnQueue, message: Any) -> tuple[int, ...]:
+    lease = await pq.store.get(layout.lease_key("t", message._claimed.lease.message_id))
+    return LeaseBody.decode(lease.data).settled
+
+
+async def test_a_failed_member_ack_write_fails_the_acks_it_carried_and_a_retry_writes_them(
+    faulty: tuple[PawnQueue, FaultyStore],
+) -> None:
+    pq, store = faulty
+    producer = await pq.register_producer("p")
+    await producer.publish_batch("t", ["a", "b", "c"])
+    first, second, third = await (await pq.register_consumer("c", ["t"])).poll()
+    go, landed = hold_lease_writes(store, failures=1)
+    acks = [asyncio.create_task(m.ack()) for m in (first, second)]
+    await asyncio.sleep(0.05)
+    assert not any(a.done() for a in acks)  # both wait for the one write, held
+    go.set()
+    results = await asyncio.gather(*acks, return_exceptions=True)
+    assert all(isinstance(r, StoreUnavailable) for r in results), results
+    assert not first.settled and not second.settled and landed == []
+    await asyncio.gather(first.ack(), second.ack())  # the store is back: one write for both
+    assert first.settled and second.settled and len(landed) == 1
+    assert await stored_settled(pq, first) == (0, 1)
+    await third.ack()
+    assert await objects(pq) == []
+
+
+async def test_a_cancelled_member_ack_leaves_the_shared_write_to_the_others(
+    faulty: tuple[PawnQueue, FaultyStore],
+) -> None:
+    pq, store = faulty
+    producer = await pq.register_producer("p")
+    await producer.publish_batch("t", ["a", "b", "c"])
+    first, second, third = await (await pq.register_consumer("c", ["t"])).poll()
+    go, landed = hold_lease_writes(store, failures=0)
+    acks = [asyncio.create_task(m.ack()) for m in (first, second)]
+    await asyncio.sleep(0.05)
+    acks[0].cancel()
+    go.set()
+    await acks[1]
+    with pytest.raises(asyncio.CancelledError):
+        await acks[0]
+    assert second.settled and not first.settled and len(landed) == 1
+    await first.ack()
+    await third.ack()
     assert await objects(pq) == []

@@ -253,6 +253,12 @@ class Consumer:
         object's members then share that write across polls (:mod:`pawn_queue.handout`)."""
         wanted = self._polling.max_messages_per_poll
         settling: dict[asyncio.Task[None], Callable[[], bool]] = {}
+
+        def finished(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            del settling[task]
+            self._handout.progressed()
+
         self._handout.start()
         while True:
             if concurrency is not None:
@@ -279,8 +285,7 @@ class Consumer:
             running.update(tasks)
             for task, message in zip(tasks, messages, strict=True):
                 settling[task] = message._waits_for_write
-                task.add_done_callback(running.discard)
-                task.add_done_callback(settling.pop)
+                task.add_done_callback(finished)
             if concurrency is None:
                 await self._handout.until_settling(tasks, [settling[t] for t in tasks])
                 self._handout.round_settled()

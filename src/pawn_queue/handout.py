@@ -31,7 +31,8 @@ class Handout:
     def __init__(self) -> None:
         self._listening = False
         self._round = asyncio.Event()  # set when a round settles or the listener stops
-        self._settling = asyncio.Event()  # set when a handler begins waiting for a write
+        # Done when a handler finishes or begins waiting for a write (the listener waits).
+        self._progress: asyncio.Future[None] | None = None
 
     def start(self) -> None:
         """A listener hands out polls from now on."""
@@ -47,10 +48,11 @@ class Handout:
         self._round.set()
         self._round = asyncio.Event()
 
-    def waiting_for_write(self) -> None:
-        """A handler now waits only for a member-ack write."""
-        self._settling.set()
-        self._settling = asyncio.Event()
+    def progressed(self) -> None:
+        """A handler finished, or now waits only for a member-ack write."""
+        progress, self._progress = self._progress, None
+        if progress is not None and not progress.done():
+            progress.set_result(None)
 
     async def hold(self, kept_back: Callable[[], bool]) -> None:
         """Before a member-ack write: while the listener keeps members of the same object
@@ -74,16 +76,15 @@ class Handout:
         free: int | None = None,
     ) -> None:
         """Return once each of ``tasks`` (or ``free`` of them) is done or its ``settling``
-        check is true: its message waits only for the write that makes its ack durable."""
+        check is true: its message waits only for the write that makes its ack durable. The
+        listener's own: it hears of each change through :meth:`progressed`."""
         wanted = len(tasks) if free is None else free
         while True:
-            busy = [
-                t for t, check in zip(tasks, settling, strict=True) if not (t.done() or check())
-            ]
-            if len(tasks) - len(busy) >= wanted:
+            busy = sum(
+                1 for t, check in zip(tasks, settling, strict=True) if not (t.done() or check())
+            )
+            if len(tasks) - busy >= wanted:
                 return
-            changed = asyncio.ensure_future(self._settling.wait())
-            try:
-                await asyncio.wait({changed, *busy}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                changed.cancel()
+            if self._progress is None or self._progress.done():
+                self._progress = asyncio.get_running_loop().create_future()
+            await self._progress

@@ -9,11 +9,11 @@ settled. For a batch, a member's settlement is in the stored lease before its ``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import timedelta
+from types import TracebackType
 from typing import Any
 
 from pawn_queue import layout
@@ -75,8 +75,9 @@ class ClaimedObject:
         # Member settlements made durable in the lease: one write carries all those made
         # while the write before it was in flight (group commit on the lease).
         self._settlements = 0  # member settlements so far
-        self._recorded = 0  # of which the lease in the store has this many
-        self._recording: asyncio.Future[None] | None = None
+        # Settlements waiting for a lease write that lists them: (number, its waiter).
+        self._unrecorded: list[tuple[int, asyncio.Future[None]]] = []
+        self._recording: asyncio.Task[None] | None = None  # the writes, while some wait
         self._finishing: asyncio.Future[None] | None = None  # the object's delete
         self._handout = handout
         self.kept = 0  # members the consumer keeps for its next polls
@@ -152,34 +153,54 @@ class ClaimedObject:
     async def _awaiting_write(self, index: int, write: Awaitable[None]) -> None:
         """Wait for ``write``, known meanwhile as a member that waits only for it."""
         self._awaiting.add(index)
-        self._handout.waiting_for_write()
+        self._handout.progressed()
         try:
             await write
         finally:
             self._awaiting.discard(index)
 
-    async def _record_settled(self) -> None:
-        """Return once the lease in the store lists every member settled so far (rule 5):
-        a settlement made while a write is in flight waits for it, then goes out with the
-        others that waited, in one write."""
+    def _record_settled(self) -> asyncio.Future[None]:
+        """A future done once the lease in the store lists every member settled so far
+        (rule 5): a settlement made while a write is in flight waits for it, then goes out
+        with the others that waited, in one write. A failed write fails those waiting."""
         self._settlements += 1
-        wanted = self._settlements
-        while self._recorded < wanted:
-            if self._recording is None or self._recording.done():
-                self._recording = asyncio.ensure_future(self._write_settled())
-            await asyncio.shield(self._recording)
+        recorded = asyncio.get_running_loop().create_future()
+        self._unrecorded.append((self._settlements, recorded))
+        if self._recording is None:
+            self._recording = asyncio.ensure_future(self._write_settled())
+        return recorded
 
     async def _write_settled(self) -> None:
-        # Members still to be handed out by the listener: their acks may share this write.
-        await self._handout.hold(lambda: self.kept > 0)
-        # Read as the write begins (a loop turn after it was asked for, at least): settlements
-        # made together, as the acks of one poll gathered, share this write.
-        settlements = self._settlements
-        if self._finishing is not None:
-            await asyncio.shield(self._finishing)  # every member settled: the delete says so
-        else:
-            await self._leases.refresh(self.lease)
-        self._recorded = max(self._recorded, settlements)
+        try:
+            while self._unrecorded:
+                # Members still to be handed out by the listener: their acks may share this.
+                await self._handout.hold(lambda: self.kept > 0)
+                # Read as the write begins (a loop turn after it was asked for, at least):
+                # settlements made together, as the acks of one poll gathered, share it.
+                settlements = self._settlements
+                if self._finishing is not None:
+                    await asyncio.shield(self._finishing)  # all settled: the delete says so
+                else:
+                    await self._leases.refresh(self.lease)
+                waiting, self._unrecorded = self._unrecorded, []
+                for number, recorded in waiting:
+                    if number > settlements:
+                        self._unrecorded.append((number, recorded))
+                    elif not recorded.done():  # its ack may have been cancelled
+                        recorded.set_result(None)
+        except BaseException as exc:
+            waiting, self._unrecorded = self._unrecorded, []
+            for _, recorded in waiting:
+                if recorded.done():
+                    continue
+                if isinstance(exc, asyncio.CancelledError):
+                    recorded.cancel()
+                else:
+                    recorded.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._recording = None
 
     async def _finish_batch(self) -> None:
         """Delete a batch object whose members are all settled, then (in the background, as
@@ -269,29 +290,13 @@ class Message:
 
     async def ack(self) -> None:
         """Remove the message from the queue: it will not be delivered again."""
-        async with self._settling():
+        async with _Settling(self):
             if self._settled:
                 return
             await self._claimed.ensure_held()
             await self._claimed.settle(self._index, acked=True)
             self._settled = True
             self._observed("ack")
-
-    @contextlib.asynccontextmanager
-    async def _settling(self) -> AsyncIterator[None]:
-        """One settlement at a time. If it fails, the lease is no longer refreshed in the
-        background: the message comes back after the visibility timeout at the latest, not
-        held for as long as the consumer runs by a caller who could not settle it (rule 10).
-        Settling again may still succeed while the lease lasts."""
-        async with self._lock:
-            try:
-                yield
-            except BaseException as exc:
-                if not self._settled:
-                    self._claimed.abandon(self._index)
-                if isinstance(exc, LeaseLostError) and self._claimed.observers:
-                    self._claimed.observers.lease_lost(self)
-                raise
 
     def _observed(self, outcome: Outcome, reason: str | None = None) -> None:
         if self._claimed.observers:
@@ -319,7 +324,7 @@ class Message:
             return
         if not 0 <= delay < _MAX_SECONDS:
             raise ArgumentError(f"delay: got {delay!r}, must be a number of seconds >= 0")
-        async with self._settling():
+        async with _Settling(self):
             if self._settled:
                 return
             await self._claimed.ensure_held()
@@ -329,7 +334,7 @@ class Message:
 
     async def dead_letter(self, reason: str, error: str | None = None) -> None:
         """Dead-letter with a reason (and the error text of a failed handler)."""
-        async with self._settling():
+        async with _Settling(self):
             if self._settled:
                 return
             await self._claimed.ensure_held()
@@ -337,3 +342,34 @@ class Message:
             await self._claimed.settle(self._index)
             self._settled = True
             self._observed("dead_letter", reason)
+
+
+class _Settling:
+    """One settlement of a message at a time. If it fails, the lease is no longer refreshed
+    in the background: the message comes back after the visibility timeout at the latest,
+    not held for as long as the consumer runs by a caller who could not settle it (rule 10).
+    Settling again may still succeed while the lease lasts.
+
+    A class rather than an async generator: it is on every ack's path, and an async
+    generator's machinery costs several times as much per call."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self, message: Message) -> None:
+        self._message = message
+
+    async def __aenter__(self) -> None:
+        await self._message._lock.acquire()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        message = self._message
+        try:
+            if exc is not None:
+                if not message._settled:
+                    message._claimed.abandon(message._index)
+                if isinstance(exc, LeaseLostError) and message._claimed.observers:
+                    message._claimed.observers.lease_lost(message)
+        finally:
+            message._lock.release()
