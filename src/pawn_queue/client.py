@@ -18,7 +18,8 @@ from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
 from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, PawnQueueError, RootNotFound
-from pawn_queue.leases import LeaseManager, ResolvedStrategy
+from pawn_queue.lease_protocol import ResolvedStrategy
+from pawn_queue.leases import LeaseManager
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.observe import Observer, Observers
 from pawn_queue.producer import Producer

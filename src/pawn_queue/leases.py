@@ -1,12 +1,11 @@
 """Leases: the only code that claims, refreshes, takes over or releases a message.
 
-Two strategies (see docs/protocol.md):
-
-* ``conditional_write``: claim with a create-only put, refresh and release with if-match on
-  our own etag, take over an expired lease with if-match on its etag. Atomic.
-* ``csprng_verify``: for stores without conditional writes. Write a lease with a fresh
-  random nonce, wait, and check with HEADs that our write survived (the steps are in
-  docs/protocol.md). Probabilistic; the docs and the startup log say so (rule 7).
+:class:`LeaseManager` decides when: it claims, keeps (refreshes while a handler works),
+releases and settles leases, adopts a consumer's own leases after a restart, sweeps the
+orphan leases of messages that are gone, and remembers what it learned (held here, live
+elsewhere, settled here) to save requests. How a lease object is written and read on the
+store under either strategy (``conditional_write``, ``csprng_verify``) is
+:mod:`pawn_queue.lease_protocol`'s.
 
 A lease is expired for a taker only when ``now > expires_at + clock_skew_margin`` (at
 ``expires_at`` for a lease its holder released: nobody holds it), and its
@@ -20,27 +19,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from pawn_queue import layout
 from pawn_queue._aio import IO_CONCURRENCY, Background, gather_limited
 from pawn_queue.config import ConcurrencyConfig
-from pawn_queue.config_sections import claim_seconds, renew_seconds
+from pawn_queue.config_sections import claim_seconds
 from pawn_queue.envelope import CorruptObject, LeaseBody, now_utc
-from pawn_queue.exceptions import (
-    AlreadyExists,
-    LeaseLostError,
-    NotFound,
-    PreconditionFailed,
-    StoreError,
-    StoreUnavailable,
-)
-from pawn_queue.store.base import IfMatch, PutMode, Store, StoredObject
+from pawn_queue.exceptions import LeaseLostError, NotFound, StoreError
+from pawn_queue.lease_protocol import LeaseProtocol, ResolvedStrategy
+from pawn_queue.store.base import Store
 from pawn_queue.store.coalesce import DeleteCoalescer
 from pawn_queue.tombstones import TOMBSTONE_SECONDS, Tombstones
 
@@ -51,9 +43,6 @@ _T = TypeVar("_T")
 _SETTLED_SECONDS = 60.0  # longer than any listing stays in use
 _SETTLED_MEMORY = 10_000
 _RELEASED = "1970-01-01T00:00:00+00:00"  # expired on every clock: free to take at once
-
-
-ResolvedStrategy = Literal["conditional_write", "csprng_verify"]
 
 
 @dataclass(slots=True)
@@ -81,7 +70,7 @@ class Lease:
         return self.body.expires
 
 
-class LeaseManager:
+class LeaseManager(LeaseProtocol):
     """Claims and keeps leases for one store with one resolved strategy."""
 
     def __init__(
@@ -98,20 +87,15 @@ class LeaseManager:
         """``deleter`` and ``background``: the queue's own (its runtime's), shared with the
         other code that deletes or works in the background there. ``keep_tombstones``: keep
         the leases of acked messages a while (:mod:`pawn_queue.tombstones`)."""
-        self._store = store
+        super().__init__(store, strategy, concurrency, clock)
         self._deleter = deleter or DeleteCoalescer(store)
         self._background = background or Background()
         self._tombstones = Tombstones(self.release_gone, self._background)
         self._keep_tombstones = keep_tombstones
-        self.strategy = strategy
-        self._csprng = concurrency.csprng_verify
-        self.margin = timedelta(seconds=concurrency.clock_skew_margin_seconds)
-        # The wall clock behind every expiry decision (a skewed one simulates another host).
-        self.clock = clock
         # What this process knows without asking the store: lease keys held here, lease keys
-        # seen live elsewhere (until when), and message keys settled here a moment ago.
+        # seen live elsewhere (until when: the protocol's _busy_until), and message keys
+        # settled here a moment ago.
         self._held_here: set[str] = set()
-        self._busy_until: dict[str, datetime] = {}
         self._settled_here: dict[str, float] = {}
 
     # -- claiming ---------------------------------------------------------------------------
@@ -172,51 +156,6 @@ class LeaseManager:
         self._busy_until.pop(key, None)
         self._held_here.add(key)
         return Lease(topic, message_id, message_key, key, etag, body, visibility)
-
-    async def _claim_conditional(
-        self, key: str, body: LeaseBody, seconds: float
-    ) -> tuple[str, LeaseBody] | None:
-        etag, current = await self._conditional_put(key, body, "create", seconds)
-        if etag is not None:
-            return etag, body
-        if current is None:
-            # Released between our put and our read: one more create decides.
-            etag, _ = await self._conditional_put(key, body, "create", seconds)
-            return None if etag is None else (etag, body)
-        previous = self._expired_lease(key, current.data, current.meta.last_modified)
-        if previous is None:
-            return None
-        body = replace(body, settled=previous.settled, receive_count=previous.receive_count + 1)
-        etag, _ = await self._conditional_put(key, body, IfMatch(current.meta.etag), seconds)
-        if etag is None:
-            return None
-        logger.info("lease takeover key=%s", key)
-        return etag, body
-
-    async def _claim_csprng(
-        self, key: str, body: LeaseBody, seconds: float
-    ) -> tuple[str, LeaseBody] | None:
-        try:
-            current = await _bounded(seconds, key, self._store.get(key))
-        except NotFound:
-            pass
-        else:
-            previous = self._expired_lease(key, current.data, current.meta.last_modified)
-            if previous is None:
-                return None
-            body = replace(body, settled=previous.settled, receive_count=previous.receive_count + 1)
-        cfg = self._csprng
-        put = self._store.put(key, body.encode(), "overwrite", durable=False)
-        etag = await _bounded(seconds, key, put)
-        jitter_ms = cfg.jitter_min_ms + secrets.randbelow(cfg.jitter_max_ms - cfg.jitter_min_ms + 1)
-        await asyncio.sleep(jitter_ms / 1000)
-        for attempt in range(cfg.verify_retries + 1):
-            if attempt:
-                await asyncio.sleep(cfg.verify_retry_delay_ms / 1000)
-            if not await self._etag_is(key, etag, seconds):
-                return None
-        await asyncio.sleep(cfg.jitter_min_ms / 1000)
-        return (etag, body) if await self._etag_is(key, etag, seconds) else None
 
     # -- keeping ----------------------------------------------------------------------------
 
@@ -456,106 +395,3 @@ class LeaseManager:
             logger.warning("lease lost key=%s", lease.key)
             raise LeaseLostError(f"lease on message {lease.message_id} was taken over")
         lease.etag, lease.body, lease.visibility = etag, body, seconds
-
-    # -- helpers ----------------------------------------------------------------------------
-
-    def _new_body(
-        self,
-        consumer_id: str,
-        message_id: str,
-        message_key: str,
-        visibility: float,
-    ) -> LeaseBody:
-        now = self.clock()
-        return LeaseBody(
-            consumer_id=consumer_id,
-            message_id=message_id,
-            claimed_at=now.isoformat(),
-            expires_at=(now + timedelta(seconds=visibility)).isoformat(),
-            nonce=nonce(),
-            message_key=message_key,
-        )
-
-    def _expired_lease(self, key: str, data: bytes, last_modified: datetime) -> LeaseBody | None:
-        """The stored lease if it may be taken over, else None (and remember until when it is
-        live). A corrupt lease counts as expiring at its write time."""
-        try:
-            previous = LeaseBody.decode(data)
-            free_at = previous.expires if previous.released else previous.expires + self.margin
-        except (CorruptObject, OverflowError):  # overflow: an expiry at the end of time
-            previous = LeaseBody("", "", "", last_modified.isoformat(), "")
-            free_at = last_modified + self.margin
-        if self.clock() > free_at:
-            return previous
-        self._busy_until[key] = free_at
-        return None
-
-    async def _replace(self, lease: Lease, body: LeaseBody) -> str | None:
-        """Write ``body`` over our lease; None if the lease is no longer ours."""
-        window = self.margin.total_seconds() + min(1.0, lease.visibility / 4)
-        safe = (lease.expires - self.clock()).total_seconds() - window
-        seconds = renew_seconds(lease.visibility, safe)
-        if self.strategy == "conditional_write":
-            etag, _ = await self._conditional_put(lease.key, body, IfMatch(lease.etag), seconds)
-            return etag
-        if not await self._etag_is(lease.key, lease.etag, seconds):
-            return None
-        put = self._store.put(lease.key, body.encode(), "overwrite", durable=False)
-        return await _bounded(seconds, lease.key, put)
-
-    async def _conditional_put(
-        self, key: str, body: LeaseBody, mode: PutMode, seconds: float
-    ) -> tuple[str | None, StoredObject | None]:
-        """``(etag, None)`` once ``body`` is stored; else ``(None, what is stored)``, where
-        None means nothing. A retried request can fail on its own earlier success, so a
-        refusal is checked against the stored nonce before it counts as lost (rule 6).
-
-        A transient failure is checked the same way: S3 clients do not resend a conditional
-        write whose connection broke or timed out, though the server may have applied it.
-        If the stored lease is not ours then, the failure is raised (the outcome is unknown).
-        Each request is given up after ``seconds`` (rule 11), which counts as such a failure.
-        """
-        unknown: StoreUnavailable | None = None
-        try:
-            put = self._store.put(key, body.encode(), mode, durable=False)
-            return await _bounded(seconds, key, put), None
-        except (AlreadyExists, PreconditionFailed):
-            pass
-        except StoreUnavailable as exc:
-            unknown = exc
-        try:
-            current = await _bounded(seconds, key, self._store.get(key))
-        except NotFound:
-            current = None
-        try:
-            if current is not None and LeaseBody.decode(current.data).nonce == body.nonce:
-                return current.meta.etag, None
-        except CorruptObject:
-            pass
-        if unknown is not None:
-            raise unknown
-        return None, current
-
-    async def _etag_is(self, key: str, etag: str, seconds: float) -> bool:
-        try:
-            return (await _bounded(seconds, key, self._store.head(key))).etag == etag
-        except NotFound:
-            return False
-
-
-async def _bounded(seconds: float, key: str, request: Awaitable[_T]) -> _T:
-    """``request``, given up after ``seconds`` with StoreUnavailable (rule 11). A write given
-    up may still land: callers treat its outcome as unknown (rule 6)."""
-    try:
-        async with asyncio.timeout(seconds):
-            return await request
-    except TimeoutError:
-        raise StoreUnavailable(
-            f"lease request on key '{key}' at its {seconds:.3g} s bound: timed out "
-            "(outcome unknown)"
-        ) from None
-
-
-def nonce() -> str:
-    """A fresh 256-bit random value, hex."""
-    return secrets.token_hex(32)

@@ -1,4 +1,5 @@
-"""The lease strategy: which of the two protocols of :mod:`pawn_queue.leases` a store gets.
+"""The lease strategy: which of the two protocols of :mod:`pawn_queue.lease_protocol` a
+store gets.
 
 ``conditional_write`` where the store enforces create-only and if-match puts, else
 ``csprng_verify`` (rule 7). ``auto`` asks the store with a probe (docs/protocol.md, strategy
@@ -15,7 +16,7 @@ from collections.abc import Awaitable
 from pawn_queue import layout
 from pawn_queue.config import Strategy
 from pawn_queue.exceptions import AlreadyExists, PreconditionFailed, StoreError, StoreUnavailable
-from pawn_queue.leases import ResolvedStrategy, nonce
+from pawn_queue.lease_protocol import ResolvedStrategy, nonce
 from pawn_queue.store.base import IfMatch, Store
 from pawn_queue.store.memory import MemoryStore
 from pawn_queue.store.wrapper import StoreWrapper

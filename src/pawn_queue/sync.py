@@ -25,7 +25,7 @@ from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.handlers import Forwarded
 from pawn_queue.layout import Role
-from pawn_queue.leases import ResolvedStrategy
+from pawn_queue.lease_protocol import ResolvedStrategy
 from pawn_queue.loop_thread import CLOSED, Call, LoopThread
 from pawn_queue.observe import Observer
 from pawn_queue.registry import RegistryEntry
