@@ -153,10 +153,10 @@ async def test_deleted_files_are_unlinked_after_the_key_is_gone(tmp_path: Path) 
 async def test_every_put_mode_with_and_without_unnamed_temp_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unnamed: bool
 ) -> None:
-    from pawn_queue.store import filesystem
+    from pawn_queue.store import _fs_files
 
     if not unnamed:
-        monkeypatch.setattr(filesystem, "_O_TMPFILE", 0)
+        monkeypatch.setattr(_fs_files, "_O_TMPFILE", 0)
     root = tmp_path / "root"
     store = FilesystemStore(root)
     try:
