@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import PawnQueue
+from pawn_queue import PawnQueue, layout
 from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.lanes import lane_of
@@ -100,3 +100,27 @@ async def test_consumers_that_start_together_lose_one_claim_between_them(
     assert sorted([len(got_a), len(got_b)]) == [0, 10]
     assert [m.id for m in got_a or got_b] == ids[:10]
     assert claims == 10 + 1
+
+
+async def test_a_competing_consumer_claims_no_more_batch_objects_than_its_poll_needs(
+    two_queues: tuple[PawnQueue, CountingStore, PawnQueue, CountingStore],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One batch object of 20 fills a poll of 10: claiming the others of its lane too would
+    take 20 messages each from the competitors, and lose races for them."""
+    monkeypatch.setattr("pawn_queue.lanes._LANE_LAG", timedelta(hours=1))
+    a, store_a, _, _ = two_queues
+    producer = await a.register_producer("p")
+    batches = {tuple(await producer.publish_batch("t", list(range(20)))) for _ in range(16)}
+    pending = [layout.parse_pending_key(m.key) for m in await a.store.list("t/messages/")]
+    lanes = Counter(lane_of(p.lease_id()) for p in pending if p is not None)
+    lane, count = lanes.most_common(1)[0]
+    assert count >= 2 and sum(lanes.values()) == 16  # 16 objects in 8 lanes
+    consumer = await a.register_consumer("a", topics=["t"])
+    _work_in_lane(consumer, lane)
+    store_a.reset()
+    got = [m.id for m in await consumer.poll()]
+    assert store_a.reset()["PUT create"] == 1
+    got += [m.id for m in await consumer.poll()]  # the rest of that object, kept
+    assert store_a.reset()["PUT create"] == 0
+    assert tuple(got) in batches

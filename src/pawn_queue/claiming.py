@@ -86,6 +86,17 @@ def scan_page(
     return ScannedPage(found, next_due, ends=False)
 
 
+def _claims_for(candidates: list[tuple[layout.PendingKey, str]], wanted: int) -> int:
+    """How many of ``candidates`` to claim at once for ``wanted`` messages when consumers
+    compete: up to the first batch object. It may hold them all; claiming past it would take
+    messages the poll does not need from the others, and lose races for them. (Alone, a
+    consumer claims a poll's worth of candidates at once: no race, one round trip.)"""
+    for count, (pending, _) in enumerate(candidates[:wanted], start=1):
+        if pending.kind == "batch":
+            return count
+    return wanted
+
+
 def _expired(key: str, retention_seconds: float, now: datetime) -> bool:
     due = layout.due_from_key(key)
     return due is not None and now - due > timedelta(seconds=retention_seconds)
@@ -257,10 +268,12 @@ class Claimer:
         ``probe``, the first candidate is claimed alone, and the others only once it is won."""
         claimed: list[Message] = []
         conflicts = 0
+        contended = self.lanes.contended(topic)
         # After a lost race, stop: the competitor is likely claiming the same candidates.
         while candidates and len(claimed) < wanted and not conflicts:
-            # Batch objects hold many messages: one claim may be enough.
             take = 1 if probe else wanted - len(claimed)
+            if contended:
+                take = _claims_for(candidates, take)
             chunk, candidates = candidates[:take], candidates[take:]
             results = await self._claim_all(topic, chunk)
             for result in results:
