@@ -64,6 +64,8 @@ class ClaimedObject:
         self.key = key
         self.lease = lease
         self.size = size
+        # Not a group's lease, which the group's next message waits for.
+        self._own_lease = lease.key == layout.lease_key(lease.topic, lease.message_id)
         self._runtime = runtime
         self._store = runtime.store
         self._leases = runtime.leases
@@ -133,13 +135,12 @@ class ClaimedObject:
     async def settle(self, index: int, *, acked: bool = False) -> None:
         """Message ``index`` is ``acked`` (or its dead letter is durable); delete the object
         when it was the last one."""
-        own_lease = self.lease.key == layout.lease_key(self.lease.topic, self.lease.message_id)
         if self.size > 1:
             self.lease.settled.add(index)
             if len(self.lease.settled) < self.size:
                 await self._awaiting_write(index, self._record_settled())
                 return
-            if own_lease:
+            if self._own_lease:
                 # The last one deletes the object: its settlement, and those of the members
                 # still waiting for a lease write, are durable once that delete landed.
                 self._on_done(self.lease)
@@ -147,7 +148,7 @@ class ClaimedObject:
                 await self._awaiting_write(index, asyncio.shield(self._finishing))
                 return
         # A group's next message waits for its lease: that release is not left for later.
-        await self._leases.settle(self.lease, self.key, lease_later=own_lease, acked=acked)
+        await self._leases.settle(self.lease, self.key, lease_later=self._own_lease, acked=acked)
         self._on_done(self.lease)
 
     async def _awaiting_write(self, index: int, write: Awaitable[None]) -> None:
