@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -260,14 +261,30 @@ async def test_a_call_cancelled_before_its_write_began_is_not_written(
     assert await objects(pq) == []
 
 
-def hold_lease_writes(store: FaultyStore, failures: int) -> tuple[asyncio.Event, list[str]]:
-    """Hold lease writes until the event returned is set; then the first ``failures`` of
-    them fail. The list returned collects the lease writes that landed."""
-    go, landed = asyncio.Event(), []
+@dataclass
+class HeldAcks:
+    """Acks of the first two members of a batch of three, waiting for their shared lease
+    write, which the store holds until ``go`` is set; then the first ``failures`` lease
+    writes fail. ``landed`` collects the lease writes that landed."""
+
+    pq: PawnQueue
+    members: list[Any]
+    acks: list[asyncio.Task[None]]
+    go: asyncio.Event
+    landed: list[str]
+
+
+async def held_acks(faulty: tuple[PawnQueue, FaultyStore], failures: int) -> HeldAcks:
+    pq, store = faulty
+    producer = await pq.register_producer("p")
+    await producer.publish_batch("t", ["a", "b", "c"])
+    members = await (await pq.register_consumer("c", ["t"])).poll()
+    go, arrived, landed = asyncio.Event(), asyncio.Event(), []
     failing = {"left": failures}
 
     async def hold(operation: str, key: str) -> None:
         if operation == "put" and "/leases/" in key:
+            arrived.set()
             await go.wait()
             if failing["left"] > 0:
                 failing["left"] -= 1
@@ -279,52 +296,39 @@ def hold_lease_writes(store: FaultyStore, failures: int) -> tuple[asyncio.Event,
 
     store.hooks.append(hold)
     store.observers.append(note)
-    return go, landed
-
-
-async def stored_settled(pq: PawnQueue, message: Any) -> tuple[int, ...]:
-    lease = await pq.store.get(layout.lease_key("t", message._claimed.lease.message_id))
-    return LeaseBody.decode(lease.data).settled
+    acks = [asyncio.create_task(m.ack()) for m in members[:2]]
+    await arrived.wait()  # one write, in flight, carries both
+    return HeldAcks(pq, members, acks, go, landed)
 
 
 async def test_a_failed_member_ack_write_fails_the_acks_it_carried_and_a_retry_writes_them(
     faulty: tuple[PawnQueue, FaultyStore],
 ) -> None:
-    pq, store = faulty
-    producer = await pq.register_producer("p")
-    await producer.publish_batch("t", ["a", "b", "c"])
-    first, second, third = await (await pq.register_consumer("c", ["t"])).poll()
-    go, landed = hold_lease_writes(store, failures=1)
-    acks = [asyncio.create_task(m.ack()) for m in (first, second)]
-    await asyncio.sleep(0.05)
-    assert not any(a.done() for a in acks)  # both wait for the one write, held
-    go.set()
-    results = await asyncio.gather(*acks, return_exceptions=True)
+    held = await held_acks(faulty, failures=1)
+    first, second, third = held.members
+    held.go.set()
+    results = await asyncio.gather(*held.acks, return_exceptions=True)
     assert all(isinstance(r, StoreUnavailable) for r in results), results
-    assert not first.settled and not second.settled and landed == []
+    assert not first.settled and not second.settled and held.landed == []
     await asyncio.gather(first.ack(), second.ack())  # the store is back: one write for both
-    assert first.settled and second.settled and len(landed) == 1
-    assert await stored_settled(pq, first) == (0, 1)
+    assert first.settled and second.settled and len(held.landed) == 1
+    lease = await held.pq.store.get(layout.lease_key("t", first._claimed.lease.message_id))
+    assert LeaseBody.decode(lease.data).settled == (0, 1)
     await third.ack()
-    assert await objects(pq) == []
+    assert await objects(held.pq) == []
 
 
 async def test_a_cancelled_member_ack_leaves_the_shared_write_to_the_others(
     faulty: tuple[PawnQueue, FaultyStore],
 ) -> None:
-    pq, store = faulty
-    producer = await pq.register_producer("p")
-    await producer.publish_batch("t", ["a", "b", "c"])
-    first, second, third = await (await pq.register_consumer("c", ["t"])).poll()
-    go, landed = hold_lease_writes(store, failures=0)
-    acks = [asyncio.create_task(m.ack()) for m in (first, second)]
-    await asyncio.sleep(0.05)
-    acks[0].cancel()
-    go.set()
-    await acks[1]
+    held = await held_acks(faulty, failures=0)
+    first, second, third = held.members
+    held.acks[0].cancel()
+    held.go.set()
+    await held.acks[1]
     with pytest.raises(asyncio.CancelledError):
-        await acks[0]
-    assert second.settled and not first.settled and len(landed) == 1
+        await held.acks[0]
+    assert second.settled and not first.settled and len(held.landed) == 1
     await first.ack()
     await third.ack()
-    assert await objects(pq) == []
+    assert await objects(held.pq) == []
