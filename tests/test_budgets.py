@@ -197,6 +197,32 @@ async def test_listen_writes_the_acks_of_a_batch_of_100_in_one_lease_write_at_mo
     assert counts["DELETE"] == 2, counts  # the object, then its lease
 
 
+@pytest.mark.parametrize("concurrency", [None, 4])
+async def test_an_object_s_last_members_handed_out_with_a_claim_still_share_its_delete(
+    counted: tuple[PawnQueue, CountingStore], concurrency: int | None
+) -> None:
+    """Polls of 10 over two batch objects of 12: a poll hands out the first object's last
+    members and then claims (a request the loop waits for). The acks made before wait for
+    those members too, not only for the poll that takes them: each object's delete makes
+    its acks durable, with no lease write."""
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    for first in (0, 12):
+        await producer.publish_batch("t", [{"n": n} for n in range(first, first + 12)])
+    await spent(pq, store)
+    acked: list[int] = []
+
+    async def handle(message: Any) -> None:
+        await message.ack()
+        acked.append(message.payload["n"])
+
+    await listen_until(consumer, 24, handle, concurrency)
+    assert sorted(acked) == list(range(24))
+    counts = await spent(pq, store)
+    assert counts["PUT if-match"] == 0, counts
+
+
 async def test_a_listener_s_member_ack_is_durable_when_it_returns(
     counted: tuple[PawnQueue, CountingStore],
 ) -> None:

@@ -164,7 +164,6 @@ class Claimer:
             waiting = self._buffer.get(name)
             while waiting and len(taken) < wanted:
                 message = waiting.popleft()
-                message._claimed.kept -= 1
                 if message.lease_held:
                     taken.append(message)
             if waiting is not None and not waiting:
@@ -174,16 +173,12 @@ class Claimer:
     def keep(self, messages: Iterable[Message]) -> None:
         """Hand ``messages`` out with the next polls."""
         for message in messages:
-            message._claimed.kept += 1
             self._buffer.setdefault(message.topic, deque()).append(message)
 
     async def close(self) -> None:
         """Let claims still in flight finish (their leases are then held) and drop what was
         kept: the caller releases the leases."""
         await asyncio.gather(*self._background, return_exceptions=True)
-        for waiting in self._buffer.values():
-            for message in waiting:
-                message._claimed.kept -= 1
         self._buffer.clear()
 
     async def claim(self, topic: str, wanted: int) -> list[Message]:

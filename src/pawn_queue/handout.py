@@ -9,12 +9,13 @@ Two things let the acks of one object share a write, or need none:
 - A listener moves on to its next poll once every handler of the current one returned or
   waits only for such a write (:meth:`Handout.until_settling`), rather than for the writes
   themselves; with ``concurrency``, such a handler frees its slot.
-- A write for an object whose members the listener still keeps for its next polls waits for
-  them to be handed out and settled, :data:`LINGER_SECONDS` at most. When the last member is
-  settled meanwhile, the object's delete makes every ack durable and no lease write is made.
+- A write for an object whose other members are still unsettled (kept for the next polls,
+  or handed out and not yet handled) waits for the rounds that settle them,
+  :data:`LINGER_SECONDS` at most. When the last member is settled meanwhile, the object's
+  delete makes every ack durable and no lease write is made.
 
 With :meth:`~pawn_queue.consumer.Consumer.poll` (the caller decides when to poll again), or
-no members kept back, a write starts a loop turn after it is asked for.
+no member left to settle, a write starts a loop turn after it is asked for.
 """
 
 from __future__ import annotations
@@ -54,13 +55,13 @@ class Handout:
         if progress is not None and not progress.done():
             progress.set_result(None)
 
-    async def hold(self, kept_back: Callable[[], bool]) -> None:
-        """Before a member-ack write: while the listener keeps members of the same object
-        for its next polls (``kept_back``), wait for the rounds that hand them out and
-        settle them, :data:`LINGER_SECONDS` at most."""
+    async def hold(self, pending: Callable[[], bool]) -> None:
+        """Before a member-ack write: while members of the same object are still to be
+        settled (``pending``), wait for the rounds that settle them, :data:`LINGER_SECONDS`
+        at most."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + LINGER_SECONDS
-        while self._listening and kept_back():
+        while self._listening and pending():
             left = deadline - loop.time()
             if left <= 0:
                 return

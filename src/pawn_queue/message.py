@@ -82,8 +82,12 @@ class ClaimedObject:
         self._recording: asyncio.Task[None] | None = None  # the writes, while some wait
         self._finishing: asyncio.Future[None] | None = None  # the object's delete
         self._handout = handout
-        self.kept = 0  # members the consumer keeps for its next polls
         self._awaiting: set[int] = set()  # members whose settlement waits for a write
+
+    def _members_pending(self) -> bool:
+        """Whether members are neither settled nor left unsettled by their handler: the
+        listener still hands them out or handles them, and their acks may share a write."""
+        return len(self._abandoned | self.lease.settled) < self.size
 
     def awaiting_write(self, index: int) -> bool:
         """Whether member ``index`` is settled and waits only for the write saying so."""
@@ -175,7 +179,7 @@ class ClaimedObject:
         try:
             while self._unrecorded:
                 # Members still to be handed out by the listener: their acks may share this.
-                await self._handout.hold(lambda: self.kept > 0)
+                await self._handout.hold(self._members_pending)
                 # Read as the write begins (a loop turn after it was asked for, at least):
                 # settlements made together, as the acks of one poll gathered, share it.
                 settlements = self._settlements
