@@ -48,6 +48,18 @@ def scrubbed_env() -> dict[str, str]:
 # -- statistics ---------------------------------------------------------------------------
 
 
+def s3_settings(endpoint: str) -> dict[str, Any]:
+    """The ``s3`` settings of the benches' SeaweedFS at ``endpoint`` (it takes any
+    credentials); each use adds its ``bucket_name``."""
+    return {
+        "endpoint_url": endpoint,
+        "aws_access_key_id": "bench",
+        "aws_secret_access_key": "bench-secret",
+        "region_name": "us-east-1",
+        "use_ssl": False,
+    }
+
+
 def median(values: Iterable[float]) -> float:
     items = [v for v in values if not math.isnan(v)]
     return statistics.median(items) if items else math.nan

@@ -324,14 +324,7 @@ async def run_all(stores: list[str], s: Sizes, tmp: Path, server: Any) -> list[d
             await asyncio.to_thread(server.create_bucket, bucket)
             config: dict[str, Any] = {
                 "backend": "s3",
-                "s3": {
-                    "endpoint_url": server.endpoint,
-                    "aws_access_key_id": "bench",
-                    "aws_secret_access_key": "bench-secret",
-                    "region_name": "us-east-1",
-                    "use_ssl": False,
-                    "bucket_name": bucket,
-                },
+                "s3": {**common.s3_settings(server.endpoint), "bucket_name": bucket},
             }
         else:
             config = filesystem_config(tmp / "queue")

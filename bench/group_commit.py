@@ -46,11 +46,13 @@ from bench.common import (
     delta,
     git_state,
     median,
+    s3_settings,
     scrape,
 )
+from bench.queue_batch import ListenDrain
 from bench.queue_support import PQ013_PYTHON, PQ013_RUNNER, Skipped, run_child
 
-from pawn_queue import Message, PawnQueue
+from pawn_queue import PawnQueue
 
 sys.path.insert(0, str(REPO))  # tests.servers.seaweedfs
 from tests.servers.seaweedfs import SeaweedFS
@@ -65,13 +67,7 @@ TARGETS = {"on / off": 5.0, "on / 0.1.3": 20.0}
 def config(server: SeaweedFS, bucket: str, group_commit: bool) -> dict[str, Any]:
     return {
         "backend": "s3",
-        "s3": {
-            "endpoint_url": server.endpoint,
-            "bucket_name": bucket,
-            "aws_access_key_id": "bench",
-            "aws_secret_access_key": "bench-secret",
-            "use_ssl": False,
-        },
+        "s3": {**s3_settings(server.endpoint), "bucket_name": bucket},
         "producer": {"group_commit": group_commit},
     }
 
@@ -86,18 +82,9 @@ async def drain_case(
         producer = await pq.register_producer("bench")
         consumers = [await pq.register_consumer(f"c{i}", [TOPIC]) for i in range(CONSUMERS)]
         before = await asyncio.to_thread(scrape, server.metrics_url, bucket)
-        acked = 0
-        done = asyncio.Event()
-
-        async def handle(message: Message) -> None:
-            nonlocal acked
-            await message.ack()
-            acked += 1
-            if acked == messages:
-                done.set()
-
-        listeners = [asyncio.create_task(c.listen(handle)) for c in consumers]
-        started = time.perf_counter()
+        drain = ListenDrain(messages)
+        drain.start(consumers)
+        started = drain.started
         share = [messages // publishers + (i < messages % publishers) for i in range(publishers)]
 
         async def publish(count: int) -> None:
@@ -106,11 +93,12 @@ async def drain_case(
 
         await asyncio.gather(*(publish(count) for count in share))
         published = time.perf_counter()
-        await asyncio.wait_for(done.wait(), 300)
-        elapsed = time.perf_counter() - started
-        for listener in listeners:
-            listener.cancel()
-        await asyncio.gather(*listeners, return_exceptions=True)
+        try:
+            if not await drain.wait(300):
+                raise TimeoutError(f"{len(drain.ids)} of {messages} messages acked in 300 s")
+        finally:
+            await drain.stop()
+        elapsed = drain.finished - started
         await pq.runtime.background.done()
     await asyncio.sleep(1.5)  # the server's counters lag a little
     after = await asyncio.to_thread(scrape, server.metrics_url, bucket)
@@ -133,13 +121,7 @@ async def pq013_case(
     server.create_bucket(bucket)
     spec = {
         "action": "listen_drain",
-        "s3": {
-            "endpoint_url": server.endpoint,
-            "aws_access_key_id": "bench",
-            "aws_secret_access_key": "bench-secret",
-            "region_name": "us-east-1",
-            "use_ssl": False,
-        },
+        "s3": s3_settings(server.endpoint),
         "metrics_url": server.metrics_url,
         "bucket": bucket,
         "publishers": publishers,

@@ -111,13 +111,7 @@ class Bench:
 
     def s3(self) -> dict[str, Any]:
         """Connection settings shared with the 0.1.3 runner (bucket added per use)."""
-        return {
-            "endpoint_url": self.server.endpoint,
-            "aws_access_key_id": "bench",
-            "aws_secret_access_key": "bench-secret",
-            "region_name": "us-east-1",
-            "use_ssl": False,
-        }
+        return common.s3_settings(self.server.endpoint)
 
     def ours_s3(
         self,
