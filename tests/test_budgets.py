@@ -171,18 +171,18 @@ async def listen_until(
     await asyncio.gather(listener, return_exceptions=True)
 
 
-@pytest.mark.parametrize("concurrency", [None, 4])
-async def test_listen_writes_the_acks_of_a_batch_of_100_in_one_lease_write_at_most(
-    counted: tuple[PawnQueue, CountingStore], concurrency: int | None
-) -> None:
-    """listen() hands out the next poll (or fills a slot) while the acks of the last ones
-    wait for their write, and that write waits for the members still kept back: the
-    object's delete makes them all durable. With a write per poll it took 9 lease writes
-    (about 25 with 4 slots)."""
+async def drain_batches(
+    counted: tuple[PawnQueue, CountingStore], sizes: list[int], concurrency: int | None
+) -> Counter[str]:
+    """Publish batch objects of ``sizes`` members, listen() until a handler acked each
+    member once, and return the requests the drain cost."""
     pq, store = counted
     producer = await pq.register_producer("p")
     consumer = await pq.register_consumer("c", topics=["t"])
-    await producer.publish_batch("t", [{"n": n} for n in range(100)])
+    total = 0
+    for size in sizes:
+        await producer.publish_batch("t", [{"n": n} for n in range(total, total + size)])
+        total += size
     await spent(pq, store)
     acked: list[int] = []
 
@@ -190,9 +190,20 @@ async def test_listen_writes_the_acks_of_a_batch_of_100_in_one_lease_write_at_mo
         await message.ack()
         acked.append(message.payload["n"])
 
-    await listen_until(consumer, 100, handle, concurrency)
-    assert sorted(acked) == list(range(100))
-    counts = await spent(pq, store)
+    await listen_until(consumer, total, handle, concurrency)
+    assert sorted(acked) == list(range(total))
+    return await spent(pq, store)
+
+
+@pytest.mark.parametrize("concurrency", [None, 4])
+async def test_listen_writes_the_acks_of_a_batch_of_100_in_one_lease_write_at_most(
+    counted: tuple[PawnQueue, CountingStore], concurrency: int | None
+) -> None:
+    """listen() hands out the next poll (or fills a slot) while the acks of the last ones
+    wait for their write, and that write waits for the members still to be settled: the
+    object's delete makes them all durable. With a write per poll it took 9 lease writes
+    (about 25 with 4 slots)."""
+    counts = await drain_batches(counted, [100], concurrency)
     assert counts["PUT if-match"] <= 1, counts
     assert counts["DELETE"] == 2, counts  # the object, then its lease
 
@@ -205,21 +216,7 @@ async def test_an_object_s_last_members_handed_out_with_a_claim_still_share_its_
     members and then claims (a request the loop waits for). The acks made before wait for
     those members too, not only for the poll that takes them: each object's delete makes
     its acks durable, with no lease write."""
-    pq, store = counted
-    producer = await pq.register_producer("p")
-    consumer = await pq.register_consumer("c", topics=["t"])
-    for first in (0, 12):
-        await producer.publish_batch("t", [{"n": n} for n in range(first, first + 12)])
-    await spent(pq, store)
-    acked: list[int] = []
-
-    async def handle(message: Any) -> None:
-        await message.ack()
-        acked.append(message.payload["n"])
-
-    await listen_until(consumer, 24, handle, concurrency)
-    assert sorted(acked) == list(range(24))
-    counts = await spent(pq, store)
+    counts = await drain_batches(counted, [12, 12], concurrency)
     assert counts["PUT if-match"] == 0, counts
 
 

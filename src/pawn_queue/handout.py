@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-LINGER_SECONDS = 0.02  # the longest a member's ack waits for the next polls' acks to join it
+LINGER_SECONDS = 0.02  # the longest a member-ack write waits for its object's other acks
 
 
 class Handout:

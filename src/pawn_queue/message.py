@@ -178,7 +178,7 @@ class ClaimedObject:
     async def _write_settled(self) -> None:
         try:
             while self._unrecorded:
-                # Members still to be handed out by the listener: their acks may share this.
+                # Members the listener still hands out or handles: their acks may share this.
                 await self._handout.hold(self._members_pending)
                 # Read as the write begins (a loop turn after it was asked for, at least):
                 # settlements made together, as the acks of one poll gathered, share it.
