@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
 
@@ -14,8 +15,12 @@ from pawn_queue.config import load_config
 from pawn_queue.envelope import LeaseBody
 from pawn_queue.exceptions import NotFoundError
 from pawn_queue.store import open_store
+from pawn_queue.store.base import Store
 from pawn_queue.store.counting import CountingStore
+from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 from tests.helpers.support import settled
+
+T = TypeVar("T")
 
 
 async def spent(pq: PawnQueue, store: CountingStore) -> Counter[str]:
@@ -24,18 +29,27 @@ async def spent(pq: PawnQueue, store: CountingStore) -> Counter[str]:
     return store.reset()
 
 
-@pytest.fixture
-async def counted(queue_config: dict[str, Any]) -> AsyncIterator[tuple[PawnQueue, CountingStore]]:
+@contextlib.asynccontextmanager
+async def counted_queue(
+    queue_config: dict[str, Any], wrap: Callable[[Store], Store] = lambda store: store
+) -> AsyncIterator[tuple[PawnQueue, CountingStore]]:
+    """A queue with topic ``t`` whose requests are counted (on the store ``wrap`` makes)."""
     # Long leases: no background refresh may add requests while a budget is measured.
     queue_config["polling"]["visibility_timeout_seconds"] = 60
     queue_config["polling"]["lease_refresh_interval_seconds"] = 20
     # Change signals are measured on their own (tests/test_notify.py).
     queue_config["notify"] = {"enabled": False}
     config = load_config(queue_config)
-    store = CountingStore(open_store(config))
+    store = CountingStore(wrap(open_store(config)))
     async with PawnQueue(config, store=store) as pq:
         await pq.create_topic("t")
         yield pq, store
+
+
+@pytest.fixture
+async def counted(queue_config: dict[str, Any]) -> AsyncIterator[tuple[PawnQueue, CountingStore]]:
+    async with counted_queue(queue_config) as queue:
+        yield queue
 
 
 async def test_setup_probes_s3_only(backend: str, queue_config: dict[str, Any]) -> None:
@@ -218,6 +232,44 @@ async def test_an_object_s_last_members_handed_out_with_a_claim_still_share_its_
     its acks durable, with no lease write."""
     counts = await drain_batches(counted, [12, 12], concurrency)
     assert counts["PUT if-match"] == 0, counts
+
+
+class SlowListings(StoreWrapper):
+    """A store whose listings take 0.1 s, five times a member-ack write's longest wait."""
+
+    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
+        if call.operation == "list":
+            await asyncio.sleep(0.1)
+        return await run()
+
+
+async def test_a_slow_claim_does_not_cost_the_acks_of_the_object_before_it_a_lease_write(
+    queue_config: dict[str, Any],
+) -> None:
+    """listen() hands out an object's last members as a poll of their own, not with the
+    claim of the next object: the acks of its earlier members, which wait for those last
+    ones, would otherwise be written when the wait ends, however slow the claim is. Two
+    objects of 12 drained by polls of 10, on a store that lists slowly: no lease write."""
+    async with counted_queue(queue_config, SlowListings) as counted:
+        counts = await drain_batches(counted, [12, 12], None)
+    assert counts["PUT if-match"] == 0, counts
+
+
+async def test_consumers_of_one_queue_do_not_race_each_other_for_a_message(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
+    """A message another consumer of the same queue is claiming is skipped, not claimed a
+    second time: no create-only PUT (nor the GET that follows a lost one) is wasted."""
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    consumers = [await pq.register_consumer(f"c{n}", topics=["t"]) for n in range(2)]
+    published = await producer.publish("t", {"n": 1})
+    await spent(pq, store)
+    polls = await asyncio.gather(*(consumer.poll() for consumer in consumers))
+    assert sorted(len(messages) for messages in polls) == [0, 1]
+    assert [m.id for messages in polls for m in messages] == [published]
+    counts = await spent(pq, store)
+    assert (counts["PUT create"], counts["GET"]) == (1, 1), counts
 
 
 async def test_a_listener_s_member_ack_is_durable_when_it_returns(

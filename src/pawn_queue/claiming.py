@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from pawn_queue import layout
@@ -119,6 +120,7 @@ class Claimer:
         self._handout = handout
         self._runtime = runtime
         self._store = runtime.store
+        self._listings = runtime.listings
         self._leases = runtime.leases
         self._topic_settings = runtime.topics
         self._clock = runtime.clock
@@ -213,9 +215,7 @@ class Claimer:
         width = LANES * LANE_WIDTH if contended else 2
         page_size = min(layout.LIST_PAGE, max(_MIN_PAGE, wanted * width))
         while len(claimed) < wanted:
-            page = await self._store.list(
-                layout.messages_prefix(topic), start_after=start_after, limit=page_size
-            )
+            page = await self._listings.page(topic, start_after, page_size)
             scanned = scan_page(page, self._clock(), self._leases.margin, groups_seen)
             if scanned.next_due is not None:
                 due = scanned.next_due
@@ -291,10 +291,17 @@ class Claimer:
         """Claim concurrently, then read what was won. Stragglers are not waited for long:
         some stores answer the losers of a claim race only after a second or two. A
         straggler that wins later is read in the background into the buffer (next poll)."""
+        # A candidate another consumer of this process took since the listing is skipped:
+        # it is no lost race.
+        chunk = [(p, k) for p, k in chunk if self._leases.reserve(topic, p.lease_id(), k)]
+        if not chunk:
+            return []
         claims = {
             asyncio.create_task(self._claim_lease(topic, pending, key)): (pending, key)
             for pending, key in chunk
         }
+        for claim, (pending, _) in claims.items():
+            claim.add_done_callback(partial(self._unreserve, topic, pending.lease_id()))
         started = time.monotonic()
         done: set[asyncio.Task[Lease | None]] = set()
         try:
@@ -334,8 +341,6 @@ class Claimer:
     async def _claim_lease(self, topic: str, pending: layout.PendingKey, key: str) -> Lease | None:
         """The lease on a message, batch or group message; None if someone else has it."""
         lease_id = pending.lease_id()
-        if not self._leases.worth_claiming(topic, lease_id, key):
-            return None  # settled or claimed in this process since the listing
         async with self._io_slots:
             return await self._leases.claim(
                 topic,
@@ -345,6 +350,9 @@ class Claimer:
                 self._visibility,
                 lease_id=lease_id,
             )
+
+    def _unreserve(self, topic: str, lease_id: str, _: object) -> None:
+        self._leases.unreserve(topic, lease_id)
 
     async def _read_late(
         self, claim: asyncio.Task[Lease | None], topic: str, pending: layout.PendingKey, key: str

@@ -20,6 +20,7 @@ from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, PawnQueueError, RootNotFound
 from pawn_queue.lease_protocol import ResolvedStrategy
 from pawn_queue.leases import LeaseManager
+from pawn_queue.listings import SharedListings
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.observe import Observer, Observers
 from pawn_queue.producer import Producer
@@ -110,13 +111,15 @@ class PawnQueue:
             # Memory and a local directory always answer: no publish needs to look.
             keep_tombstones=strategy == "conditional_write" and not known_conditional(store),
         )
+        signals = ChangeSignals(store, self.config.notify)
         runtime = self._runtime = Runtime(
             config=self.config,
             store=store,
             leases=leases,
             topics=Topics(store),
             registry=Registry(store),
-            signals=ChangeSignals(store, self.config.notify),
+            signals=signals,
+            listings=SharedListings(store, signals),
             observers=self._observers,
             background=background,
         )

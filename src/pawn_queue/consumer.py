@@ -143,7 +143,10 @@ class Consumer:
             idle = min(idle, max(0.0, (min(due) - self._clock()).total_seconds()) + _DUE_SLACK)
         return idle
 
-    async def _poll_once(self, wanted: int | None = None) -> list[Message]:
+    async def _poll_once(self, wanted: int | None = None, fill: bool = True) -> list[Message]:
+        """Up to ``wanted`` messages: those kept from earlier claims first, then claims.
+        Without ``fill`` (``listen()``), a poll that found kept messages claims only in the
+        topics that had none (:mod:`pawn_queue.handout`)."""
         wanted = wanted or self._polling.max_messages_per_poll
         self._claimer.start_poll()
         count = len(self._topics)
@@ -168,6 +171,8 @@ class Consumer:
                         dry.add(topic)
                     messages += claimed
         messages += self._claimer.buffered(wanted - len(messages))
+        if messages and not fill:
+            return await self._still_held(messages)
         for topic in order:
             if len(messages) >= wanted:
                 break
@@ -287,7 +292,7 @@ class Consumer:
                 wanted = min(concurrency - len(busy), self._polling.max_messages_per_poll)
             seen = self._signals.snapshot(self._topics)
             try:
-                messages = await self._poll_once(wanted)
+                messages = await self._poll_once(wanted, fill=False)
             except StoreError as exc:
                 logger.warning("poll failed consumer=%s error=%s", self.name, exc)
                 messages = []

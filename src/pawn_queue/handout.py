@@ -13,6 +13,8 @@ Two things let the acks of one object share a write, or need none:
   or handed out and not yet handled) waits for the rounds that settle them,
   :data:`LINGER_SECONDS` at most. When the last member is settled meanwhile, the object's
   delete makes every ack durable and no lease write is made.
+- A poll that hands out kept members claims nothing more: the claim (a request, slow on a
+  busy store) waits for the poll after, so it does not outlast that wait.
 
 With :meth:`~pawn_queue.consumer.Consumer.poll` (the caller decides when to poll again), or
 no member left to settle, a write starts a loop turn after it is asked for.

@@ -92,10 +92,11 @@ class LeaseManager(LeaseProtocol):
         self._background = background or Background()
         self._tombstones = Tombstones(self.release_gone, self._background)
         self._keep_tombstones = keep_tombstones
-        # What this process knows without asking the store: lease keys held here, lease keys
-        # seen live elsewhere (until when: the protocol's _busy_until), and message keys
-        # settled here a moment ago.
+        # What this process knows without asking the store: lease keys held here or being
+        # claimed here, lease keys seen live elsewhere (until when: the protocol's
+        # _busy_until), and message keys settled here a moment ago.
         self._held_here: set[str] = set()
+        self._claiming_here: set[str] = set()
         self._settled_here: dict[str, float] = {}
 
     # -- claiming ---------------------------------------------------------------------------
@@ -103,10 +104,25 @@ class LeaseManager(LeaseProtocol):
     def worth_claiming(self, topic: str, lease_id: str, message_key: str) -> bool:
         """False if this process knows the message is leased or gone (saves requests)."""
         key = layout.lease_key(topic, lease_id)
-        if key in self._held_here or message_key in self._settled_here:
+        if key in self._held_here or key in self._claiming_here:
+            return False
+        if message_key in self._settled_here:
             return False
         until = self._busy_until.get(key)
         return until is None or until <= self.clock()
+
+    def reserve(self, topic: str, lease_id: str, message_key: str) -> bool:
+        """Whether the message is worth claiming; if so, it is marked as claimed here until
+        :meth:`unreserve`, so the other consumers of this process skip it rather than lose
+        a race for it."""
+        if not self.worth_claiming(topic, lease_id, message_key):
+            return False
+        self._claiming_here.add(layout.lease_key(topic, lease_id))
+        return True
+
+    def unreserve(self, topic: str, lease_id: str) -> None:
+        """The claim :meth:`reserve` marked is over (won, lost or failed)."""
+        self._claiming_here.discard(layout.lease_key(topic, lease_id))
 
     def expiry_known(self, topic: str, lease_id: str) -> bool:
         """Whether a look at this lease told when it may be taken over (then that time, not a

@@ -10,6 +10,7 @@ from datetime import datetime
 from pawn_queue._aio import Background
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.leases import LeaseManager
+from pawn_queue.listings import SharedListings
 from pawn_queue.notify import ChangeSignals
 from pawn_queue.observe import Observers
 from pawn_queue.registry import Registry
@@ -27,6 +28,7 @@ class Runtime:
     topics: Topics
     registry: Registry
     signals: ChangeSignals
+    listings: SharedListings
     observers: Observers = field(default_factory=Observers)
     """The queue's observers (:mod:`pawn_queue.observe`), called by the core."""
     background: Background = field(default_factory=Background)
