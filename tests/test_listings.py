@@ -46,6 +46,7 @@ async def test_a_listing_in_flight_serves_callers_that_saw_no_later_signal() -> 
     await store.sent.wait()
     joined = asyncio.create_task(listings.page("t", None, 10))
     other_page = asyncio.create_task(listings.page("t", "t/messages/a.json", 10))
+    own = asyncio.create_task(listings.page("t", None, 10, join=False))  # as poll() lists
     await asyncio.sleep(0)  # both take their first step: joined finds the listing in flight
     # A message published after the listing began: a caller woken by its signal must not
     # get a listing that may miss it.
@@ -53,9 +54,9 @@ async def test_a_listing_in_flight_serves_callers_that_saw_no_later_signal() -> 
     signals.published("t")
     after_signal = asyncio.create_task(listings.page("t", None, 10))
     store.release.set()
-    pages = await asyncio.gather(first, joined, other_page, after_signal)
-    assert store.started == 3  # first (shared with joined), other_page, after_signal
-    assert pages[0] is pages[1]
+    pages = await asyncio.gather(first, joined, other_page, after_signal, own)
+    assert store.started == 4  # first (shared with joined), other_page, after_signal, own
+    assert pages[0] is pages[1] and pages[4] is not pages[0]
     assert [m.key for m in pages[3]] == ["t/messages/a.json", "t/messages/b.json"]
     assert [m.key for m in pages[2]] == ["t/messages/b.json"]
 

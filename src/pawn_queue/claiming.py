@@ -183,9 +183,10 @@ class Claimer:
         await asyncio.gather(*self._background, return_exceptions=True)
         self._buffer.clear()
 
-    async def claim(self, topic: str, wanted: int) -> list[Message]:
+    async def claim(self, topic: str, wanted: int, shared: bool = False) -> list[Message]:
         """Claim and read up to ``wanted`` messages of ``topic``, FIFO (within a lane when
-        other consumers compete)."""
+        other consumers compete). With ``shared``, a listing may be one another consumer of
+        this queue began (:mod:`pawn_queue.listings`); else it begins in this call."""
         self._maybe_sweep(topic)
         claimed: list[Message] = []
         remembered, until = self._remembered.pop(topic, ([], 0.0))
@@ -215,7 +216,7 @@ class Claimer:
         width = LANES * LANE_WIDTH if contended else 2
         page_size = min(layout.LIST_PAGE, max(_MIN_PAGE, wanted * width))
         while len(claimed) < wanted:
-            page = await self._listings.page(topic, start_after, page_size)
+            page = await self._listings.page(topic, start_after, page_size, join=shared)
             scanned = scan_page(page, self._clock(), self._leases.margin, groups_seen)
             if scanned.next_due is not None:
                 due = scanned.next_due

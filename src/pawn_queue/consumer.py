@@ -143,10 +143,11 @@ class Consumer:
             idle = min(idle, max(0.0, (min(due) - self._clock()).total_seconds()) + _DUE_SLACK)
         return idle
 
-    async def _poll_once(self, wanted: int | None = None, fill: bool = True) -> list[Message]:
+    async def _poll_once(self, wanted: int | None = None, listening: bool = False) -> list[Message]:
         """Up to ``wanted`` messages: those kept from earlier claims first, then claims.
-        Without ``fill`` (``listen()``), a poll that found kept messages claims only in the
-        topics that had none (:mod:`pawn_queue.handout`)."""
+        For ``listen()`` (``listening``), a poll that found kept messages claims only in the
+        topics that had none (:mod:`pawn_queue.handout`), and listings may be shared
+        (:mod:`pawn_queue.listings`)."""
         wanted = wanted or self._polling.max_messages_per_poll
         self._claimer.start_poll()
         count = len(self._topics)
@@ -166,18 +167,18 @@ class Consumer:
                 if topic in waiting:
                     messages += self._claimer.buffered(room, topic)
                 else:
-                    claimed = await self._claimer.claim(topic, room)
+                    claimed = await self._claimer.claim(topic, room, listening)
                     if len(claimed) < room:
                         dry.add(topic)
                     messages += claimed
         messages += self._claimer.buffered(wanted - len(messages))
-        if messages and not fill:
+        if messages and listening:
             return await self._still_held(messages)
         for topic in order:
             if len(messages) >= wanted:
                 break
             if topic not in dry:
-                messages += await self._claimer.claim(topic, wanted - len(messages))
+                messages += await self._claimer.claim(topic, wanted - len(messages), listening)
         self._claimer.keep(messages[wanted:])
         return await self._still_held(messages[:wanted])
 
@@ -292,7 +293,7 @@ class Consumer:
                 wanted = min(concurrency - len(busy), self._polling.max_messages_per_poll)
             seen = self._signals.snapshot(self._topics)
             try:
-                messages = await self._poll_once(wanted, fill=False)
+                messages = await self._poll_once(wanted, listening=True)
             except StoreError as exc:
                 logger.warning("poll failed consumer=%s error=%s", self.name, exc)
                 messages = []
