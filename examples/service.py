@@ -51,7 +51,11 @@ async def ship(order: Order) -> Shipment:
 @app.subscriber("shipments", concurrency=2)
 def record(shipment: Shipment, message: Message) -> None:
     """A plain function runs in a thread; the message is there when a handler wants it."""
-    print(f"shipped order {shipment.order_id} in {shipment.parcels} parcel(s) [{message.id}]")
+    # One write per line: print() writes the line and its end apart, and two threads'
+    # lines could run together.
+    sys.stdout.write(
+        f"shipped order {shipment.order_id} in {shipment.parcels} parcel(s) [{message.id}]\n"
+    )
 
 
 async def main() -> int:
