@@ -111,7 +111,7 @@ class ClaimedObject:
         """Message ``index`` was left unsettled: once nothing else is pending here, stop
         refreshing the lease so the object is redelivered after the visibility timeout."""
         self._abandoned.add(index)
-        if len(self._abandoned | self.lease.settled) >= self.size:
+        if not self._members_pending():
             self._on_done(self.lease)
 
     async def extend(self, seconds: float) -> None:
