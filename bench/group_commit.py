@@ -13,7 +13,8 @@
    its drain stops after ``--pq013-timeout`` s: the rate is then what it acked by then,
    marked bounded, and its requests per message are per message acked (a bounded run's
    therefore include the publishes of the messages it left pending).
-2. serial: one caller publishing ``--serial`` messages one after the other: mean latency.
+2. serial: one caller publishing ``--serial`` messages one after the other: mean latency,
+   group commit on and off taking turns of 20 publishes in the same run.
 
 Runs alternate the order of the modes. The ratios are of medians measured in the same run;
 the JSON's ``targets`` compares them with the goals (group commit on at 32 publishers: at
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import platform
 import sys
@@ -143,17 +145,32 @@ async def pq013_case(
     }
 
 
-async def serial_case(server: SeaweedFS, count: int, group_commit: bool) -> float:
-    bucket = f"gc-{uuid.uuid4().hex[:16]}"
-    server.create_bucket(bucket)
-    async with await PawnQueue.from_config(config(server, bucket, group_commit)) as pq:
-        await pq.create_topic(TOPIC)
-        producer = await pq.register_producer("bench")
-        await producer.publish(TOPIC, {"warm": True})
-        started = time.perf_counter()
-        for n in range(count):
-            await producer.publish(TOPIC, {"n": n})
-        return (time.perf_counter() - started) / count
+SERIAL_BLOCK = 20  # publishes per turn of a mode in the serial case
+
+
+async def serial_case(server: SeaweedFS, count: int) -> dict[str, float]:
+    """Mean latency of ``count`` serial publishes per mode, group commit on and off open side
+    by side and taking turns of SERIAL_BLOCK publishes, so that a change in the host's speed
+    during the run weighs on both alike."""
+    async with contextlib.AsyncExitStack() as stack:
+        producers = {}
+        for mode in ("on", "off"):
+            bucket = f"gc-{uuid.uuid4().hex[:16]}"
+            server.create_bucket(bucket)
+            pq = await stack.enter_async_context(
+                await PawnQueue.from_config(config(server, bucket, mode == "on"))
+            )
+            await pq.create_topic(TOPIC)
+            producers[mode] = await pq.register_producer("bench")
+            await producers[mode].publish(TOPIC, {"warm": True})
+        seconds = dict.fromkeys(producers, 0.0)
+        for start in range(0, count, SERIAL_BLOCK):
+            for mode, producer in producers.items():
+                started = time.perf_counter()
+                for n in range(start, min(start + SERIAL_BLOCK, count)):
+                    await producer.publish(TOPIC, {"n": n})
+                seconds[mode] += time.perf_counter() - started
+        return {mode: total / count for mode, total in seconds.items()}
 
 
 async def run_all(server: SeaweedFS, args: argparse.Namespace) -> dict[str, Any]:
@@ -179,8 +196,8 @@ async def run_all(server: SeaweedFS, args: argparse.Namespace) -> dict[str, Any]
                 drain.setdefault(case, []).append(result)
                 bounded = " (bounded)" if result.get("bounded") else ""
                 print(case, f"{result['rate']:,.0f} msg/s{bounded}", result["counts"], flush=True)
-        for on in (True, False) if run % 2 == 0 else (False, True):
-            serial["on" if on else "off"].append(await serial_case(server, args.serial, on))
+        for mode, latency in (await serial_case(server, args.serial)).items():
+            serial[mode].append(latency)
     return {"drain": drain, "serial": serial, "skipped": skipped}
 
 

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 class _Waiting:
     envelope: Envelope
     key: str  # its key written alone (a batch of one)
-    size: int  # its encoded size
+    body: bytes  # encoded, as it is written alone
     written: asyncio.Future[None] = field(default_factory=asyncio.Future)
 
 
@@ -45,16 +45,22 @@ class GroupCommit:
         self._runtime = runtime
         self._config = config
         self._waiting: dict[str, list[_Waiting]] = {}
-        self._writers: dict[str, asyncio.Task[None]] = {}
+        # The topics with a write in flight: a task writing what waits, or None while a
+        # lone call writes its own message.
+        self._writers: dict[str, asyncio.Task[None] | None] = {}
 
-    async def publish(self, envelope: Envelope, key: str, size: int) -> str:
-        """Write ``envelope`` (``size`` bytes encoded; alone at ``key``, or with others in a
+    async def publish(self, envelope: Envelope, key: str, body: bytes) -> str:
+        """Write ``envelope`` (encoded as ``body``; alone at ``key``, or with others in a
         batch object); return its id once durable."""
-        waiting = _Waiting(envelope, key, size)
-        queue = self._waiting.setdefault(envelope.topic, [])
+        topic = envelope.topic
+        alone = topic not in self._writers and not self._config.linger_seconds
+        if alone and await self._write_alone(envelope, key, body):
+            return envelope.id
+        waiting = _Waiting(envelope, key, body)
+        queue = self._waiting.setdefault(topic, [])
         queue.append(waiting)
-        if envelope.topic not in self._writers:
-            self._writers[envelope.topic] = asyncio.create_task(self._write_all(envelope.topic))
+        if topic not in self._writers:
+            self._writers[topic] = asyncio.create_task(self._write_all(topic))
         try:
             await asyncio.shield(waiting.written)
         except asyncio.CancelledError:
@@ -64,6 +70,25 @@ class GroupCommit:
                 waiting.written.add_done_callback(_retrieve)
             raise
         return envelope.id
+
+    async def _write_alone(self, envelope: Envelope, key: str, body: bytes) -> bool:
+        """With no write in flight for the topic, a call writes its own message at once: no
+        task, no hand-over, so a lone publish costs what it costs without group commit.
+        Unless other calls arrived in the same turn of the loop: then it writes nothing and
+        returns False, to go out with them. Calls arriving while it writes wait for it."""
+        topic = envelope.topic
+        self._writers[topic] = None
+        alone = False
+        try:
+            await asyncio.sleep(0)  # the calls made in this turn of the loop arrive
+            alone = not self._waiting.get(topic)
+            if alone:
+                await write_message(self._runtime, envelope, key, body)
+            return alone
+        finally:
+            del self._writers[topic]
+            if self._waiting.get(topic):
+                self._writers[topic] = asyncio.create_task(self._write_all(topic))
 
     async def _write_all(self, topic: str) -> None:
         """Write what waits for ``topic``, one object at a time, until nothing does."""
@@ -95,18 +120,18 @@ class GroupCommit:
         for waiting in queue:
             if count and (
                 count >= self._config.max_batch_messages
-                or size + waiting.size > self._config.max_batch_bytes
+                or size + len(waiting.body) > self._config.max_batch_bytes
             ):
                 break
             count += 1
-            size += waiting.size
+            size += len(waiting.body)
         taken = queue[:count]
         del queue[:count]
         return taken
 
     async def _write(self, topic: str, taken: list[_Waiting]) -> None:
         if len(taken) == 1:
-            await write_message(self._runtime, taken[0].envelope, taken[0].key)
+            await write_message(self._runtime, taken[0].envelope, taken[0].key, taken[0].body)
             return
         batch_id = str(uuid.uuid4())
         members = [waiting.envelope for waiting in taken]

@@ -36,10 +36,14 @@ logger = logging.getLogger(__name__)
 _MAX_SECONDS = 100 * 365 * 86400.0  # a lease expiry must stay a datetime (NaN, inf refused)
 
 
-async def write_message(runtime: Runtime, envelope: Envelope, key: str) -> str:
+async def write_message(
+    runtime: Runtime, envelope: Envelope, key: str, body: bytes | None = None
+) -> str:
     """Write one message object at ``key`` (whose timestamp says when it becomes visible),
-    once even if an answer is lost (:func:`~pawn_queue.landing.write_new`); return its id."""
-    body = envelope.encode()
+    once even if an answer is lost (:func:`~pawn_queue.landing.write_new`); return its id.
+    ``body`` is ``envelope`` encoded, when the caller has it already."""
+    if body is None:
+        body = envelope.encode()
     try:
         await write_new(runtime, key, body)
     except StoreError as exc:

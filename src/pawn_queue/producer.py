@@ -153,7 +153,7 @@ class Producer:
             group=group,
         )
         # A payload that cannot be encoded fails here, before anything is written.
-        size = len(envelope.encode())
+        body = envelope.encode()
         due = _due(now, delay)
         delayed = due > now  # never delivered before it is due, whatever the skew margin
         if group is None:
@@ -168,15 +168,15 @@ class Producer:
                 and group is None
                 and not delayed
                 and not isinstance(payload, bytes)  # batch objects hold JSON payloads only
-                and size <= self._batch_bytes
+                and len(body) <= self._batch_bytes
             ):
-                return await self._group_commit.publish(envelope, key, size)
-            return await write_message(self._runtime, envelope, key)
+                return await self._group_commit.publish(envelope, key, body)
+            return await write_message(self._runtime, envelope, key, body)
         marker = dedup.Marker(dedup_id, envelope.id, key, now.isoformat())
-        return await self._publish_once(envelope, due, marker, settings.dedup_window_seconds)
+        return await self._publish_once(envelope, body, marker, settings.dedup_window_seconds)
 
     async def _publish_once(
-        self, envelope: Envelope, due: datetime, proposal: dedup.Marker, window: float
+        self, envelope: Envelope, body: bytes, proposal: dedup.Marker, window: float
     ) -> str:
         """Publish unless the marker's dedup id was published within ``window`` seconds."""
         marker_key = layout.dedup_key(envelope.topic, proposal.dedup_id)
@@ -188,8 +188,10 @@ class Producer:
                     "duplicate dedup_id topic=%s message=%s", envelope.topic, marker.message_id
                 )
                 return marker.message_id
-            envelope = replace(envelope, id=marker.message_id)
-            await write_message(self._runtime, envelope, marker.message_key)
+            if marker.message_id != envelope.id:  # an earlier attempt's id: encode it anew
+                envelope = replace(envelope, id=marker.message_id)
+                body = envelope.encode()
+            await write_message(self._runtime, envelope, marker.message_key, body)
             await dedup.mark_written(self._store, marker_key, decision)
         except StoreError as exc:
             raise PublishError(f"could not publish to topic {envelope.topic!r}: {exc}") from exc
