@@ -279,6 +279,11 @@ class LeaseBody:
     # Given up by its holder (a requeue, a shutdown): free at ``expires_at`` exactly, since no
     # holder is left whose clock the skew margin would have to allow for.
     released: bool = False
+    # ``expires_at`` parsed once: every ack and refresh check reads it.
+    _expires: datetime = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_expires", parse_time(self.expires_at))
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {
@@ -300,7 +305,7 @@ class LeaseBody:
 
     @property
     def expires(self) -> datetime:
-        return parse_time(self.expires_at)
+        return self._expires
 
     @classmethod
     def decode(cls, data: bytes) -> LeaseBody:
