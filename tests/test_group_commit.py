@@ -160,6 +160,30 @@ async def test_messages_with_exact_semantics_are_written_alone(
     assert len(keys) == 8 and not any(k.endswith(layout.BATCH_SUFFIX) for k in keys)
 
 
+async def test_calls_made_together_share_one_object_and_later_ones_the_next(
+    faulty: tuple[PawnQueue, FaultyStore],
+) -> None:
+    pq, store = faulty
+    producer = await pq.register_producer("p")
+    arrived = asyncio.Event()
+
+    async def note(operation: str, key: str) -> None:
+        if operation == "put" and "/messages/" in key:
+            arrived.set()
+
+    store.hooks.append(note)
+    go = hold_message_writes(store)
+    # Made in one turn of the loop: none of them is written alone.
+    together = [asyncio.ensure_future(producer.publish("t", {"n": n})) for n in range(20)]
+    await arrived.wait()  # their object's write is in flight, held
+    later = [asyncio.ensure_future(producer.publish("t", {"n": n})) for n in range(20, 30)]
+    go.set()
+    await asyncio.gather(*together, *later)
+    keys = await objects(pq)
+    assert len(keys) == 2 and all(key.endswith(layout.BATCH_SUFFIX) for key in keys)
+    assert len(await drain(pq, 30)) == 30
+
+
 async def test_group_commit_can_be_turned_off(queue_config: dict[str, Any]) -> None:
     async with await PawnQueue.from_config(
         {**queue_config, "producer": {"group_commit": False}}
