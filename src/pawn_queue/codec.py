@@ -99,13 +99,21 @@ def _fast(value: Any) -> bytes | None:
 
 def _large_string_near_top(value: Any, depth: int) -> bool:
     """Whether ``value``, or what it holds ``depth`` levels down in containers of at most 32
-    items, is a string over 1 MiB (a message's payload lies two levels down in its body)."""
-    if isinstance(value, str):
-        return len(value) > _LARGE_STRING
-    if depth == 0 or not isinstance(value, dict | list | tuple) or len(value) > 32:
-        return False
-    items = value.values() if isinstance(value, dict) else value
-    return any(_large_string_near_top(item, depth - 1) for item in items)
+    items, is a string over 1 MiB (a message's payload lies two levels down in its body).
+    Level by level, in one loop: it runs before every body is written."""
+    level = [value]
+    for remaining in range(depth, -1, -1):
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, str):
+                if len(item) > _LARGE_STRING:
+                    return True
+            elif remaining and isinstance(item, dict | list | tuple) and len(item) <= 32:
+                below.extend(item.values() if isinstance(item, dict) else item)
+        if not below:
+            return False
+        level = below
+    return False
 
 
 def loads(data: bytes | str) -> Any:
