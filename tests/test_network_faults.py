@@ -247,9 +247,27 @@ async def drain(
                 await ledger.settle(delivery, requeue=requeue(delivery.seq))
 
 
-async def assert_empty(pq: PawnQueue, topic: str) -> None:
-    for prefix in (layout.messages_prefix, layout.leases_prefix, layout.dead_letter_prefix):
+async def assert_empty(
+    pq: PawnQueue, topic: str, orphans: frozenset[str] | set[str] = frozenset()
+) -> None:
+    """No message or dead letter left, and no lease but ``orphans``."""
+    assert set(await keys(pq, layout.leases_prefix(topic))) <= orphans
+    for prefix in (layout.messages_prefix, layout.dead_letter_prefix):
         assert await keys(pq, prefix(topic)) == []
+
+
+def unknown_claims(caplog: pytest.LogCaptureFixture, *outcomes: str) -> set[str]:
+    """The lease keys of claims given up with an unknown outcome (``outcomes``: how the
+    request failed). Such a claim may have landed after all, even on a message that was gone
+    by then: its lease blocks nothing, is swept as an orphan, and only that explains it."""
+    found = set()
+    for record in caplog.records:
+        text = record.getMessage()
+        if text.startswith("claim failed"):
+            match = re.search(r"key '([^']+)' at .*: (.+)$", text)
+            if match and match.group(2) in outcomes:
+                found.add(match.group(1))
+    return found
 
 
 # rules, request timeout, visibility timeout
@@ -319,15 +337,7 @@ async def test_drain_under_faults(
         await drain(pq, await pq.register_consumer("drain", ["t"]), ledger)
         # A claim that timed out, was read back and not found, and landed after all leaves a
         # lease on a message that is gone: it blocks nothing, and only a timeout explains it.
-        timed_out = {
-            match.group(1)
-            for record in caplog.records
-            if record.getMessage().startswith("claim failed")
-            if (match := re.search(r"key '([^']+)' at .*: timed out", record.getMessage()))
-        }
-        assert set(await keys(pq, layout.leases_prefix("t"))) <= timed_out
-        for prefix in (layout.messages_prefix, layout.dead_letter_prefix):
-            assert await keys(pq, prefix("t")) == []
+        await assert_empty(pq, "t", unknown_claims(caplog, "timed out"))
     counts = check_deliveries(ledger)
     assert counts["after_expiry"] >= 1  # the stalled consumer's message at least
     stats = {k: v for k, v in sorted(proxy.stats().items()) if ":" not in k}
@@ -339,7 +349,10 @@ async def test_drain_under_faults(
 
 
 async def test_dead_letters_and_redrive_under_faults(
-    request: pytest.FixtureRequest, tmp_path: Path, proxy: FaultProxy
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    proxy: FaultProxy,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with await PawnQueue.from_config(proxied(request, tmp_path, proxy)) as pq:
         await pq.create_topic("t", max_receive_count=2)
@@ -357,8 +370,11 @@ async def test_dead_letters_and_redrive_under_faults(
         assert {seq: reasons[i] for seq, i in ids.items()} == {
             seq: "max_receive_count" if seq % 2 else "nack" for seq in ids
         }
+        # A claim whose answer was dropped and whose read-back failed too may have landed,
+        # even on a message dead-lettered by then from an older listing: an orphan lease.
         assert await keys(pq, layout.messages_prefix("t")) == []
-        assert await keys(pq, layout.leases_prefix("t")) == []
+        leases = set(await keys(pq, layout.leases_prefix("t")))
+        assert leases <= unknown_claims(caplog, "connection failed")
 
         proxy.set_rules(mixed(0.15))
         redrive_errors = 0
@@ -371,7 +387,7 @@ async def test_dead_letters_and_redrive_under_faults(
         ledger = Ledger(published=ids)
         await drain(pq, consumer, ledger)
         proxy.set_rules([])
-        await assert_empty(pq, "t")
+        await assert_empty(pq, "t", unknown_claims(caplog, "connection failed"))
     counts = check_deliveries(ledger)
     assert counts["second_write"] == 0 or redrive_errors  # a second copy has a cause
     print("redrive", counts, f"redrive_errors={redrive_errors}", proxy.stats()["requests"])
