@@ -6,7 +6,7 @@ COMPAT_VENV := .venv-pq013
 VSQS_VENV := .venv-vsqs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-soak chromium clean
+.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-soak chromium clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,7 +50,28 @@ chromium:
 		echo "apt-get not found: install Chromium at $(CHROMIUM), or the dashboard's browser tests are skipped"; \
 	fi
 
-pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium
+# The store matrix's servers besides SeaweedFS (a Python package) and moto (in the dev
+# group): Ceph RGW from Debian's packages, s3rver and Azurite from npm (tests/servers/npm).
+CEPH_PACKAGES := ceph-mon ceph-osd radosgw
+ceph:
+	@if command -v radosgw >/dev/null 2>&1 && command -v ceph-osd >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+		$$sudo apt-get update -qq && \
+		$$sudo apt-get install -y --no-install-recommends $(CEPH_PACKAGES); \
+	else \
+		echo "apt-get not found: install $(CEPH_PACKAGES) (Ceph 16.2+), the Ceph RGW tests need them"; \
+		exit 1; \
+	fi
+
+NPM_DIR := tests/servers/npm
+$(NPM_DIR)/node_modules/.installed: $(NPM_DIR)/package.json $(NPM_DIR)/package-lock.json
+	cd $(NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test-servers: ceph $(NPM_DIR)/node_modules/.installed
+
+pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium test-servers
 	PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
 
 test: lint typecheck pytest
@@ -97,4 +118,4 @@ bench-soak: $(STAMP)
 	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) --out bench/results/soak.json
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(VSQS_VENV) .pytest_cache .mypy_cache .ruff_cache bench/results
+	rm -rf $(VENV) $(COMPAT_VENV) $(VSQS_VENV) $(NPM_DIR)/node_modules .pytest_cache .mypy_cache .ruff_cache bench/results

@@ -1,4 +1,11 @@
-"""Shared fixtures: one SeaweedFS per session, a fresh bucket per test, a store per backend."""
+"""Shared fixtures: one server per S3 implementation per session (each started the first time
+a test needs it), a fresh bucket per test, a store per backend.
+
+Backends: ``memory``, ``filesystem``, ``s3`` (SeaweedFS, where the whole suite runs) and the
+store matrix's other S3 servers, ``s3-ceph`` (Ceph RGW), ``s3-moto`` (AWS's documented
+answers) and ``s3-s3rver`` (no conditional writes). Modules that run on the whole matrix ask
+for ``backend`` over :data:`STORE_MATRIX`.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +19,21 @@ from pydantic import SecretStr
 from pawn_queue import PawnQueue
 from pawn_queue.config import S3Config
 from pawn_queue.store.base import Store
+from tests.servers.ceph import CephRGW
+from tests.servers.process import LoopbackServer, start_moto, start_s3rver
 from tests.servers.seaweedfs import SeaweedFS
 
 BACKENDS = ["memory", "filesystem", "s3"]
+S3_SERVERS = {"s3": "seaweedfs", "s3-ceph": "ceph_rgw", "s3-moto": "moto", "s3-s3rver": "s3rver"}
+"""Each S3 backend's server fixture."""
+STORE_MATRIX = ["memory", "filesystem", *S3_SERVERS]
+"""Every store the suite proves: the conformance, README and crash suites run on each."""
+CONDITIONAL = frozenset(STORE_MATRIX) - {"s3-s3rver"}
+"""The backends that enforce create-only and if-match puts (s3rver ignores both)."""
+
+
+def is_s3(backend: str) -> bool:
+    return backend in S3_SERVERS
 
 
 @pytest.fixture(scope="session")
@@ -26,15 +45,47 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def ceph_rgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CephRGW]:
+    server = CephRGW.start(tmp_path_factory.mktemp("ceph"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackServer]:
+    server = start_moto(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3rver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackServer]:
+    server = start_s3rver(tmp_path_factory.mktemp("s3rver"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
-def s3_config(seaweedfs: SeaweedFS) -> S3Config:
+def s3_config(request: pytest.FixtureRequest) -> S3Config:
+    """A fresh bucket on the S3 server of the test's ``backend`` (SeaweedFS without one)."""
+    backend = request.getfixturevalue("backend") if "backend" in request.fixturenames else "s3"
+    server: SeaweedFS | CephRGW | LoopbackServer = request.getfixturevalue(
+        S3_SERVERS.get(backend, "seaweedfs")
+    )
     bucket = f"t-{uuid.uuid4().hex[:20]}"
-    seaweedfs.create_bucket(bucket)
+    server.create_bucket(bucket)
     return S3Config(
-        endpoint_url=seaweedfs.endpoint,
+        endpoint_url=server.endpoint,
         bucket_name=bucket,
-        aws_access_key_id=SecretStr("test-access-key"),
-        aws_secret_access_key=SecretStr("test-secret-key"),
+        aws_access_key_id=SecretStr(server.access_key),
+        aws_secret_access_key=SecretStr(server.secret_key),
         use_ssl=False,
     )
 
@@ -50,7 +101,7 @@ def make_store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
         # Like the bucket of the S3 store: it exists (reads of a missing root fail).
         (tmp_path / "store").mkdir()
         return FilesystemStore(tmp_path / "store")
-    if backend == "s3":
+    if is_s3(backend):
         from pawn_queue.store.s3 import S3Store
 
         return S3Store(request.getfixturevalue("s3_config"))
@@ -89,7 +140,7 @@ def queue_config_dict(
 ) -> dict[str, object]:
     """A config dict for ``backend`` with fast timings; S3 gets a fresh bucket."""
     base: dict[str, object] = {
-        "backend": backend,
+        "backend": "s3" if is_s3(backend) else backend,
         "polling": dict(FAST_POLLING),
         "concurrency": dict(FAST_CONCURRENCY),
     }
@@ -102,8 +153,8 @@ def queue_config_dict(
         base["s3"] = {
             "endpoint_url": s3.endpoint_url,
             "bucket_name": s3.bucket_name,
-            "aws_access_key_id": "test-access-key",
-            "aws_secret_access_key": "test-secret-key",
+            "aws_access_key_id": s3.aws_access_key_id.get_secret_value(),
+            "aws_secret_access_key": s3.aws_secret_access_key.get_secret_value(),
             "use_ssl": False,
         }
     return base

@@ -337,7 +337,7 @@ async def test_byte_order_server_is_detected() -> None:
     for key in ("a/1", "a-b", "a/2", "b"):
         await store.put(key, b"x")
     assert [m.key for m in await store.list("", limit=3)] == ["a-b", "a/1", "a/2"]
-    assert store._sorts_bytes
+    assert store.list_order == "bytes"
     assert [m.key for m in await store.list("a")] == ["a-b", "a/1", "a/2"]
 
 

@@ -8,6 +8,9 @@ read whole (``Content-Length`` or chunked) and answered with a ``Content-Length`
 Faults (at most one per request; the first matching rule that fires wins):
 
 * ``error_500`` / ``slowdown_503``: an S3 error answer, nothing forwarded.
+* ``conflict_409``: AWS's answer to concurrent conditional writes (409
+  ``ConditionalRequestConflict``), nothing forwarded; only PUTs with ``If-Match`` or
+  ``If-None-Match`` are eligible.
 * ``reset``: the client connection is reset (RST), nothing forwarded.
 * ``stall``: nothing forwarded; the connection is held ``delay_seconds``, then closed.
 * ``drop_response``: forwarded (the server applies it), then the client connection is reset.
@@ -34,7 +37,9 @@ from dataclasses import dataclass
 from typing import BinaryIO, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
-FaultKind = Literal["error_500", "slowdown_503", "reset", "stall", "drop_response", "slow"]
+FaultKind = Literal[
+    "error_500", "slowdown_503", "conflict_409", "reset", "stall", "drop_response", "slow"
+]
 Operation = Literal["get", "head", "put", "list", "delete"]
 ALL_OPERATIONS: frozenset[str] = frozenset({"get", "head", "put", "list", "delete"})
 
@@ -44,6 +49,7 @@ _HOP_BY_HOP = frozenset(
 _ERRORS = {  # status line, S3 error code
     "error_500": ("500 Internal Server Error", "InternalError"),
     "slowdown_503": ("503 Service Unavailable", "SlowDown"),
+    "conflict_409": ("409 Conflict", "ConditionalRequestConflict"),
 }
 
 
@@ -77,6 +83,12 @@ class _Request:
     operation: str
     key: str
     close: bool
+
+    @property
+    def conditional(self) -> bool:
+        """A PUT with If-Match or If-None-Match (a create-only or compare-and-swap write)."""
+        names = {name.lower() for name, _ in self.headers}
+        return self.method == "PUT" and bool(names & {"if-match", "if-none-match"})
 
 
 class FaultProxy:
@@ -213,6 +225,8 @@ class FaultProxy:
                 if request.operation not in rule.operations or not pattern.search(request.key):
                     continue
                 if rule.limit is not None and self._fired[index] >= rule.limit:
+                    continue
+                if rule.kind == "conflict_409" and not request.conditional:
                     continue
                 if self._random.random() >= rule.rate:
                     continue

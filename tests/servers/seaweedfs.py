@@ -103,7 +103,7 @@ def _free_ports() -> dict[str, int]:
             s.close()
 
 
-def _sign_v4(
+def sign_v4(
     method: str, path: str, host: str, access_key: str, secret_key: str, region: str = "us-east-1"
 ) -> dict[str, str]:
     """AWS Signature V4 headers for a body-less request without a query string."""
@@ -135,6 +135,10 @@ def _sign_v4(
 
 class SeaweedFS:
     """A running ``weed mini``: master, volume, filer and S3 gateway in one process."""
+
+    # Without identities (-s3.config) any credentials are accepted; these are what tests send.
+    access_key = "test-access-key"
+    secret_key = "test-secret-key"
 
     def __init__(
         self,
@@ -243,7 +247,7 @@ class SeaweedFS:
         headers = (
             {}
             if access_key is None or secret_key is None
-            else _sign_v4(
+            else sign_v4(
                 "PUT", f"/{name}", self.endpoint.removeprefix("http://"), access_key, secret_key
             )
         )

@@ -74,6 +74,11 @@ class NoAnswer(S3ErrorDetail, AnswerLost):
     """The connection broke or timed out before an answer: the request may have landed."""
 
 
+class Conflict(S3ErrorDetail):
+    """HTTP 409 to a conditional write (AWS: ``ConditionalRequestConflict``, another
+    conditional write to the key was in progress). The write was not applied."""
+
+
 def redact_url(url: str) -> str:
     """The URL without user info (credentials some tools put in endpoints)."""
     parts = urlsplit(url)
@@ -190,5 +195,10 @@ def translate(
     error = cls(f"S3 {op} failed for {where} at {endpoint}: {problem}")
     # The failures obstore resends only for requests it deems idempotent.
     no_answer = told.status is None and bool(told.failures & {"Interrupted", "Timeout"})
-    error.__cause__ = (NoAnswer if no_answer else S3ErrorDetail)(detail)
+    cause: type[S3ErrorDetail] = S3ErrorDetail
+    if no_answer:
+        cause = NoAnswer
+    elif told.status == 409 and op == "put":
+        cause = Conflict
+    error.__cause__ = cause(detail)
     return error

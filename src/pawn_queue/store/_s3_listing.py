@@ -29,6 +29,10 @@ class ServerSortsBytes(Exception):
     """The server did not skip a directory named by ``start-after``: it lists in byte order."""
 
 
+class ServerUnsorted(Exception):
+    """A plain listing came out of byte order: the server sorts neither bytes nor a tree."""
+
+
 def key_problem(key: str) -> str | None:
     """Why obstore cannot store ``key`` unchanged (or SeaweedFS would alter it), or None."""
     if not key:
@@ -99,18 +103,24 @@ async def tree_walk(
     """Keys under ``directory`` after ``bound`` (or equal, if ``inclusive``), in byte order,
     from a server that lists in tree order and skips a directory named by its offset.
 
-    Raises ServerSortsBytes when the server turns out to list in byte order.
+    Raises ServerSortsBytes when the server turns out to list in byte order, ServerUnsorted
+    when a directory's files come out of order.
     """
     base = f"{directory}/" if directory else ""
     first = _first_name(base, bound)
     stream = source(directory, offset_below(base + first) if first else None)
     deferred: list[str] = []  # directory names, sorted as name + "/"
     skipped: set[str] = set()
+    last_file = ""  # of this stream: a tree and bytes alike list a directory's files in order
     try:
         while (meta := await anext(stream, None)) is not None:
             name, slash, _ = meta.key[len(base) :].partition("/")
             if slash and name in skipped:
                 raise ServerSortsBytes(meta.key)
+            if not slash:
+                if name < last_file:
+                    raise ServerUnsorted(meta.key)
+                last_file = name
             entry = name + slash
             while deferred and deferred[0] + "/" < entry:
                 async for inner in _subtree(source, base + deferred.pop(0), bound, inclusive):
@@ -126,6 +136,7 @@ async def tree_walk(
             skipped.add(name)
             await stream.aclose()
             stream = source(directory, base + name)
+            last_file = ""
         for name in deferred:
             async for inner in _subtree(source, base + name, bound, inclusive):
                 yield inner

@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import obstore
@@ -36,13 +37,22 @@ from obstore.store import S3Store as _ObstoreS3Store
 
 from pawn_queue.config import S3Config
 from pawn_queue.exceptions import (
+    AlreadyExistsError,
     ConfigError,
     NotFoundError,
+    PreconditionFailedError,
     StoreError,
     StoreUnavailableError,
 )
-from pawn_queue.store._s3_errors import NoAnswer, S3ErrorDetail, redact_url, translate
-from pawn_queue.store._s3_listing import ServerSortsBytes, key_problem, offset_below, tree_walk
+from pawn_queue.store._s3_errors import Conflict, NoAnswer, S3ErrorDetail, redact_url, translate
+from pawn_queue.store._s3_listing import (
+    ServerSortsBytes,
+    ServerUnsorted,
+    Source,
+    key_problem,
+    offset_below,
+    tree_walk,
+)
 from pawn_queue.store.base import LIST_PAGE, IfMatch, ObjectMeta, PutMode, StoredObject
 
 if TYPE_CHECKING:
@@ -55,6 +65,7 @@ if TYPE_CHECKING:
 __all__ = ["S3ErrorDetail", "S3Store"]
 
 _T = TypeVar("_T")
+logger = logging.getLogger(__name__)
 
 _MAX_KEY_BYTES = 1024
 _RESEND_BACKOFF_SECONDS = 0.1  # obstore's initial backoff
@@ -117,7 +128,8 @@ class S3Store:
     """A :class:`~pawn_queue.store.base.Store` on an S3-compatible bucket.
 
     Etags are returned as the server sends them (S3: quoted, ``'"<md5>"'``) and passed back
-    verbatim in ``If-Match``. Without credentials in the config obstore's default chain
+    verbatim in ``If-Match``, or bare where the server takes only that form (see
+    :attr:`if_match_unquoted`). Without credentials in the config obstore's default chain
     (``AWS_*`` variables, web identity, container role, instance metadata; see
     ``CREDENTIAL_CHAIN``) is used, and an error says when it found none.
     """
@@ -129,8 +141,13 @@ class S3Store:
         self._in_flight: set[asyncio.Future[Any]] = set()
         endpoint, plain_http = _endpoint(config)
         self._endpoint = redact_url(endpoint) if endpoint else "(AWS)"
-        # SeaweedFS lists in directory-tree order; S3 proper in byte order (see list()).
-        self._sorts_bytes = False
+        self.list_order: Literal["tree", "bytes", "unsorted"] = "tree"
+        """How this server orders a listing, learnt from listings: SeaweedFS walks its
+        directory tree, S3 proper sorts bytes, s3rver neither (see list())."""
+        self.if_match_unquoted: bool | None = None
+        """How this server takes the ETag of an If-Match: False as it returned it (quoted,
+        as HTTP says), True without its quotes (Ceph RGW 16.2 answers 412 to the quoted
+        form); None until an if-match put was accepted. Learnt from the first one."""
 
         client: ClientConfig = {
             "allow_http": plain_http,
@@ -235,18 +252,37 @@ class S3Store:
         self, key: str, data: bytes, mode: PutMode = "overwrite", *, durable: bool = True
     ) -> str:
         _check_key(key, self._prefix)
-        store = self._live()
-        obstore_mode = _obstore_mode(mode)
-        result = await self._call(
-            "put",
-            key,
-            # One PUT request: conditional headers do not apply to multipart uploads.
-            lambda: obstore.put_async(store, key, data, mode=obstore_mode, use_multipart=False),
-        )
-        etag = result["e_tag"]
-        if not etag:
-            raise StoreError(f"S3 put to {self._where(key)} returned no ETag")
-        return etag
+        if not isinstance(mode, IfMatch):
+            return await self._put_resolving_conflicts(key, data, mode)
+        etag = mode.etag
+        bare = etag[1:-1] if len(etag) >= 2 and etag[0] == etag[-1] == '"' else etag
+        if self.if_match_unquoted:
+            return await self._put_resolving_conflicts(key, data, IfMatch(bare))
+        try:
+            new_etag = await self._put_resolving_conflicts(key, data, mode)
+        except PreconditionFailedError as exc:
+            if self.if_match_unquoted is not None or bare == etag:
+                raise
+            if isinstance(exc.__cause__, Conflict):
+                raise
+            # Refused: a stale etag, or a server that wants it without quotes (Ceph RGW).
+            # Unchanged since, the object has the very etag refused: try the bare form once.
+            try:
+                unchanged = (await self.head(key)).etag == etag
+            except NotFoundError:
+                unchanged = False
+            if not unchanged:
+                raise
+            new_etag = await self._put_resolving_conflicts(key, data, IfMatch(bare))
+            self.if_match_unquoted = True
+            logger.info(
+                "S3 server at %s refuses quoted ETags in If-Match and accepts them bare "
+                "(as Ceph RGW does): sending them bare from now on",
+                self._endpoint,
+            )
+            return new_etag
+        self.if_match_unquoted = False
+        return new_etag
 
     async def list(
         self, prefix: str = "", start_after: str | None = None, limit: int | None = None
@@ -269,7 +305,7 @@ class S3Store:
         # converting keys that the limit would drop.
         source = functools.partial(self._pages, chunk=min(limit or LIST_PAGE, LIST_PAGE))
         results: list[ObjectMeta] = []
-        if not self._sorts_bytes:
+        if self.list_order == "tree":
             try:
                 walk = tree_walk(source, parent, bound, inclusive)
                 async with contextlib.aclosing(walk):
@@ -277,21 +313,26 @@ class S3Store:
                         if results and meta.key <= results[-1].key:
                             continue  # a byte-order server repeats keys until detected
                         if _collect(meta, prefix, results, limit):
-                            return results
+                            break
                 return results
             except ServerSortsBytes:
                 # Learnt once per store: from now on one plain listing is in byte order.
-                self._sorts_bytes = True
-                if results:
-                    bound, inclusive = results[-1].key, False
-        pages = source(parent, offset_below(bound) if bound else None)
-        async with contextlib.aclosing(pages):
-            async for meta in pages:
-                if (
-                    bound is None or meta.key > bound or (inclusive and meta.key == bound)
-                ) and _collect(meta, prefix, results, limit):
-                    break
-        return results
+                self.list_order = "bytes"
+            except ServerUnsorted:
+                self._learn_unsorted()
+        if self.list_order == "bytes":
+            try:
+                return await _list_in_order(
+                    source, parent, prefix, results, limit, bound, inclusive
+                )
+            except ServerUnsorted:
+                self._learn_unsorted()
+        # Every key after the bound, sorted here (str order is UTF-8 byte order).
+        keys = await _list_in_order(
+            self._pages, parent, prefix, [], None, bound, inclusive, sorted_server=False
+        )
+        keys.sort(key=lambda meta: meta.key)
+        return keys[:limit]
 
     async def delete(self, key: str) -> None:
         await self.delete_many([key])
@@ -369,6 +410,45 @@ class S3Store:
             for raw in batch:
                 yield _meta(raw)
 
+    async def _put_resolving_conflicts(self, key: str, data: bytes, mode: PutMode) -> str:
+        """One PUT; a 409 to a conditional write (another conditional write to the key was in
+        progress; not applied) is resent, then reported as the lost race it is: AlreadyExists
+        for create-only, PreconditionFailed for if-match (docs/protocol.md, "Stores")."""
+        store = self._live()
+        obstore_mode = _obstore_mode(mode)
+        for attempt in range(self._max_retries + 1):
+            try:
+                result = await self._call(
+                    "put",
+                    key,
+                    # One PUT request: conditional headers do not apply to multipart uploads.
+                    lambda: obstore.put_async(
+                        store, key, data, mode=obstore_mode, use_multipart=False
+                    ),
+                )
+            except StoreError as exc:
+                if not isinstance(exc.__cause__, Conflict):
+                    raise
+                # obstore resends a 409 to if-match by itself, not to create-only.
+                if mode == "create" and attempt < self._max_retries:
+                    await asyncio.sleep(_RESEND_BACKOFF_SECONDS * 2**attempt)
+                    continue
+                lost = AlreadyExistsError if mode == "create" else PreconditionFailedError
+                raise lost(str(exc)) from exc.__cause__
+            etag = result["e_tag"]
+            if not etag:
+                raise StoreError(f"S3 put to {self._where(key)} returned no ETag")
+            return etag
+        raise AssertionError("unreachable")
+
+    def _learn_unsorted(self) -> None:
+        self.list_order = "unsorted"
+        logger.warning(
+            "S3 server at %s lists keys out of byte order: each listing now reads the whole "
+            "prefix and sorts it (docs/protocol.md, Stores)",
+            self._endpoint,
+        )
+
     def _live(self) -> _ObstoreS3Store:
         if self._store is None:
             raise StoreError(f"{self!r} is closed")
@@ -400,6 +480,41 @@ class S3Store:
             )
         # Raised outside the handler so the client exception is not kept as __context__.
         raise error
+
+
+async def _list_in_order(
+    source: Source,
+    parent: str,
+    prefix: str,
+    results: list[ObjectMeta],
+    limit: int | None,
+    bound: str | None,
+    inclusive: bool,
+    *,
+    sorted_server: bool = True,
+) -> list[ObjectMeta]:
+    """``results`` and the keys with ``prefix`` of one plain listing after them (after
+    ``bound`` without results). From a ``sorted_server``, in order, up to ``limit``;
+    ServerUnsorted if a key comes out of byte order (s3rver walks its directories:
+    ``a-2`` before ``a``). Else every such key, in the server's order."""
+    if results:
+        bound, inclusive = results[-1].key, False
+    previous: str | None = None
+    pages = source(parent, offset_below(bound) if bound else None)
+    async with contextlib.aclosing(pages):
+        async for meta in pages:
+            if sorted_server:
+                if previous is not None and meta.key < previous:
+                    raise ServerUnsorted(meta.key)
+                previous = meta.key
+            if not (bound is None or meta.key > bound or (inclusive and meta.key == bound)):
+                continue
+            if sorted_server:
+                if _collect(meta, prefix, results, limit):
+                    break
+            elif meta.key.startswith(prefix):
+                results.append(meta)
+    return results
 
 
 def _collect(meta: ObjectMeta, prefix: str, results: list[ObjectMeta], limit: int | None) -> bool:
