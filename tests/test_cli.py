@@ -478,7 +478,8 @@ def test_doctor_on_a_local_directory(url: str) -> None:
     assert set(report["latency_ms"]) == {"PUT", "GET", "HEAD"}
     assert report["clock_skew_seconds"] is not None
     text = cli(url, "doctor").stdout
-    assert "recommended strategy: conditional_write" in text
+    assert "strategy: conditional_write" in text
+    assert names["conditional write: if-match, current ETag"] == "ok"
 
 
 def test_demo(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """A consumer process killed with ``kill -9`` while holding messages loses nothing.
 
-Runs on the stores that other processes can share: the local directory and S3.
+Runs on the stores that other processes can share: the local directory and every S3 server
+of the matrix.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from pawn_queue import PawnQueue
-from tests.conftest import queue_config_dict
+from tests.conftest import S3_SERVERS, queue_config_dict
 from tests.helpers.support import keys_under
 
 HOLDER = """
@@ -36,7 +37,7 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("backend", ["filesystem", "s3"])
+@pytest.mark.parametrize("backend", ["filesystem", *S3_SERVERS])
 async def test_killed_consumer_messages_are_redelivered(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -275,6 +275,9 @@ DRAIN_CASES: dict[str, tuple[list[FaultRule], float, float]] = {
     "no-faults": ([], 10.0, 2.0),
     "5pct-mixed": (mixed(0.05), 10.0, 2.0),
     "15pct-mixed": (mixed(0.15), 10.0, 2.0),
+    # AWS's answer to concurrent conditional writes, to a third of claims, refreshes, acks
+    # and publishes: resent, then a lost race, never a loss or an unexplained redelivery.
+    "409-conflicts": ([FaultRule("conflict_409", 0.3)], 10.0, 2.0),
     # Stalled requests are never forwarded; slow ones are applied but answered after the
     # client gave up (an unknown outcome for conditional writes). A lease must outlive a
     # request that times out, so the visibility timeout exceeds the request timeout; and an

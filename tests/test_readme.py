@@ -1,4 +1,5 @@
-"""The README's code runs as written, on every store."""
+"""The README's code runs as written; its quick start and push mode on every store of the
+matrix (memory, a local directory, SeaweedFS, Ceph RGW, moto and s3rver)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,15 @@ import yaml
 from pawn_queue import PawnQueue
 from pawn_queue.config import load_config
 from pawn_queue.store import open_store
+from tests.conftest import STORE_MATRIX
 from tests.helpers.faults import FaultyStore
 
 README = Path(__file__).parent.parent / "README.md"
+
+
+@pytest.fixture(params=STORE_MATRIX)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def python_blocks() -> list[str]:

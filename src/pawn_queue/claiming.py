@@ -139,7 +139,9 @@ class Claimer:
         self._sweep_after: dict[str, float] = {}
         self._flowing: set[str] = set()  # topics whose last listing found candidates
         self._io_slots = asyncio.Semaphore(IO_CONCURRENCY)
-        self._claim_seconds = _MIN_PATIENCE_SECONDS  # moving average of a claim's latency
+        # Moving average of a claim's latency; csprng_verify claims wait on purpose (jitter,
+        # verify delays), so their first polls give them that long, not a request's time.
+        self._claim_seconds = _MIN_PATIENCE_SECONDS + self._leases.claim_pause_seconds
 
     @property
     def next_due(self) -> datetime | None:

@@ -63,6 +63,16 @@ class LeaseProtocol:
         # Lease keys seen live elsewhere, and until when (what a read of them told).
         self._busy_until: dict[str, datetime] = {}
 
+    @property
+    def claim_pause_seconds(self) -> float:
+        """How long a claim waits on purpose at most, besides its requests: csprng_verify's
+        jitter and verify delays (none for conditional_write)."""
+        if self.strategy == "conditional_write":
+            return 0.0
+        cfg = self._csprng
+        pauses_ms = cfg.jitter_max_ms + cfg.verify_retries * cfg.verify_retry_delay_ms
+        return (pauses_ms + cfg.jitter_min_ms) / 1000
+
     async def _claim_conditional(
         self, key: str, body: LeaseBody, seconds: float
     ) -> tuple[str, LeaseBody] | None:

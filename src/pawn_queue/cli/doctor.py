@@ -7,6 +7,9 @@ import contextlib
 import secrets
 import statistics
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,8 +30,10 @@ from pawn_queue.cli.common import (
     stdout_console,
 )
 from pawn_queue.client import PawnQueue
+from pawn_queue.config import PawnQueueConfig
 from pawn_queue.exceptions import AlreadyExists, NotFound, StoreError
 from pawn_queue.store.base import Store
+from pawn_queue.strategy import probe_store
 
 _RACERS = 8
 _SAMPLES = 5
@@ -81,7 +86,8 @@ async def _race(store: Store, report: Report) -> None:
     report.add("create-only race", "ok" if winners == 1 and not other else "fail", detail)
     if winners != 1:
         report.risks.append(
-            "create-only writes are not exclusive: two consumers can claim one message"
+            "create-only writes are not exclusive under a race: two consumers can claim one "
+            "message with conditional_write; set concurrency.strategy to csprng_verify"
         )
 
 
@@ -160,25 +166,72 @@ async def _clock_skew(store: Store, report: Report, margin: float) -> None:
         )
 
 
+async def _conditional_writes(store: Store, report: Report, strategy: str) -> bool:
+    """The probe's checks, one row each; whether create-only writes are enforced."""
+    probe = await probe_store(store)
+    for capability in probe.capabilities:
+        status = "ok" if capability.ok else "warn"
+        report.add(f"conditional write: {capability.name}", status, capability.detail)
+    if probe.strategy != strategy:  # only when the store answered differently this time
+        report.add("strategy", "fail", f"the queue uses {strategy}, the probe now says "
+                   f"{probe.strategy}: the store's answers are not stable")  # fmt: skip
+    return probe.capabilities[-1].ok
+
+
+def _server_header(config: PawnQueueConfig) -> str | None:
+    """The ``Server`` header of an anonymous HEAD on the bucket (S3 only), or why not."""
+    s3 = config.s3
+    if config.backend != "s3" or s3 is None:
+        return None
+    endpoint = s3.endpoint_url or f"https://s3.{s3.region_name}.amazonaws.com"
+    if "://" not in endpoint:
+        endpoint = ("https://" if s3.use_ssl else "http://") + endpoint
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "unknown (not an http(s) endpoint)"
+    netloc = f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
+    # Built from scheme, host and port only: user info in the endpoint may be credentials.
+    url = f"{parts.scheme}://{netloc}/{s3.bucket_name}"
+    request = urllib.request.Request(url, method="HEAD")  # noqa: S310 (http/s only)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310
+            server = answer.headers.get("Server")
+    except urllib.error.HTTPError as exc:  # 403 without a signature: it still names itself
+        server = exc.headers.get("Server")
+    except (OSError, ValueError) as exc:
+        return f"unknown ({type(exc).__name__})"
+    return str(server) if server else "not sent"
+
+
 async def diagnose(pq: PawnQueue) -> Report:
     report = Report()
     started = time.perf_counter()
     await pq.setup()
     elapsed = (time.perf_counter() - started) * 1000
     report.add("store reachable", "ok", f"{pq.store!r}: list and probe in {elapsed:.0f} ms")
+    server = await asyncio.to_thread(_server_header, pq.config)
+    if server is not None:
+        report.add("server", "ok", f"Server: {server}")
     report.strategy = pq.strategy
     configured = pq.config.concurrency.strategy
-    if pq.strategy == "conditional_write":
-        report.add("conditional writes", "ok", "create-only and if-match are enforced")
-    else:
-        report.add("conditional writes", "warn", "not enforced: claims use csprng_verify")
+    store = pq.store
+    create_only = False
+    try:
+        create_only = await _conditional_writes(store, report, pq.strategy)
+    except StoreError as exc:
+        report.add("conditional writes", "fail", str(exc))
+    if pq.strategy == "csprng_verify":
         report.risks.append(
             "csprng_verify is probabilistic: a message can be delivered twice at once"
         )
     if configured != "auto" and configured != pq.strategy:
         report.risks.append(f"configured strategy {configured} differs from the probe's")
-    store = pq.store
-    for step in (_race, _read_after_write, _latency):
+    steps = [_read_after_write, _latency]
+    if create_only:
+        steps.insert(0, _race)
+    else:
+        report.add("create-only race", "ok", "not run: create-only writes are not enforced")
+    for step in steps:
         try:
             await step(store, report)
         except StoreError as exc:
@@ -191,8 +244,9 @@ async def diagnose(pq: PawnQueue) -> Report:
 
 
 def doctor(ctx: typer.Context, json_output: JsonOption = False) -> None:
-    """Check the store: access, conditional writes, a create-only race, read-after-write,
-    latency, clock skew; print the recommended strategy and any risk. Exit 1 on a failure."""
+    """Check the store: access, its Server header, each conditional write the queue relies
+    on (tested, not assumed), a create-only race, read-after-write, latency, clock skew; print
+    the strategy the queue uses there and any risk. Exit 1 on a failure."""
     opts = options(ctx, json_output)
 
     async def main() -> Report:
@@ -223,7 +277,7 @@ def doctor(ctx: typer.Context, json_output: JsonOption = False) -> None:
             table.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.detail)
         console = stdout_console()
         console.print(table)
-        console.print(f"recommended strategy: {report.strategy}", markup=False)
+        console.print(f"strategy: {report.strategy}", markup=False)
         for risk in report.risks or ["none found"]:
             console.print(f"risk: {risk}", markup=False)
     if not report.ok:
