@@ -23,8 +23,8 @@ from pawn_queue import (
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import ConfigError, StoreUnavailable
 from pawn_queue.store import open_store
-from tests.helpers.faults import FaultyStore
 from tests.conftest import CONDITIONAL, STORE_MATRIX
+from tests.helpers.faults import FaultyStore
 from tests.helpers.support import keys_under, settled
 
 conditional = pytest.mark.parametrize("backend", sorted(CONDITIONAL), indirect=True)
