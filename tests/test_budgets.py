@@ -59,7 +59,8 @@ async def test_setup_probes_s3_only(backend: str, queue_config: dict[str, Any]) 
     store = CountingStore(open_store(config))
     async with PawnQueue(config, store=store) as pq:
         assert pq.strategy == "conditional_write"
-        probe = Counter({"LIST": 1, "PUT": 1, "PUT create": 1, "PUT if-match": 1, "DELETE": 1})
+        # The access check; the probe: a PUT, if-match current and stale, create, DELETE.
+        probe = Counter({"LIST": 1, "PUT": 1, "PUT create": 1, "PUT if-match": 2, "DELETE": 1})
         assert store.reset() == (probe if backend == "s3" else Counter())
 
 

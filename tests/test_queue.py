@@ -23,7 +23,7 @@ from pawn_queue import (
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import ConfigError, StoreUnavailable
 from pawn_queue.store import open_store
-from tests.conftest import CONDITIONAL, STORE_MATRIX
+from tests.conftest import BACKENDS, CONDITIONAL, STORE_MATRIX
 from tests.helpers.faults import FaultyStore
 from tests.helpers.support import keys_under, settled
 
@@ -384,6 +384,43 @@ async def test_nack_with_failing_dead_letter_write_loses_nothing(
         await message.nack()  # retry succeeds once the store is back
         assert await keys_under(pq, "t/messages/") == []
         assert await keys_under(pq, "t/dead-letter/") == [f"t/dead-letter/{mid}.json"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("settle", ["nack", "ack"])
+async def test_a_failed_settle_comes_back_to_this_process(
+    queue_config: dict[str, Any], settle: str
+) -> None:
+    """A nack whose dead-letter write failed, an ack whose delete failed: the message comes
+    back after the visibility timeout to the same consumer (nack) or to another one of the
+    same PawnQueue (ack); both skipped it for as long as the process ran."""
+    queue_config["polling"].update(
+        visibility_timeout_seconds=1.0, lease_refresh_interval_seconds=0.3
+    )
+    config = load_config(queue_config)
+    faulty = FaultyStore(open_store(config))
+    failing = "/dead-letter/" if settle == "nack" else "/messages/"
+
+    async def fail(operation: str, key: str) -> None:
+        if operation in ("put", "delete") and failing in key:
+            raise StoreUnavailable(f"injected {operation} failure")
+
+    async with PawnQueue(config, store=faulty) as pq:
+        await pq.create_topic("t")
+        mid = await (await pq.register_producer("p")).publish("t", {"v": 1})
+        consumer = await pq.register_consumer("c", topics=["t"])
+        [message] = await consumer.poll()
+        faulty.hooks.append(fail)
+        with pytest.raises(StoreUnavailable):
+            await getattr(message, settle)()
+        faulty.hooks.clear()
+        taker = consumer if settle == "nack" else await pq.register_consumer("d", topics=["t"])
+        async with asyncio.timeout(30):
+            while not (again := await taker.poll(wait=1.0)):
+                pass
+        assert [(m.id, m.receive_count) for m in again] == [(mid, 2)]
+        await again[0].ack()
+        assert await keys_under(pq, "t/messages/") == []
 
 
 async def test_listen_dead_letters_raising_handler_and_releases_on_cancel(

@@ -29,6 +29,7 @@ from pawn_queue.runtime import Runtime
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
 from pawn_queue.store.coalesce import DeleteCoalescer
+from pawn_queue.dedup import MarkerSweeper
 from pawn_queue.strategy import known_conditional, resolve_strategy
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
@@ -120,6 +121,7 @@ class PawnQueue:
             registry=Registry(store),
             signals=signals,
             listings=SharedListings(store, signals),
+            dedup_sweeper=MarkerSweeper(store, background, self._clock, leases.margin),
             observers=self._observers,
             background=background,
         )

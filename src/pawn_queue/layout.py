@@ -264,6 +264,10 @@ def leases_prefix(topic: str) -> str:
     return f"{topic}/{LEASES}"
 
 
+def dedup_prefix(topic: str) -> str:
+    return f"{topic}/{DEDUP}"
+
+
 def lease_key(topic: str, message_id: str) -> str:
     return f"{topic}/{LEASES}{message_id}{LEASE_SUFFIX}"
 

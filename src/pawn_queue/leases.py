@@ -195,6 +195,12 @@ class LeaseManager(LeaseProtocol):
             await self.release(lease)
             raise
 
+    def let_expire(self, lease: Lease) -> None:
+        """The lease is no longer refreshed (its holder could not settle the message): this
+        process's consumers may take it over once it expired, as any other may (rule 10)."""
+        self._held_here.discard(lease.key)
+        self._busy_until[lease.key] = lease.expires + self.margin
+
     def comfortably_held(self, lease: Lease) -> bool:
         """Whether :meth:`ensure_held` would pass without a request."""
         return not (lease.lost or lease.released) and self._safe_for(lease, windows=2)

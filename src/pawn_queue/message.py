@@ -117,6 +117,7 @@ class ClaimedObject:
         self._abandoned.add(index)
         if not self._members_pending():
             self._on_done(self.lease)
+            self._leases.let_expire(self.lease)
 
     async def extend(self, seconds: float) -> None:
         """Keep the lease ``seconds`` from now, and refresh it by that much from now on."""

@@ -195,6 +195,8 @@ class Producer:
             await dedup.mark_written(self._store, marker_key, decision)
         except StoreError as exc:
             raise PublishError(f"could not publish to topic {envelope.topic!r}: {exc}") from exc
+        finally:
+            self._runtime.dedup_sweeper.published(envelope.topic, window)
         return envelope.id
 
     async def _wait_for_room(self, topic: str, max_pending: int, within: float) -> None:

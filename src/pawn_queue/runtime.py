@@ -9,6 +9,7 @@ from datetime import datetime
 
 from pawn_queue._aio import Background
 from pawn_queue.config import PawnQueueConfig
+from pawn_queue.dedup import MarkerSweeper
 from pawn_queue.leases import LeaseManager
 from pawn_queue.listings import SharedListings
 from pawn_queue.notify import ChangeSignals
@@ -29,6 +30,7 @@ class Runtime:
     registry: Registry
     signals: ChangeSignals
     listings: SharedListings
+    dedup_sweeper: MarkerSweeper
     observers: Observers = field(default_factory=Observers)
     """The queue's observers (:mod:`pawn_queue.observe`), called by the core."""
     background: Background = field(default_factory=Background)
