@@ -16,6 +16,7 @@ from pawn_queue._aio import Background
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
+from pawn_queue.dedup import MarkerSweeper
 from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, PawnQueueError, RootNotFound
 from pawn_queue.lease_protocol import ResolvedStrategy
@@ -29,7 +30,6 @@ from pawn_queue.runtime import Runtime
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
 from pawn_queue.store.coalesce import DeleteCoalescer
-from pawn_queue.dedup import MarkerSweeper
 from pawn_queue.strategy import known_conditional, resolve_strategy
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,

@@ -137,7 +137,7 @@ class MarkerSweeper:
         due = self._due.get(topic)
         if due is None:
             self._due[topic] = now + interval
-            if random.random() >= self._first_chance:  # noqa: S311 - spreads load only
+            if random.random() >= self._first_chance:
                 return
         elif now < due:
             return
