@@ -518,6 +518,30 @@ async def test_lost_answer_to_a_publish_writes_one_message(
     await assert_empty(pq, "t")
 
 
+async def test_a_stalled_publish_ends_at_its_deadline_saying_the_outcome_is_unknown(
+    request: pytest.FixtureRequest, tmp_path: Path, proxy: FaultProxy
+) -> None:
+    """Every request on the message and its lease stalls: the PUTs, and the looks between
+    them (HEAD, GET), each retried by the client, added up to minutes; now the publish
+    gives up at request timeout x (max_retries + 1), and says its outcome is unknown."""
+    config = proxied(request, tmp_path, proxy, request_timeout_seconds=1.0, max_retries=2)
+    async with await PawnQueue.from_config(config) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        operations = frozenset({"put", "head", "get"})
+        proxy.set_rules([FaultRule("stall", 1.0, operations, "/(messages|leases)/", 60.0)])
+        started = time.monotonic()
+        with pytest.raises(PublishError) as caught:
+            await producer.publish("t", {"n": 1})
+        elapsed = time.monotonic() - started
+        assert elapsed < 1.0 * (2 + 1) + 1.0, elapsed  # the deadline, and a second of slack
+        assert "outcome unknown" in str(caught.value)
+        proxy.set_rules([])
+        assert await keys(pq, layout.messages_prefix("t")) == []  # stalled: never forwarded
+        await producer.publish("t", {"n": 2})
+        assert len(await keys(pq, layout.messages_prefix("t"))) == 1
+
+
 async def test_lost_answer_to_a_publish_acked_meanwhile_is_not_written_again(
     request: pytest.FixtureRequest, tmp_path: Path, proxy: FaultProxy
 ) -> None:

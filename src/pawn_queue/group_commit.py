@@ -23,7 +23,7 @@ from pawn_queue import layout
 from pawn_queue.config import ProducerConfig
 from pawn_queue.envelope import Envelope, encode_batch
 from pawn_queue.exceptions import PublishError, StoreError
-from pawn_queue.landing import write_new
+from pawn_queue.landing import publish_failed, write_new
 from pawn_queue.message import write_message
 from pawn_queue.runtime import Runtime
 
@@ -139,7 +139,7 @@ class GroupCommit:
         try:
             await write_new(self._runtime, key, encode_batch(batch_id, members))
         except StoreError as exc:
-            raise PublishError(f"could not publish to topic {topic!r}: {exc}") from exc
+            raise publish_failed(topic, exc) from exc
         self._runtime.signals.published(topic)
         logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))
 

@@ -18,9 +18,15 @@ import logging
 
 from pawn_queue import layout
 from pawn_queue.envelope import CorruptObject, LeaseBody
-from pawn_queue.exceptions import AlreadyExists, NotFound, StoreUnavailable
+from pawn_queue.exceptions import (
+    AlreadyExists,
+    NotFound,
+    PublishError,
+    StoreError,
+    StoreUnavailable,
+)
 from pawn_queue.runtime import Runtime
-from pawn_queue.store.base import Store, answer_lost
+from pawn_queue.store.base import AnswerLost, Store, answer_lost
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +36,43 @@ _RESEND_BACKOFF_SECONDS = 0.1  # as the S3 client's first backoff
 async def write_new(runtime: Runtime, key: str, body: bytes) -> None:
     """Write the new object ``body`` at ``key`` (under ``{topic}/messages/``); return once it
     is durable. An answer lost on the way is resent at most ``s3.max_retries`` times, each
-    only after a look found the object neither stored nor claimed."""
+    only after a look found the object neither stored nor claimed. Given up after
+    :func:`publish_deadline` seconds: StoreUnavailable, with its outcome unknown."""
+    deadline = publish_deadline(runtime)
+    try:
+        async with asyncio.timeout(deadline):
+            await _write_new(runtime, key, body)
+    except TimeoutError:
+        raise StoreUnavailable(
+            f"write of {key!r} given up at its deadline of {deadline:g} s "
+            "(s3.request_timeout_seconds x (s3.max_retries + 1))"
+        ) from AnswerLost("deadline")
+
+
+def publish_deadline(runtime: Runtime) -> float | None:
+    """How long a publish's write may take in all, looks and resends included: one request
+    timeout per attempt the config allows. None (no bound) for a local directory or memory,
+    which always answer."""
+    s3 = runtime.config.s3
+    if runtime.config.backend != "s3" or s3 is None:
+        return None
+    return s3.request_timeout_seconds * (s3.max_retries + 1)
+
+
+def publish_failed(topic: str, exc: StoreError, what: str = "") -> PublishError:
+    """The PublishError of a failed write, saying so when its outcome is unknown."""
+    text = f"could not publish {what}to topic {topic!r}: {exc}"
+    if answer_lost(exc):
+        text += (
+            "; outcome unknown: the write may still land (publishing again with a dedup_id "
+            "writes the message once either way)"
+        )
+    error = PublishError(text)
+    error.__cause__ = exc
+    return error
+
+
+async def _write_new(runtime: Runtime, key: str, body: bytes) -> None:
     store = runtime.store
     if runtime.leases.strategy != "conditional_write":
         await store.put(key, body, "overwrite")

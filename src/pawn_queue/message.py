@@ -21,11 +21,10 @@ from pawn_queue.envelope import DeadLetterInfo, Envelope, encode_dead_letter
 from pawn_queue.exceptions import (
     ArgumentError,
     LeaseLostError,
-    PublishError,
     StoreError,
 )
 from pawn_queue.handout import Handout
-from pawn_queue.landing import write_new
+from pawn_queue.landing import publish_failed, write_new
 from pawn_queue.lease_keeper import LeaseKeeper
 from pawn_queue.leases import Lease
 from pawn_queue.observe import Outcome
@@ -47,7 +46,7 @@ async def write_message(
     try:
         await write_new(runtime, key, body)
     except StoreError as exc:
-        raise PublishError(f"could not publish to topic {envelope.topic!r}: {exc}") from exc
+        raise publish_failed(envelope.topic, exc) from exc
     runtime.signals.published(envelope.topic)
     logger.debug("published message=%s topic=%s", envelope.id, envelope.topic)
     return envelope.id

@@ -18,12 +18,11 @@ from pawn_queue.envelope import Envelope, encode_batch
 from pawn_queue.exceptions import (
     ArgumentError,
     PayloadError,
-    PublishError,
     QueueFullError,
     StoreError,
 )
 from pawn_queue.group_commit import GroupCommit
-from pawn_queue.landing import write_new
+from pawn_queue.landing import publish_failed, write_new
 from pawn_queue.message import write_message
 from pawn_queue.observe import Publication
 from pawn_queue.registry import RegistryEntry
@@ -194,7 +193,7 @@ class Producer:
             await write_message(self._runtime, envelope, marker.message_key, body)
             await dedup.mark_written(self._store, marker_key, decision)
         except StoreError as exc:
-            raise PublishError(f"could not publish to topic {envelope.topic!r}: {exc}") from exc
+            raise publish_failed(envelope.topic, exc) from exc
         finally:
             self._runtime.dedup_sweeper.published(envelope.topic, window)
         return envelope.id
@@ -260,7 +259,7 @@ class Producer:
         try:
             await write_new(self._runtime, key, body)
         except StoreError as exc:
-            raise PublishError(f"could not publish a batch to topic {topic!r}: {exc}") from exc
+            raise publish_failed(topic, exc, "a batch ") from exc
         self._signals.published(topic)
         logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))
         return [m.id for m in members]
