@@ -287,6 +287,12 @@ def test_exit_codes_and_errors_are_clear(tmp_path: Path, workers: Any) -> None:
     )
     function = run("tests.workers.service_app:noop")
     assert function.returncode == 2 and "give its topics with --topic" in function.stderr
+    # A mistyped directory is refused, not created (it was, and registered into).
+    no_root = run(APP)
+    assert no_root.returncode == 1 and "does not exist" in no_root.stderr
+    assert str(tmp_path / "queue") in no_root.stderr
+    assert not (tmp_path / "queue").exists()
+    (tmp_path / "queue").mkdir()
     no_topic = run(APP)
     assert no_topic.returncode == 1 and "topic 'jobs' does not exist" in no_topic.stderr
     usage = run(APP, "--log-format", "xml")

@@ -79,7 +79,9 @@ class App:
     a YAML config path, a config mapping or a :class:`PawnQueueConfig`; None (the default)
     reads the ``PAWNQUEUE_*`` environment when the app starts. ``name`` prefixes the
     names its producer and consumers register with. ``create_topics``: create the topics
-    the app consumes and publishes to when it starts (default: they must exist).
+    the app consumes and publishes to when it starts, and a local directory that does not
+    exist yet (default: both must exist, so a mistyped path fails instead of becoming a new
+    empty queue).
     """
 
     def __init__(
@@ -221,6 +223,11 @@ class App:
         if not self._subscribers:
             raise ArgumentError(f"app {self.name!r} has no subscriber")
         config = config or _config_of(self.source)
+        if not self.create_topics and config.backend == "filesystem" and config.filesystem:
+            # A service on a mistyped path would register, and so create, a new empty queue.
+            from pawn_queue.store.filesystem import require_root
+
+            require_root(config.filesystem.path)
         store = open_store(config)
         for wrapper in self._store_wrappers:
             store = wrapper(store)
