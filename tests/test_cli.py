@@ -745,3 +745,43 @@ def test_metrics_exporter_subprocess(url: str) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# -- one rule for exit codes ------------------------------------------------------------------
+
+# Exit 2: the command refused a value before doing anything; 1: it ran and failed, or did
+# not do all it was asked (README, "Command line").
+REFUSED = [
+    (["dlq", "list", "orders", "--limit", "-1"], 2, "--limit"),
+    (["dlq", "list", "orders", "--limit", "0"], 2, "--limit"),
+    (["dlq", "redrive", "orders", "--limit", "0"], 2, "--limit"),
+    (["dlq", "redrive", "orders", "--id", "nope"], 1, "1 of the 1 ids given are not dead"),
+    (["topics", "update", "orders"], 2, "nothing to update"),
+    (["publish", "orders", "{}", "--dedup-id", ""], 2, "dedup_id"),
+    (["publish", "orders", "{}", "--group", ""], 2, "--group"),
+    (["publish", "orders", "{}", "--delay", "-1"], 2, "--delay"),
+    (["publish", "orders", "{}", "--delay", "1e12"], 2, "delay"),
+    (["demo", "--orders", "-5"], 2, "--orders"),
+    (["demo", "--workers", "0"], 2, "--workers"),
+    (["demo", "--fail-rate", "7"], 2, "--fail-rate"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"), REFUSED, ids=[" ".join(a) for a, _, _ in REFUSED]
+)
+def test_a_command_that_did_not_do_what_was_asked_says_so(
+    url: str, tmp_path: Path, argv: list[str], code: int, says: str
+) -> None:
+    cli(url, "topics", "create", "orders")
+    [dead] = dead_letter_some(url, "orders", 1)
+    if argv[0] == "demo":
+        argv = [*argv, "--dir", str(tmp_path / "demo")]
+    result = cli(None if argv[0] == "demo" else url, *argv, code=code)
+    assert says in result.stderr
+    if argv[0] == "demo":
+        assert not (tmp_path / "demo").exists()
+    # Nothing changed: the dead letter is still there, no message was published.
+    letters = json.loads(cli(url, "--json", "dlq", "list", "orders").stdout)
+    assert [letter["id"] for letter in letters] == [dead]
+    assert json.loads(cli(url, "--json", "topics", "stats", "orders").stdout)["pending"] == 0

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from pawn_queue.cli.common import (
+    EXIT_USAGE,
     CliError,
     JsonOption,
     fail,
@@ -130,7 +131,7 @@ def _limit(value: str | None, option: str, *, whole: bool) -> object:
         return int(value) if whole else float(value)
     except ValueError:
         what = "a whole number" if whole else "a number"
-        fail(f"{option}: expected {what} or 'none', got {value!r}", code=2)
+        fail(f"{option}: expected {what} or 'none', got {value!r}", EXIT_USAGE)
 
 
 @topics_app.command("update")
@@ -159,6 +160,19 @@ def topics_update(
     Other processes see the change within 30 s (they cache topic settings that long).
     """
     opts = options(ctx, json_output)
+    options_given = (
+        max_receive_count,
+        retention_seconds,
+        retention_action,
+        max_pending,
+        dedup_window_seconds,
+    )
+    if all(value is None for value in options_given):
+        fail(
+            "nothing to update: give at least one of --max-receive-count, "
+            "--retention-seconds, --retention-action, --max-pending, --dedup-window-seconds",
+            EXIT_USAGE,
+        )
     given = given_settings(
         max_receive_count=_limit(max_receive_count, "--max-receive-count", whole=True),
         retention_seconds=_limit(retention_seconds, "--retention-seconds", whole=False),
@@ -296,7 +310,7 @@ def _letter_dict(letter: DeadLetter) -> dict[str, Any]:
 def dlq_list(
     ctx: typer.Context,
     topic: Annotated[str, typer.Argument(help="Topic name.")],
-    limit: Annotated[int | None, typer.Option(help="At most this many.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="At most this many.")] = None,
     json_output: JsonOption = False,
 ) -> None:
     """List a topic's dead letters with the reason, oldest first."""
@@ -352,7 +366,7 @@ def dlq_redrive(
     ids: Annotated[
         list[str] | None, typer.Option("--id", help="Only these ids (repeatable).")
     ] = None,
-    limit: Annotated[int | None, typer.Option(help="At most this many.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="At most this many.")] = None,
     per_second: Annotated[float | None, typer.Option(help="Rate limit (messages/s).")] = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -364,10 +378,13 @@ def dlq_redrive(
             return await pq.redrive(topic, ids=ids or None, limit=limit, per_second=per_second)
 
     count = run(ctx, main)
+    asked = len(set(ids or ()))
     if opts.json:
         print_json({"topic": topic, "redriven": count})
     else:
         typer.echo(f"redrove {count} dead letters to {topic}")
+    if count < asked:
+        fail(f"{asked - count} of the {asked} ids given are not dead letters of {topic!r}")
 
 
 @dlq_app.command("purge")

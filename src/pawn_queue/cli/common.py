@@ -24,7 +24,7 @@ from rich.console import Console
 
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import URL_ENV_VAR, PawnQueueConfig, load_config
-from pawn_queue.exceptions import PawnQueueError
+from pawn_queue.exceptions import ArgumentError, PawnQueueError
 from pawn_queue.store import open_store
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+EXIT_USAGE = 2
+"""The exit code of a command refused before it did anything: a bad option or argument."""
 
 
 class CliError(Exception):
@@ -79,18 +81,18 @@ def setup_logging(level: str) -> None:
 def build_config(opts: Options) -> PawnQueueConfig:
     """``--url``, else ``--config``, else the ``PAWNQUEUE_*`` environment."""
     if opts.url and opts.config:
-        raise CliError("give either --url or --config, not both", code=2)
+        raise CliError("give either --url or --config, not both", EXIT_USAGE)
     if opts.url:
         return PawnQueueConfig.from_url(opts.url)
     if opts.config is not None:
         if not opts.config.is_file():
-            raise CliError(f"config file not found: {opts.config}", code=2)
+            raise CliError(f"config file not found: {opts.config}", EXIT_USAGE)
         return load_config(opts.config)
     if any(k.startswith("PAWNQUEUE_") and v for k, v in os.environ.items()):
         return PawnQueueConfig.from_env()
     raise CliError(
         f"no store given: use --url (e.g. file://./queue), --config FILE or set {URL_ENV_VAR}",
-        code=2,
+        EXIT_USAGE,
     )
 
 
@@ -126,7 +128,8 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 
 def run(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
-    """Run ``main`` on a fresh event loop; errors become one line on stderr and exit 1.
+    """Run ``main`` on a fresh event loop; errors become one line on stderr and exit 1, or
+    2 for a bad value of an option or argument (ArgumentError), as typer's own checks.
 
     ``--debug`` prints the traceback as well. Ctrl-C exits with 130, SIGTERM with 143: both
     first release what the command holds (its messages can be consumed again at once).
@@ -145,6 +148,9 @@ def run(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
     except CliError as exc:
         _report(opts, f"error: {exc}", exc)
         raise typer.Exit(exc.code) from None
+    except ArgumentError as exc:  # a value of an option or argument: a usage error
+        _report(opts, f"error: {exc}", exc)
+        raise typer.Exit(EXIT_USAGE) from None
     except PawnQueueError as exc:
         _report(opts, f"error: {exc}", exc)
         raise typer.Exit(1) from None

@@ -332,15 +332,17 @@ def metrics(
 
 
 def demo(
-    orders: Annotated[int, typer.Option(help="Orders to publish.")] = 3000,
-    workers: Annotated[int, typer.Option(help="Consumer workers.")] = 4,
+    orders: Annotated[int, typer.Option(min=1, help="Orders to publish.")] = 3000,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Consumer workers.")] = 4,
     directory: Annotated[
         Path,
         typer.Option(
             "--dir", help="Queue directory: new, empty, or an earlier demo's (then cleared)."
         ),
     ] = Path("queue-demo"),
-    fail_rate: Annotated[float, typer.Option(help="Fraction of orders that fail.")] = 0.05,
+    fail_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Fraction of orders that fail (0 to 1).")
+    ] = 0.05,
 ) -> None:
     """Run the demo job (the same as make demo) on a local directory."""
     from pawn_queue.cli.demo import run_demo

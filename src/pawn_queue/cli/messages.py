@@ -15,6 +15,7 @@ from rich.table import Table
 
 from pawn_queue import layout
 from pawn_queue.cli.common import (
+    EXIT_USAGE,
     CliError,
     JsonOption,
     Options,
@@ -43,7 +44,7 @@ def _attributes(values: list[str] | None) -> dict[str, str]:
     for item in values or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            fail(f"--attribute: expected KEY=VALUE, got {item!r}", code=2)
+            fail(f"--attribute: expected KEY=VALUE, got {item!r}", EXIT_USAGE)
         out[key] = value
     return out
 
@@ -270,15 +271,15 @@ def publish(
         try:
             payload = _loads(message)
         except ValueError as exc:
-            fail(f"invalid JSON message: {exc}", code=2)
+            fail(f"invalid JSON message: {exc}", EXIT_USAGE)
         except RecursionError:
-            fail("invalid JSON message: nested too deeply", code=2)
+            fail("invalid JSON message: nested too deeply", EXIT_USAGE)
     elif dedup_id is not None:
-        fail("--dedup-id needs one message (the JSON argument), not stdin lines", code=2)
+        fail("--dedup-id needs one message (the JSON argument), not stdin lines", EXIT_USAGE)
     if batch and (delay is not None or group is not None or dedup_id is not None):
-        fail("--batch cannot be combined with --delay, --group or --dedup-id", code=2)
+        fail("--batch cannot be combined with --delay, --group or --dedup-id", EXIT_USAGE)
     if group == "":
-        fail("--group must not be empty", code=2)
+        fail("--group must not be empty", EXIT_USAGE)
 
     async def main() -> tuple[int, int]:
         layout.validate_name(topic, "topic name")  # before registering: a refusal writes nothing

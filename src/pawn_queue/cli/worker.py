@@ -11,10 +11,10 @@ from typing import Annotated, Any
 import typer
 
 from pawn_queue.app import App
-from pawn_queue.cli.common import CliError, Options, build_config, fail, options
+from pawn_queue.cli.common import EXIT_USAGE, CliError, Options, build_config, fail, options
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.service.logs import LOG_FORMATS, LogFormat, setup_logging
-from pawn_queue.service.runner import EXIT_USAGE, WorkerOptions, run_worker
+from pawn_queue.service.runner import WorkerOptions, run_worker
 from pawn_queue.service.supervisor import supervise
 
 

@@ -29,7 +29,6 @@ logger = logging.getLogger("pawn_queue.worker")
 
 EXIT_STOPPED = 0  # stopped by a signal, handlers finished or given back
 EXIT_FAILED = 1  # could not start, or a subscriber failed
-EXIT_USAGE = 2  # bad command line (the CLI's own)
 EXIT_FORCED = 3  # a second signal cut the grace short (nothing lost: messages given back)
 
 _PARENT_CHECK_SECONDS = 1.0
