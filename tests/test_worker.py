@@ -324,3 +324,31 @@ def test_message_log_lines_as_text_and_json() -> None:
     assert {k: line[k] for k in fields} == fields
     assert line["message"] == "message dead_letter" and line["level"] == "warning"
     assert "ValueError: boom" in line["traceback"]
+
+
+def test_start_up_says_what_each_parameter_receives(tmp_path: Path) -> None:
+    """An unannotated handler written for listen() gets the payload: the worker says so at
+    start-up, one line per subscriber, instead of leaving it to an AttributeError per
+    message."""
+    url = f"file://{tmp_path / 'queue'}"
+    with PawnQueue.from_url(url) as pq:
+        pq.create_topic("jobs")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAWNQUEUE_")}
+    argv = [sys.executable, "-m", "pawn_queue", "--url", url, "worker"]
+    argv += ["tests.workers.service_app:written_for_listen", "--topic", "jobs"]
+    process = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:  # the log, line by line, until the subscriber's line
+            if "subscriber written_for_listen receives" in line:
+                break
+        else:
+            raise AssertionError("no start-up line for the subscriber")
+        assert "msg=the payload as decoded (unannotated" in line
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        process.wait(timeout=30)

@@ -49,6 +49,7 @@ class Binding:
     payload_parameter: str | None
     payload_type: pydantic.TypeAdapter[Any] | None  # None: the payload as decoded
     positional: bool  # pass the payload by position (a positional-only parameter)
+    payload_annotation: str | None = None  # the payload parameter's annotation, as written
 
     @classmethod
     def of(cls, handler: Callable[..., Any]) -> Binding:
@@ -83,9 +84,28 @@ class Binding:
         except pydantic.PydanticUserError as exc:  # a type pydantic cannot validate
             first = str(exc).splitlines()[0]
             raise ArgumentError(f"handler {name}: parameter {payload.name!r}: {first}") from None
-        return cls(
-            message_parameter, payload.name, adapter, payload.kind is payload.POSITIONAL_ONLY
-        )
+        shown = hint.__name__ if isinstance(hint, type) else repr(hint)
+        positional = payload.kind is payload.POSITIONAL_ONLY
+        return cls(message_parameter, payload.name, adapter, positional, shown)
+
+    def describe(self) -> str:
+        """What each parameter receives, for the worker's start-up log: a function written
+        for ``listen()`` (``def handle(msg)``, unannotated) gets the payload, not the
+        message, and says so here rather than failing on every message."""
+        parts = []
+        if self.payload_parameter is not None:
+            if self.payload_type is None:
+                parts.append(
+                    f"{self.payload_parameter}=the payload as decoded (unannotated; annotate "
+                    "it with Message to get the message)"
+                )
+            else:
+                parts.append(
+                    f"{self.payload_parameter}=the payload validated as {self.payload_annotation}"
+                )
+        if self.message_parameter is not None:
+            parts.append(f"{self.message_parameter}=the message")
+        return ", ".join(parts) or "nothing (no parameter)"
 
     def call(self, handler: Callable[..., Any], message: Message | BlockingMessage) -> Any:
         """``handler`` called with what it takes of ``message``; raises InvalidPayload."""

@@ -90,6 +90,8 @@ async def run_app(app: App, options: WorkerOptions) -> int:
             ",".join(f"{s.name}:{'+'.join(s.topics)}" for s in app.subscribers),
             os.getpid(),
         )
+        for sub in app.subscribers:
+            logger.info("subscriber %s receives %s", sub.name, sub.binding.describe())
         if not signals:
             await app.serve(grace=options.grace)
         if not signals:
