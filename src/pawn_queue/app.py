@@ -26,7 +26,6 @@ import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -35,6 +34,7 @@ from pawn_queue.binding import Binding, InvalidPayload, jsonable
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer, check_concurrency
+from pawn_queue.daemon_pool import DaemonThreadPool
 from pawn_queue.exceptions import ArgumentError, PawnQueueError
 from pawn_queue.handlers import BlockingMessage
 from pawn_queue.message import Message
@@ -105,7 +105,7 @@ class App:
         self._producer: Producer | None = None
         self._consumers: dict[str, Consumer] = {}
         self._listeners: dict[str, asyncio.Task[None]] = {}
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: DaemonThreadPool | None = None
 
     def __repr__(self) -> str:
         return f"App(name={self.name!r}, subscribers={list(self._subscribers)!r})"
@@ -240,7 +240,7 @@ class App:
             self._producer = await queue.register_producer(self.name)
             threads = sum(s.concurrency for s in self.subscribers if not s.is_async)
             if threads:
-                self._executor = ThreadPoolExecutor(threads, thread_name_prefix=self.name)
+                self._executor = DaemonThreadPool(threads, self.name)
             for hook in self._on_startup:
                 await _call_hook(hook)
             for sub in self.subscribers:

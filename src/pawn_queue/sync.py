@@ -16,11 +16,11 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from pawn_queue import client, consumer, handlers, producer, registry
 from pawn_queue.config import PawnQueueConfig, load_config
+from pawn_queue.daemon_pool import DaemonThreadPool
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.handlers import Forwarded
@@ -353,7 +353,7 @@ class Consumer:
         closed queue raises :class:`PawnQueueError` here.
         """
         runner = self._runner
-        pool = ThreadPoolExecutor(workers or self._workers, f"pawn-queue-{self.name}")
+        pool = DaemonThreadPool(workers or self._workers, f"pawn-queue-{self.name}")
         listening: list[Call[None]] = []
 
         def in_handler_context(call: Callable[[], Any]) -> Callable[[], Any]:
