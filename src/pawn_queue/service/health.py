@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 FRESH_SECONDS = 10.0  # a store answer younger than this needs no check request
+READY_WAIT_SECONDS = 0.5  # /readyz answers within this (orchestrators' probes: 1 s)
 _CHECK_TIMEOUT = 5.0
 # Answers about a key, not failures of the store: it answered.
 _ANSWERS = (NotFound, AlreadyExists, PreconditionFailed)
@@ -68,6 +69,7 @@ class HealthServer:
         self._host = host
         self._port = port
         self._server: asyncio.Server | None = None
+        self._check: asyncio.Task[None] | None = None  # a store check, answered or not
 
     @property
     def port(self) -> int:
@@ -81,24 +83,38 @@ class HealthServer:
         logger.info("health endpoints on http://%s:%d", self._host, self.port)
 
     async def close(self) -> None:
+        if self._check is not None:
+            self._check.cancel()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
 
     async def readiness(self) -> str | None:
-        """None when ready, else why not (one line)."""
+        """None when ready, else why not (one line). Answers within READY_WAIT_SECONDS:
+        a store that hangs makes it say so from what is known, not make probes time out."""
         if not self._app.consuming:
             return "not consuming"
         if time.monotonic() - self._store.last_answer > FRESH_SECONDS and not self._store.failing:
-            # Nothing asked the store lately (an idle app on a quiet store): ask it once.
-            topic = self._app.subscribers[0].topics[0]
-            with contextlib.suppress(StoreError, TimeoutError):
-                async with asyncio.timeout(_CHECK_TIMEOUT):
-                    await self._store.head(layout.topic_marker_key(topic))
+            # Nothing asked the store lately (an idle app on a quiet store): ask it, once at a
+            # time, and wait a little for the answer (it usually takes milliseconds).
+            if self._check is None or self._check.done():
+                self._check = asyncio.create_task(self._check_store())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._check), READY_WAIT_SECONDS)
             if time.monotonic() - self._store.last_answer > FRESH_SECONDS:
-                return self._store.failing or "the store did not answer"
+                if self._store.failing:
+                    return self._store.failing
+                if not self._check.done():
+                    return f"the store did not answer within {READY_WAIT_SECONDS:g} s"
+                return "the store did not answer"
         return self._store.failing and f"store failing: {self._store.failing}"
+
+    async def _check_store(self) -> None:
+        topic = self._app.subscribers[0].topics[0]
+        with contextlib.suppress(StoreError, TimeoutError):
+            async with asyncio.timeout(_CHECK_TIMEOUT):
+                await self._store.head(layout.topic_marker_key(topic))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
