@@ -48,8 +48,8 @@ async def test_readyz_answers_within_a_second_while_the_store_hangs() -> None:
     server = HealthServer(app, health(), None, "127.0.0.1", 0)
     await server.start()
     try:
-        while not app.consuming:
-            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # serve() starts its listeners before it first waits
+        assert app.consuming
         assert await get(server.port, "/readyz") == (200, "ready\n")
         health().last_answer = float("-inf")  # as after a quiet spell: readiness asks
         hanging.set()
