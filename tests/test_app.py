@@ -324,5 +324,33 @@ async def test_the_testing_client_reports_a_handler_that_never_settles() -> None
 
     async with TestClient(app) as client:
         await client.publish("jobs", {})
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError) as caught:
             await client.drain(timeout=0.5)
+        # It says what was left, not a bare TimeoutError.
+        assert str(caught.value) == (
+            "drain: not done after 0.5 s (jobs: 0 pending, 1 in flight, 0 delayed)"
+        )
+
+
+async def test_the_testing_client_runs_retries_without_their_backoff() -> None:
+    """The README's retry policy (5 receives, backoff from 1 s): drain() waited for the
+    backoff in real time and gave up after 10 s with a bare TimeoutError."""
+    app = App("memory://", name="flaky")
+    receives: list[int] = []
+
+    @app.subscriber("jobs", retry=Retry(max_receives=5, base_delay=1))
+    async def work(job: Any, message: Message) -> None:
+        receives.append(message.receive_count)
+        raise RuntimeError("still failing")
+
+    async with TestClient(app) as client:
+        await client.publish("jobs", {"n": 1})
+        await client.drain(timeout=5)
+        [letter] = await client.dead_letters("jobs")
+    assert receives == [1, 2, 3, 4, 5]
+    assert (letter.reason, letter.receive_count) == ("handler_error", 5)
+    async with TestClient(app, retry_delays=True) as client:  # as in production
+        await client.publish("jobs", {"n": 2})
+        with pytest.raises(TimeoutError, match=r"jobs: 0 pending, 1 in flight, 0 delayed"):
+            await client.drain(timeout=0.5)  # the lease holds it back for the backoff
+        assert len(receives) == 6

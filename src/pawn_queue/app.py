@@ -26,7 +26,7 @@ import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from pawn_queue import handlers, layout
@@ -106,6 +106,8 @@ class App:
         self._consumers: dict[str, Consumer] = {}
         self._listeners: dict[str, asyncio.Task[None]] = {}
         self._executor: DaemonThreadPool | None = None
+        # TestClient's: retries come back at once instead of after their backoff.
+        self._instant_retries = False
 
     def __repr__(self) -> str:
         return f"App(name={self.name!r}, subscribers={list(self._subscribers)!r})"
@@ -319,9 +321,12 @@ class App:
 
     async def _listen(self, sub: Subscriber, grace: float | None) -> None:
         consumer = self._consumers[sub.name]
+        retry = sub.retry
+        if retry is not None and self._instant_retries:
+            retry = replace(retry, base_delay=0.0, max_delay=0.0)
         await consumer.listen(
             self._handler_of(sub),
-            retry=sub.retry,
+            retry=retry,
             grace=grace,
             executor=self._executor,
             concurrency=sub.concurrency,

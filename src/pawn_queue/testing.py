@@ -25,6 +25,7 @@ from pawn_queue.config import PawnQueueConfig
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.message import Message
 from pawn_queue.observe import Observer, Outcome, Publication
+from pawn_queue.topics import TopicStats
 
 _CHECK_SECONDS = 0.05  # a requeue delay comes due without any hook firing
 
@@ -35,12 +36,21 @@ class TestClient:
     __test__ = False  # not a pytest test class
 
     def __init__(
-        self, app: App, config: PawnQueueConfig | None = None, *, grace: float = 1.0
+        self,
+        app: App,
+        config: PawnQueueConfig | None = None,
+        *,
+        grace: float = 1.0,
+        retry_delays: bool = False,
     ) -> None:
         """``config``: the memory store's settings (default: ``memory://`` defaults).
-        ``grace``: how long handlers still running at the end of the block may finish."""
+        ``grace``: how long handlers still running at the end of the block may finish.
+        ``retry_delays``: wait for each ``Retry``'s backoff as in production; by default a
+        retried message comes back at once (its receive count and limits unchanged), so a
+        test of five retries does not take a minute."""
         self.app = app
         self._grace = grace
+        self._retry_delays = retry_delays
         self._config = config or PawnQueueConfig.from_url("memory://")
         self._changed = asyncio.Event()
         self._serving: asyncio.Task[None] | None = None
@@ -50,6 +60,7 @@ class TestClient:
             raise ValueError("TestClient runs an app on a memory store only")
         self.app.add_observer(_Changes(self._changed))
         create, self.app.create_topics = self.app.create_topics, True
+        self.app._instant_retries = not self._retry_delays
         try:
             await self.app.start(self._config)
         finally:
@@ -68,6 +79,7 @@ class TestClient:
                 self.app.stop_consuming()
                 await self._serving
         finally:
+            self.app._instant_retries = False
             await self.app.stop()
 
     async def publish(self, topic: str, payload: Any, **options: Any) -> str:
@@ -84,19 +96,29 @@ class TestClient:
 
     async def drain(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - a test's bound
         """Wait until the app's topics hold no message that is pending, delayed or being
-        handled (a retry with a delay waits for it); raise TimeoutError after ``timeout``."""
-        topics = {topic for sub in self.app.subscribers for topic in sub.topics}
-        async with asyncio.timeout(timeout):
-            while True:
-                self._changed.clear()
-                stats = [await self.app.queue.topic_stats(topic) for topic in topics]
-                if all(s.pending + s.in_flight + s.delayed == 0 for s in stats):
-                    return
-                if self._serving is not None and self._serving.done():
-                    await self._serving  # it failed: say why
-                    raise RuntimeError("the app stopped consuming")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), _CHECK_SECONDS)
+        handled (a retry with a delay waits for it); after ``timeout``, raise TimeoutError
+        saying what each topic still holds."""
+        topics = sorted({topic for sub in self.app.subscribers for topic in sub.topics})
+        stats: list[TopicStats] = []
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    self._changed.clear()
+                    stats = [await self.app.queue.topic_stats(topic) for topic in topics]
+                    if all(s.pending + s.in_flight + s.delayed == 0 for s in stats):
+                        return
+                    if self._serving is not None and self._serving.done():
+                        await self._serving  # it failed: say why
+                        raise RuntimeError("the app stopped consuming")
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), _CHECK_SECONDS)
+        except TimeoutError:
+            left = ", ".join(
+                f"{topic}: {s.pending} pending, {s.in_flight} in flight, {s.delayed} delayed"
+                for topic, s in zip(topics, stats, strict=False)
+                if s.pending + s.in_flight + s.delayed
+            )
+            raise TimeoutError(f"drain: not done after {timeout:g} s ({left})") from None
 
 
 class _Changes(Observer):
