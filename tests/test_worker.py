@@ -7,6 +7,8 @@ which the tests read as they come (no polling of files, no sleeps).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +31,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from pawn_queue import PawnQueue as AsyncPawnQueue
+from pawn_queue import Retry
+from pawn_queue.config import PawnQueueConfig
+from pawn_queue.observe import Observer
 from pawn_queue.service.logs import JsonFormatter, TextFormatter
 from pawn_queue.sync import PawnQueue
 from tests.conftest import queue_config_dict
@@ -324,6 +330,52 @@ def test_message_log_lines_as_text_and_json() -> None:
     assert {k: line[k] for k in fields} == fields
     assert line["message"] == "message dead_letter" and line["level"] == "warning"
     assert "ValueError: boom" in line["traceback"]
+
+
+def test_library_lines_are_structured_and_a_requeue_is_no_takeover(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """JSON lines of the library's events carried their fields inside ``message``
+    (``"handler failed message=... topic=..."``), and every Retry requeue logged a
+    "lease takeover" at INFO, which reads like a crash."""
+
+    class DeadLettered(Observer):
+        def settled(self, message: Any, outcome: str, reason: str | None) -> None:
+            if outcome == "dead_letter":
+                dead_lettered.set()
+
+    dead_lettered = asyncio.Event()
+
+    async def scenario() -> None:
+        config = PawnQueueConfig.from_url(f"memory://logs-{os.getpid()}")
+        async with AsyncPawnQueue(config, observers=[DeadLettered()]) as pq:
+            await pq.create_topic("jobs")
+            await (await pq.register_producer("p")).publish("jobs", {"n": 1})
+            consumer = await pq.register_consumer("c", ["jobs"])
+            [message] = await consumer.poll()
+            await message.nack(requeue=True)  # given back: the next claim is routine
+            [again] = await consumer.poll()
+
+            async def fail(message: Any) -> None:
+                raise RuntimeError("boom")
+
+            await again.nack(requeue=True)
+            task = asyncio.create_task(consumer.listen(fail, retry=Retry(max_receives=3)))
+            await dead_lettered.wait()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    with caplog.at_level(logging.DEBUG, logger="pawn_queue"):
+        asyncio.run(scenario())
+    records = [r for r in caplog.records if r.name.startswith("pawn_queue")]
+    assert not [r for r in records if r.getMessage().startswith("lease takeover")]
+    assert [r.levelno for r in records if r.getMessage().startswith("lease handed over")]
+    lines = [json.loads(JsonFormatter().format(r)) for r in records]
+    assert not [line["message"] for line in lines if "=" in line["message"]]
+    [failed, *_] = [line for line in lines if line["message"] == "handler failed"]
+    assert failed["topic"] == "jobs" and failed["receive_count"] == 3
+    assert failed["error"] == "RuntimeError('boom')" and "message_id" in failed
 
 
 def test_start_up_says_what_each_parameter_receives(tmp_path: Path) -> None:

@@ -90,7 +90,10 @@ class LeaseProtocol:
         etag, _ = await self._conditional_put(key, body, IfMatch(current.meta.etag), seconds)
         if etag is None:
             return None
-        logger.info("lease takeover key=%s", key)
+        if previous.released:  # given back (a requeue, a stop): routine, not a lost holder
+            logger.debug("lease handed over key=%s", key)
+        else:
+            logger.info("lease takeover key=%s expired_at=%s", key, previous.expires_at)
         return etag, body
 
     async def _claim_csprng(

@@ -27,7 +27,8 @@ logger = logging.getLogger("pawn_queue.worker")
 
 # Fields of a message line, in the order text shows them.
 _FIELDS = ("message_id", "topic", "receive_count", "duration", "outcome", "reason")
-_RECORD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({})))
+# A record's own attributes, and those a formatter adds to it (another handler's, too).
+_RECORD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 _SPACE = re.compile(r"\s")
 
 
@@ -87,21 +88,60 @@ class TextFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``time``, ``level``, ``logger``, ``message``, the message
-    fields, ``traceback`` for an exception, and any other ``extra``."""
+    fields, ``traceback`` for an exception, and any other ``extra``.
+
+    The library logs events as ``"lease lost key=%s"``: each ``name=%s`` of the format
+    becomes the field ``name`` with its argument (``message=`` is ``message_id``), and
+    ``message`` is the event's text without them (``"lease lost"``)."""
 
     def format(self, record: logging.LogRecord) -> str:
+        text, fields = _fields_of(record)
         entry: dict[str, object] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": text,
         }
+        entry.update(fields)
         for name, value in vars(record).items():
             if name not in _RECORD_ATTRIBUTES and not name.startswith("_") and value is not None:
                 entry[name] = value
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def _fields_of(record: logging.LogRecord) -> tuple[str, dict[str, object]]:
+    """The event's text and its ``name=%s`` fields (see JsonFormatter)."""
+    args = record.args
+    if not isinstance(record.msg, str) or not isinstance(args, tuple) or not args:
+        return record.getMessage(), {}
+    fields: dict[str, object] = {}
+    plain: list[object] = []  # the arguments of conversions that are not fields
+    conversions = list(_CONVERSION.finditer(record.msg))
+    if len(conversions) != len(args):
+        return record.getMessage(), {}  # not the library's shape: leave it as it is
+    for match, value in zip(conversions, args, strict=True):
+        name = match.group("name")
+        if name is None:
+            plain.append(value)
+            continue
+        name = _RENAMED.get(name, name)
+        fields[name] = repr(value) if match.group("kind") == "r" else value
+    template = _CONVERSION.sub(lambda m: "" if m.group("name") else m.group(0), record.msg)
+    try:
+        text = " ".join(template.split()) % tuple(plain)
+    except (TypeError, ValueError):
+        return record.getMessage(), {}
+    return text, fields
+
+
+# A %-conversion, with the field name before it when it reads "name=%s".
+_CONVERSION = re.compile(
+    r"(?:(?P<name>[A-Za-z_]\w*)=)?%[-#0 +]*\d*(?:\.\d+)?(?P<kind>[sdrifgeExX])"
+)
+# Field names that would overwrite an entry of the line itself.
+_RENAMED = {"message": "message_id", "time": "at", "level": "log_level", "logger": "logger_name"}
 
 
 def _text(value: object) -> str:
