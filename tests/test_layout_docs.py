@@ -25,6 +25,7 @@ EXAMPLES = {
     "dedup_key": layout.dedup_key("orders", "order-42"),
     "registry_key": layout.registry_key("consumers", ID),
     "registry_name_key": layout.registry_name_key("producers", "order-service"),
+    "instance_key": layout.instance_key(ID),
     "probe_key": layout.probe_key(ID),
     "notify_slot_key": layout.notify_slot_key("orders"),
     "notify_slot_key root": layout.NOTIFY_ROOT,

@@ -210,17 +210,6 @@ async def test_concurrent_registration_gets_one_id(queue_config: dict[str, Any])
             await q.teardown()
 
 
-async def test_heartbeat_updates_last_seen(queue_config: dict[str, Any]) -> None:
-    queue_config["registry"] = {"heartbeat_interval_seconds": 0.05}
-    async with await PawnQueue.from_config(queue_config) as pq:
-        await pq.register_producer("beating")
-        [before] = await pq.registry.list("producers")
-        await pq.registry.heartbeat()
-        [after] = await pq.registry.list("producers")
-        assert after.last_seen > before.last_seen
-        assert after.registered_at == before.registered_at
-
-
 async def _topic(pq: PawnQueue, name: str) -> list[str]:
     await pq.create_topic(name)
     return [name]

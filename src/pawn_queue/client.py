@@ -143,6 +143,7 @@ class PawnQueue:
                 self._heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._heartbeat
+            await runtime.registry.stop()
         finally:
             self._consumers.clear()
             await runtime.store.close()

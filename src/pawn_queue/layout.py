@@ -13,6 +13,7 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     {topic}/dedup/{sha256(dedup_id)}.json       a dedup_id seen recently, and its message
     _registry/{producers|consumers}/{uuid}.json registry entry
     _registry/names/{producers|consumers}/{name}.json  name -> uuid index (create-only)
+    _registry/instances/{uuid}.json             a process: host, pid, heartbeat, members
     _probe/{uuid}.probe                         strategy probe, deleted at once
     _notify/000 .. _notify/999, _notify/_       change signals (vnotify)
     _spark/{query}/batches/{n}.json             a streaming query's micro-batch manifest
@@ -295,6 +296,14 @@ def registry_key(role: Role, entity_id: str) -> str:
 
 def registry_name_key(role: Role, name: str) -> str:
     return f"{REGISTRY}names/{role}/{name}.json"
+
+
+INSTANCES = f"{REGISTRY}instances/"
+
+
+def instance_key(instance_id: str) -> str:
+    """A process's record: its host, pid, start, last heartbeat and what it registered."""
+    return f"{INSTANCES}{instance_id}.json"
 
 
 NOTIFY = "_notify/"

@@ -10,6 +10,7 @@ made on the loop thread itself raises :class:`PawnQueueError` instead of deadloc
 
 from __future__ import annotations
 
+import builtins
 import concurrent.futures
 import contextlib
 import os
@@ -28,7 +29,7 @@ from pawn_queue.layout import Role
 from pawn_queue.lease_protocol import ResolvedStrategy
 from pawn_queue.loop_thread import CLOSED, Call, LoopThread
 from pawn_queue.observe import Observer
-from pawn_queue.registry import RegistryEntry
+from pawn_queue.registry import Liveness, RegistryEntry
 from pawn_queue.store.base import Store
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
@@ -255,6 +256,11 @@ class Registry:
     def list(self, role: Role) -> list[RegistryEntry]:
         """Every entry of ``role`` ("producers" or "consumers"), by name."""
         return self._runner.call(self._inner.list(role))
+
+    def liveness(self, role: Role, window: float) -> builtins.list[Liveness]:
+        """Each entry of ``role`` once per process that registered it, alive, stopped or
+        dead (see :meth:`pawn_queue.registry.Registry.liveness`)."""
+        return self._runner.call(self._inner.liveness(role, window))
 
 
 class Producer:

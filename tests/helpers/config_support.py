@@ -41,7 +41,7 @@ concurrency:
     verify_retry_delay_ms: 150   # sleep between re-checks
 
 registry:
-  heartbeat_interval_seconds: 60 # how often last_seen is updated in _registry/
+  heartbeat_interval_seconds: 60 # how often a process's record in _registry/instances/ is rewritten
 """
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -26,8 +25,8 @@ from pawn_queue.cli.common import (
 from pawn_queue.client import PawnQueue
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.durations import short_age
-from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import TopicSettingsConflictError
+from pawn_queue.registry import Liveness
 from pawn_queue.topics import NotGiven, TopicSettings, TopicStats, given_settings
 
 topics_app = typer.Typer(
@@ -430,43 +429,51 @@ def _purge(
 def _registry(ctx: typer.Context, role: str, json_output: bool) -> None:
     opts = options(ctx, json_output)
 
-    async def main() -> list[dict[str, Any]]:
+    async def main() -> list[Liveness]:
         async with open_queue(opts, must_exist=True) as pq:
-            entries = await pq.registry.list(role)  # type: ignore[arg-type]
             window = 2 * pq.config.registry.heartbeat_interval_seconds
-        now = now_utc()
-        rows = []
-        for entry in entries:
-            try:
-                seen_ago = (now - datetime.fromisoformat(entry.last_seen)).total_seconds()
-            except ValueError:
-                seen_ago = None
-            alive = seen_ago is not None and seen_ago <= window
-            rows.append({**asdict(entry), "last_seen_seconds_ago": seen_ago, "alive": alive})
-        return rows
+            return await pq.registry.liveness(role, window)  # type: ignore[arg-type]
 
     rows = run(ctx, main)
     if opts.json:
-        print_json(rows)
+        print_json([_liveness_dict(row) for row in rows])
         return
     table = Table(title=role)
     table.add_column("name")
     table.add_column("id", no_wrap=True, min_width=36)
-    for column in ("registered", "last seen", "alive"):
+    for column in ("host", "pid", "started", "last seen", "status"):
         table.add_column(column)
     for row in rows:
+        instance = row.instance
         table.add_row(
-            row["name"],
-            row["entity_id"],
-            row["registered_at"],
-            f"{short_age(row['last_seen_seconds_ago'])} ago",
-            "yes" if row["alive"] else "no",
+            row.entry.name,
+            row.entry.entity_id,
+            instance.host if instance else "",
+            str(instance.pid) if instance else "",
+            instance.started_at if instance else row.entry.registered_at,
+            f"{short_age(row.last_seen_seconds_ago)} ago",
+            row.status,
         )
     stdout_console().print(table)
 
 
+def _liveness_dict(row: Liveness) -> dict[str, Any]:
+    instance = row.instance
+    return {
+        **asdict(row.entry),
+        "host": instance.host if instance else None,
+        "pid": instance.pid if instance else None,
+        "started_at": instance.started_at if instance else None,
+        "stopped_at": instance.stopped_at if instance else None,
+        "last_seen_seconds_ago": row.last_seen_seconds_ago,
+        "status": row.status,
+        "alive": row.status == "alive",
+    }
+
+
 def consumers(ctx: typer.Context, json_output: JsonOption = False) -> None:
-    """Registered consumers, when each was last seen and whether it is alive.
+    """Registered consumers, one row per process running each: host, pid, when it was
+    last seen, and whether it is alive, stopped (cleanly) or dead.
 
     Alive: seen within two heartbeat intervals (registry.heartbeat_interval_seconds).
     """
@@ -474,5 +481,6 @@ def consumers(ctx: typer.Context, json_output: JsonOption = False) -> None:
 
 
 def producers(ctx: typer.Context, json_output: JsonOption = False) -> None:
-    """Registered producers, when each was last seen and whether it is alive."""
+    """Registered producers, one row per process running each (a process that only
+    publishes is listed after its first heartbeat), as ``consumers`` shows them."""
     _registry(ctx, "producers", json_output)
