@@ -460,12 +460,14 @@ def test_consumers_and_producers(url: str) -> None:
     cli(url, "publish", "orders", "1", "--producer", "svc-a")
     cli(url, "consume", "orders", "--consumer", "worker-1")
     producers = json.loads(cli(url, "producers", "--json").stdout)
-    assert [p["name"] for p in producers] == ["svc-a"]
-    assert producers[0]["alive"] is True
+    assert [(p["name"], p["status"], p["pid"]) for p in producers] == [("svc-a", "unknown", None)]
     consumers = json.loads(cli(url, "--json", "consumers").stdout)
-    assert [c["name"] for c in consumers] == ["worker-1"]
+    # The consume command ran in this process and stopped cleanly.
+    assert [(c["name"], c["status"], c["pid"]) for c in consumers] == [
+        ("worker-1", "stopped", os.getpid())
+    ]
     table = cli(url, "consumers").stdout
-    assert "worker-1" in table and "alive" in table
+    assert "worker-1" in table and "stopped" in table
 
 
 def test_doctor_on_a_local_directory(url: str) -> None:

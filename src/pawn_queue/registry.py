@@ -73,7 +73,7 @@ class Instance:
     members: list[dict[str, str]] = field(default_factory=list)  # role, name, entity_id
 
 
-Status = Literal["alive", "stopped", "dead"]
+Status = Literal["alive", "stopped", "dead", "unknown"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +174,9 @@ class Registry:
 
     async def liveness(self, role: Role, window: float) -> builtins.list[Liveness]:
         """Each entry of ``role`` once per process that registered it (alive: seen within
-        ``window`` seconds; stopped: it stopped cleanly; dead: neither), by name."""
+        ``window`` seconds; stopped: it stopped cleanly; dead: neither), by name. An entry
+        no process record names is judged by its own ``last_seen`` (pawn-queue 0.1.x
+        heartbeats it), or ``unknown`` if that never moved (a one-shot publisher's)."""
         entries = await self.list(role)
         instances = await self.instances()
         now = now_utc()
@@ -189,6 +191,8 @@ class Registry:
                 status: Status = "alive" if ago is not None and ago <= window else "dead"
                 if instance is not None and instance.stopped_at is not None:
                     status = "stopped"
+                elif instance is None and entry.last_seen == entry.registered_at:
+                    status = "unknown"  # no heartbeat ever: a one-shot process, long gone
                 rows.append(Liveness(entry, instance, status, ago))
         return rows
 
