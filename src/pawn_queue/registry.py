@@ -18,9 +18,10 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pawn_queue import codec, layout
 from pawn_queue._aio import gather_limited
@@ -37,6 +38,8 @@ from pawn_queue.layout import ROLES, Role
 from pawn_queue.store.base import IfMatch, Store
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -143,34 +146,31 @@ class Registry:
     async def list(self, role: Role) -> list[RegistryEntry]:
         """Every entry of ``role`` ("producers" or "consumers"), by name."""
         _check_role(role)
-        metas = await self._store.list(layout.registry_prefix(role))
-        keys = [m.key for m in metas if m.key.endswith(".json")]
-        results = await gather_limited(16, (self._store.get(k) for k in keys))
-        entries = []
-        for result in results:
-            if isinstance(result, NotFound):
-                continue
-            if isinstance(result, BaseException):
-                raise result
-            entry = _decode(result.data)
-            if entry is not None:
-                entries.append(entry)
+        entries = await self._read_all(layout.registry_prefix(role), _decode)
         return sorted(entries, key=lambda e: (e.name, e.entity_id))
 
     async def instances(self) -> builtins.list[Instance]:
         """Every process record, oldest start first."""
-        metas = await self._store.list(layout.INSTANCES)
-        results = await gather_limited(16, (self._store.get(m.key) for m in metas))
+        found = await self._read_all(layout.INSTANCES, _decode_instance)
+        return sorted(found, key=lambda i: (i.started_at, i.instance_id))
+
+    async def _read_all(
+        self, prefix: str, decode: Callable[[bytes], _T | None]
+    ) -> builtins.list[_T]:
+        """The readable ``.json`` objects under ``prefix`` (one deleted meanwhile is skipped)."""
+        metas = await self._store.list(prefix)
+        keys = [m.key for m in metas if m.key.endswith(".json")]
+        results = await gather_limited(16, (self._store.get(k) for k in keys))
         found = []
         for result in results:
             if isinstance(result, NotFound):
                 continue
             if isinstance(result, BaseException):
                 raise result
-            instance = _decode_instance(result.data)
-            if instance is not None:
-                found.append(instance)
-        return sorted(found, key=lambda i: (i.started_at, i.instance_id))
+            decoded = decode(result.data)
+            if decoded is not None:
+                found.append(decoded)
+        return found
 
     async def liveness(self, role: Role, window: float) -> builtins.list[Liveness]:
         """Each entry of ``role`` once per process that registered it (alive: seen within
