@@ -189,7 +189,7 @@ def test_topics_create_never_changes_settings_update_does(url: str) -> None:
         assert text in table
     bad = cli(url, "topics", "update", "orders", "--max-pending", "lots", code=2)
     assert bad.stderr == "error: --max-pending: expected a whole number or 'none', got 'lots'\n"
-    invalid = cli(url, "topics", "update", "orders", "--max-pending", "0", code=1)
+    invalid = cli(url, "topics", "update", "orders", "--max-pending", "0", code=2)
     assert invalid.stderr.startswith("error: max_pending: got 0")
     for command in (["update", "nope", "--max-pending", "1"], ["show", "nope"]):
         missing = cli(url, "topics", *command, code=1)
@@ -226,7 +226,7 @@ def test_global_options_after_the_command(url: str, tmp_path: Path) -> None:
     assert cli(None, "topics", "--url", url, "list").stdout.split() == ["orders"]
     logged = cli(None, "topics", "create", "jobs", "--url", url, "--log-level", "debug")
     assert "topic created topic=jobs" in logged.stderr
-    debug = cli(None, "topics", "list", "--url", "ftp://nowhere", "--debug", code=1)
+    debug = cli(None, "topics", "list", "--url", "ftp://nowhere", "--debug", code=2)
     assert "Traceback" in debug.stderr
     config = tmp_path / "pq.yaml"
     config.write_text(f"backend: filesystem\nfilesystem:\n  path: {tmp_path / 'q'}\n")
@@ -556,7 +556,7 @@ def test_bad_url_is_one_line_without_traceback() -> None:
 
 
 def test_debug_shows_the_traceback() -> None:
-    result = cli("ftp://nowhere", "--debug", "topics", "list", code=1)
+    result = cli("ftp://nowhere", "--debug", "topics", "list", code=2)
     assert "Traceback" in result.stderr
 
 
@@ -671,7 +671,7 @@ def test_main_paths_as_subprocesses(store_target: tuple[str, dict[str, str]]) ->
     report = json.loads(run("doctor", "--json").stdout)
     assert report["ok"] is True and report["strategy"] == "conditional_write"
     run("consume", "nope", code=1)
-    bad = run("--url", "s3://", "topics", "list", code=1)  # the later --url wins: invalid
+    bad = run("--url", "s3://", "topics", "list", code=2)  # the later --url wins: invalid
     assert "Traceback" not in bad.stderr
     everything = "\n".join(run.outputs)
     assert "topic created" in everything  # the debug log reached stderr
@@ -787,3 +787,15 @@ def test_a_command_that_did_not_do_what_was_asked_says_so(
     letters = json.loads(cli(url, "--json", "dlq", "list", "orders").stdout)
     assert [letter["id"] for letter in letters] == [dead]
     assert json.loads(cli(url, "--json", "topics", "stats", "orders").stdout)["pending"] == 0
+
+
+def test_infinite_and_fractional_topic_settings_are_refused(url: str) -> None:
+    """--retention-seconds inf raised "payload is not JSON-serialisable" (exit 1)."""
+    for option, value in (
+        ("--retention-seconds", "inf"),
+        ("--retention-seconds", "nan"),
+        ("--dedup-window-seconds", "inf"),
+    ):
+        result = cli(url, "topics", "create", "orders", option, value, code=2)
+        assert result.stderr.startswith(f"error: {option[2:].replace('-', '_')}: got")
+    assert not (Path(url.removeprefix("file://")) / "orders").exists()

@@ -301,7 +301,7 @@ def test_cli_refuses_bad_names_in_one_line(tmp_path: Path, bad: str) -> None:
     ]
     for command in commands:
         result = runner.invoke(app, ["--url", url, *command])
-        assert result.exit_code == 1, (command, result.stdout, result.stderr)
+        assert result.exit_code == 2, (command, result.stdout, result.stderr)  # refused
         assert result.stderr.startswith("error: topic name"), (command, result.stderr)
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
         assert bad not in result.stderr or bad.isprintable()

@@ -4,6 +4,7 @@ purge empties a topic, and dead letters are read oldest first or one at a time."
 from __future__ import annotations
 
 import json
+import math
 import random
 import uuid
 from typing import Any
@@ -282,3 +283,26 @@ def test_blocking_api_forwards_topic_administration(queue_config: dict[str, Any]
         assert letter is not None and letter.payload == 1
         assert pq.purge_topic("t") == 1
         assert pq.topic_stats("t").pending == 0
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"retention_seconds": math.inf},
+        {"retention_seconds": math.nan},
+        {"dedup_window_seconds": math.inf},
+        {"max_receive_count": True},
+        {"max_receive_count": 2.5},
+        {"max_pending": math.inf},
+    ],
+)
+async def test_topic_settings_are_finite_numbers_of_the_right_type(
+    pq: PawnQueue, settings: dict[str, Any]
+) -> None:
+    """retention_seconds=inf reached the marker's encoder ("payload is not JSON-serialisable")
+    and max_receive_count=True was taken for 1."""
+    [name] = settings
+    await pq.create_topic("other")  # a local directory exists from its first write on
+    with pytest.raises(ConfigError, match=f"^{name}: got"):
+        await pq.create_topic("t", **settings)
+    assert await pq.list_topics() == ["other"]

@@ -332,9 +332,7 @@ def test_message_log_lines_as_text_and_json() -> None:
     assert "ValueError: boom" in line["traceback"]
 
 
-def test_library_lines_are_structured_and_a_requeue_is_no_takeover(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_library_lines_are_structured_and_a_requeue_is_no_takeover() -> None:
     """JSON lines of the library's events carried their fields inside ``message``
     (``"handler failed message=... topic=..."``), and every Retry requeue logged a
     "lease takeover" at INFO, which reads like a crash."""
@@ -366,9 +364,20 @@ def test_library_lines_are_structured_and_a_requeue_is_no_takeover(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    with caplog.at_level(logging.DEBUG, logger="pawn_queue"):
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    library, consumer = logging.getLogger("pawn_queue"), logging.getLogger("pawn_queue.consumer")
+    levels = library.level, consumer.level  # the demo command, run in process, quiets one
+    library.addHandler(handler)
+    library.setLevel(logging.DEBUG)
+    consumer.setLevel(logging.NOTSET)
+    try:
         asyncio.run(scenario())
-    records = [r for r in caplog.records if r.name.startswith("pawn_queue")]
+    finally:
+        library.removeHandler(handler)
+        library.setLevel(levels[0])
+        consumer.setLevel(levels[1])
     assert not [r for r in records if r.getMessage().startswith("lease takeover")]
     assert [r.levelno for r in records if r.getMessage().startswith("lease handed over")]
     lines = [json.loads(JsonFormatter().format(r)) for r in records]

@@ -4,6 +4,7 @@ stats, and peeking at its oldest messages), from one classification of its listi
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -69,13 +70,20 @@ class TopicSettings:
             raise ConfigError(
                 f"retention_action: got {self.retention_action!r}, allowed: 'delete', 'dead_letter'"
             )
-        for name in ("max_receive_count", "retention_seconds", "max_pending"):
+        for name in ("max_receive_count", "max_pending"):
             value = getattr(self, name)
-            if value is not None and not (_is_number(value) and value > 0):
-                raise ConfigError(f"{name}: got {value!r}, must be a positive number or None")
+            if value is not None and not (_is_number(value, whole=True) and value > 0):
+                raise ConfigError(f"{name}: got {value!r}, must be a whole number > 0 or None")
+        retention = self.retention_seconds
+        if retention is not None and not (_is_number(retention) and retention > 0):
+            raise ConfigError(
+                f"retention_seconds: got {retention!r}, must be a finite number of seconds > 0 "
+                "or None"
+            )
         if not (_is_number(self.dedup_window_seconds) and self.dedup_window_seconds >= 0):
             raise ConfigError(
-                f"dedup_window_seconds: got {self.dedup_window_seconds!r}, must be >= 0"
+                f"dedup_window_seconds: got {self.dedup_window_seconds!r}, must be a finite "
+                "number of seconds >= 0"
             )
 
     @classmethod
@@ -88,8 +96,13 @@ class TopicSettings:
         return settings
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _is_number(value: object, *, whole: bool = False) -> bool:
+    """A finite int or float (a bool is neither); with ``whole``, one with no fraction."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if whole:
+        return isinstance(value, int) or value.is_integer()
+    return math.isfinite(value)
 
 
 def _read_marker(data: bytes) -> tuple[str | None, TopicSettings | None]:

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import URL_ENV_VAR, PawnQueueConfig, load_config
-from pawn_queue.exceptions import ArgumentError, PawnQueueError
+from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError
 from pawn_queue.store import open_store
 
 if TYPE_CHECKING:
@@ -129,7 +129,8 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def run(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
     """Run ``main`` on a fresh event loop; errors become one line on stderr and exit 1, or
-    2 for a bad value of an option or argument (ArgumentError), as typer's own checks.
+    2 for a value refused (ArgumentError, ConfigError: an option, an argument, the config),
+    as typer's own checks.
 
     ``--debug`` prints the traceback as well. Ctrl-C exits with 130, SIGTERM with 143: both
     first release what the command holds (its messages can be consumed again at once).
@@ -148,7 +149,7 @@ def run(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:
     except CliError as exc:
         _report(opts, f"error: {exc}", exc)
         raise typer.Exit(exc.code) from None
-    except ArgumentError as exc:  # a value of an option or argument: a usage error
+    except (ArgumentError, ConfigError) as exc:  # a value refused: a usage error
         _report(opts, f"error: {exc}", exc)
         raise typer.Exit(EXIT_USAGE) from None
     except PawnQueueError as exc:
