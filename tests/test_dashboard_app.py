@@ -10,6 +10,7 @@ import re
 import socket
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from pawn_queue.dashboard import DashboardSettings, check_bind, create_app, is_l
 from pawn_queue.dashboard.meter import RequestMeter
 from pawn_queue.dashboard.prometheus import parse_counters
 from pawn_queue.dashboard.snapshots import Monitor
+from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, StoreUnavailableError
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
@@ -53,13 +55,50 @@ def settings(**overrides: Any) -> DashboardSettings:
     return DashboardSettings(**values)
 
 
+class Clock:
+    """The dashboard's wall clock, moved on by hand: "a refresh interval later", exactly."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> datetime:
+        return now_utc() + timedelta(seconds=self.offset)
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+class Gets(StoreWrapper):
+    """Remembers the key of every GET."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.keys: list[str] = []
+
+    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
+        if call.operation == "get":
+            self.keys.append(call.key)
+        return await run()
+
+
 @contextmanager
 def client_for(
-    config: dict[str, Any], dashboard: DashboardSettings, store: Store | None = None
+    config: dict[str, Any],
+    dashboard: DashboardSettings,
+    store: Store | None = None,
+    clock: Clock | None = None,
 ) -> Iterator[TestClient]:
-    app = create_app(load_config(config), dashboard, store=store)
+    extra = {} if clock is None else {"clock": clock}
+    app = create_app(load_config(config), dashboard, store=store, **extra)
     with TestClient(app, base_url=BASE, follow_redirects=False) as client:
         yield client
+
+
+def counts_of(client: TestClient, topic: str) -> dict[str, Any]:
+    rows = {row["topic"]: row for row in client.get("/api/topics").json()}
+    stats = rows[topic]["stats"]
+    assert isinstance(stats, dict)
+    return stats
 
 
 def csrf_of(html: str) -> str:
@@ -84,32 +123,51 @@ def dead_letter(pq: SyncPawnQueue, topic: str, count: int) -> list[str]:
 # -- counts -----------------------------------------------------------------------------------
 
 
-def test_counts_are_those_of_topic_stats(queue_config: dict[str, Any]) -> None:
+def test_counts_are_messages_with_the_objects_of_topic_stats_beside(
+    queue_config: dict[str, Any],
+) -> None:
     with SyncPawnQueue.from_config(queue_config) as pq:
         pq.create_topic("orders")
         producer = pq.register_producer("checkout")
+        producer.publish_batch("orders", [{"b": n} for n in range(100)])
         for n in range(4):
             producer.publish("orders", {"n": n})
         producer.publish("orders", {"later": True}, delay=600)
-        producer.publish_batch("orders", [{"b": 1}, {"b": 2}])
         for group in ("a", "a", "b"):
             producer.publish("orders", {"group": group}, group=group)
+        batch = pq.peek("orders", limit=1)[0].key
         consumer = pq.register_consumer("billing", ["orders"])
-        polled = consumer.poll()
-        polled[0].nack()
-        polled[1].extend(60)
+        polled = consumer.poll()  # the batch's first members: the batch is in flight
+        assert all("b" in m.payload for m in polled)
+        for message in polled[:3]:
+            message.ack()  # the batch's lease lists them settled
+        polled[3].nack()  # a dead letter
         stats = pq.topic_stats("orders")
-        with client_for(queue_config, settings()) as client:
-            [row] = client.get("/api/topics").json()
-        shown = row["stats"]
-        assert (shown["pending"], shown["in_flight"], shown["delayed"], shown["dead_letter"]) == (
-            stats.pending,
-            stats.in_flight,
-            stats.delayed,
-            stats.dead_letter,
-        )
-        assert stats.dead_letter == 1 and stats.delayed == 1 and stats.in_flight >= 1
-        assert row["settings"]["dedup_window_seconds"] == 300
+        gets = Gets(open_store(load_config(queue_config)))
+        clock = Clock()
+        dashboard = settings(full_refresh=3600)
+        with client_for(queue_config, dashboard, store=gets, clock=clock) as client:
+            shown = counts_of(client, "orders")
+            assert gets.keys.count(batch) == 1  # read once, for its members
+            # Messages: the batch holds 100, of which 4 are settled; the consumer may also
+            # hold single messages it claimed with the batch (one message each).
+            in_flight = 96 + stats.in_flight - 1
+            assert (shown["pending"], shown["in_flight"]) == (stats.pending, in_flight)
+            assert shown["pending"] + shown["in_flight"] == 96 + 7
+            assert (shown["delayed"], shown["dead_letter"]) == (1, 1)
+            # Objects beside them: what topic_stats counts.
+            objects = (shown["pending_objects"], shown["in_flight_objects"])
+            assert objects == (stats.pending, stats.in_flight)
+            assert (shown["delayed_objects"], stats.dead_letter) == (stats.delayed, 1)
+            page = client.get("/topics/orders").text
+            assert f'id="count-in-flight">{in_flight}<' in page
+            assert f"{stats.in_flight} object" in page
+            # Read again: the batch object is not (its members never change).
+            reads = gets.keys.count(batch)  # the page's peek read it too
+            clock.advance(dashboard.refresh)
+            assert counts_of(client, "orders")["in_flight"] == in_flight
+            assert gets.keys.count(batch) == reads
+        consumer.release_all()
 
 
 def test_every_page_renders_whole_and_as_a_fragment(fs_config: dict[str, Any]) -> None:
@@ -140,6 +198,69 @@ def test_every_page_renders_whole_and_as_a_fragment(fs_config: dict[str, Any]) -
         state = client.get("/api/state").json()
         assert state["cost"]["total"] > 0 and state["version"] > 0
         assert client.get("/static/dashboard.js").status_code == 200
+
+
+def test_counts_are_never_older_than_the_refresh_interval(queue_config: dict[str, Any]) -> None:
+    """Acks send no change signal: what a page shows is read again once it is a refresh
+    interval old, not at the next full refresh."""
+    clock = Clock()
+    dashboard = settings(refresh=1.0, full_refresh=3600)
+    queue_config["polling"] = {**queue_config["polling"], "max_messages_per_poll": 5}
+    with SyncPawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("orders")
+        producer = pq.register_producer("checkout")
+        for n in range(31):
+            producer.publish("orders", {"n": n})
+        with client_for(queue_config, dashboard, clock=clock) as client:
+            assert counts_of(client, "orders")["pending"] == 31
+            consumer = pq.register_consumer("billing", ["orders"])
+            for _ in range(3):
+                for message in consumer.poll():
+                    message.ack()
+            head = pq.peek("orders", limit=1)[0].id
+            clock.advance(dashboard.refresh)
+            page = client.get("/topics/orders").text
+            assert 'id="count-pending">16<' in page
+            assert page.index(head) > page.index('id="head"')  # the same read as the head
+            # The page's script asks /api/state every refresh interval: that reads too.
+            version = client.get("/api/state").json()["version"]
+            for message in consumer.poll():
+                message.ack()
+            clock.advance(dashboard.refresh)
+            state = client.get("/api/state", params={"page": "/topics/orders"}).json()
+            assert state["version"] > version
+            assert counts_of(client, "orders")["pending"] == 11
+
+
+def test_dead_letters_present_at_start_are_a_problem(fs_config: dict[str, Any]) -> None:
+    with SyncPawnQueue.from_config(fs_config) as pq:
+        dead_letter(pq, "orders", 2)
+        pq.create_topic("quiet")
+    with client_for(fs_config, settings(full_refresh=3600)) as client:
+        rows = {row["topic"]: row for row in client.get("/api/topics").json()}
+        assert rows["orders"]["problems"] == ["2 dead letters"]
+        assert rows["quiet"]["problems"] == []
+        page = client.get("/").text
+        assert re.search(r'<tr data-topic="orders" class="problem">', page)
+        assert re.search(r'<tr data-topic="quiet" class="">', page)
+
+
+def test_a_new_topic_shows_at_the_next_refresh(fs_config: dict[str, Any]) -> None:
+    clock = Clock()
+    dashboard = settings(refresh=1.0, full_refresh=3600)
+    with client_for(fs_config, dashboard, clock=clock) as client:
+        assert client.get("/api/topics").json() == []
+        with SyncPawnQueue.from_config(fs_config) as pq:
+            pq.create_topic("fresh")
+            pq.register_producer("checkout").publish("fresh", {"n": 1})
+            pq.create_topic("other")
+        # Its page answers at once: the dashboard looks for a topic it does not know.
+        page = client.get("/topics/fresh")
+        assert page.status_code == 200 and 'id="count-pending">1<' in page.text
+        assert client.get("/topics/nope").status_code == 404
+        clock.advance(dashboard.refresh)
+        assert [row["topic"] for row in client.get("/api/topics").json()] == ["fresh", "other"]
+        assert 'data-topic="other"' in client.get("/").text
 
 
 # -- actions ----------------------------------------------------------------------------------

@@ -9,18 +9,23 @@ Needs the ``metrics`` extra (``prometheus-client``), imported only here and only
 - :class:`MetricsStore` wraps a store (``PawnQueue(config, store=metrics.wrap_store(...))``)
   and counts every request by operation and outcome, with its latency.
 
-:meth:`QueueMetrics.poll` times a ``consumer.poll()``. :meth:`QueueMetrics.handler` and
+:meth:`QueueMetrics.poll` times a ``consumer.poll()`` (no hook sees the polls of
+``listen()``, so a worker exports no poll durations). :meth:`QueueMetrics.handler` and
 :meth:`QueueMetrics.observe_message` register the observer on the queue of the consumer or
 message they see (for code written before observers); :meth:`QueueMetrics.published`
 counts by hand (only for a queue without the observer, which counts publishes itself).
+:meth:`QueueMetrics.set_topic_stats` sets the topic gauges (``pawn-queue metrics`` does).
 
-``start_exporter(port)`` serves ``/metrics`` over HTTP from a daemon thread.
+``start_exporter(port)`` serves ``/metrics`` over HTTP from a daemon thread, on 127.0.0.1
+unless told otherwise. What it serves (and the worker's ``/metrics``) goes through
+:func:`only_sampled`: a metric shows once it has a sample, never as an empty family.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pawn_queue.exceptions import (
@@ -37,7 +42,12 @@ from pawn_queue.store.base import IfMatch, Store
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 
 if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
+
     from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import Collector
 
     from pawn_queue.consumer import Consumer
     from pawn_queue.topics import TopicStats
@@ -67,15 +77,16 @@ METRIC_NAMES: dict[str, str] = {
     f"{PREFIX}_lease_lost_total": "ack/nack that found its lease taken over, by topic",
     f"{PREFIX}_store_requests_total": "store requests, by operation and outcome",
     f"{PREFIX}_store_request_seconds": "store request latency (histogram), by operation",
-    f"{PREFIX}_poll_seconds": "consumer poll duration (histogram), by outcome (messages/empty)",
+    f"{PREFIX}_poll_seconds": "timed poll duration (histogram), by outcome (messages/empty)",
     f"{PREFIX}_handler_seconds": "handler duration (histogram), by topic and outcome",
-    f"{PREFIX}_topic_pending": "pending messages (gauge, `pawn-queue metrics` only)",
-    f"{PREFIX}_topic_in_flight": "leased messages (gauge)",
-    f"{PREFIX}_topic_delayed": "delayed messages (gauge)",
+    f"{PREFIX}_topic_pending": "pending objects (gauge, `pawn-queue metrics` only)",
+    f"{PREFIX}_topic_in_flight": "leased objects (gauge)",
+    f"{PREFIX}_topic_delayed": "delayed objects (gauge)",
     f"{PREFIX}_topic_dead_letters": "dead letters (gauge)",
     f"{PREFIX}_topic_oldest_age_seconds": "age of the oldest pending message (gauge)",
 }
-"""Every metric this module exports and what it counts (the README's table)."""
+"""Every metric this module defines and what it counts (the README's table). One is
+exported once it has a sample (:func:`only_sampled`)."""
 
 
 def _outcome(exc: BaseException) -> str:
@@ -259,12 +270,49 @@ def default_metrics() -> QueueMetrics:
     return _default
 
 
+def only_sampled(registry: Collector) -> Collector:
+    """``registry`` as ``/metrics`` shows it: without the pawnqueue families that have no
+    sample yet (a labelled metric nothing fed, such as the poll durations of a worker,
+    whose ``listen()`` polls no hook sees), rather than as a HELP line and nothing."""
+    sampled: Collector = _sampled_type()(registry)
+    return sampled
+
+
+@functools.cache
+def _sampled_type() -> type[Any]:
+    from prometheus_client.registry import Collector
+
+    class Sampled(Collector):
+        def __init__(self, registry: Collector) -> None:
+            self._registry = registry
+
+        def collect(self) -> Iterable[Metric]:
+            for family in self._registry.collect():
+                if family.samples or not family.name.startswith(f"{PREFIX}_"):
+                    yield family
+
+        def restricted_registry(self, names: Iterable[str]) -> Collector:
+            # prometheus' HTTP server narrows the answer to ?name[]=... with it.
+            restrict = getattr(self._registry, "restricted_registry", None)
+            return self if restrict is None else Sampled(restrict(names))
+
+    return Sampled
+
+
+LOOPBACK = "127.0.0.1"
+"""Where ``start_exporter``, ``pawn-queue metrics`` and the worker's ``/metrics`` listen
+unless told otherwise: an exporter off the host is a choice (``addr`` / ``--addr``)."""
+
+
 def start_exporter(
     port: int,
-    addr: str = "0.0.0.0",  # noqa: S104 - an exporter is meant to be scraped
+    addr: str = LOOPBACK,
     registry: CollectorRegistry | None = None,
-) -> None:
-    """Serve ``/metrics`` on ``addr:port`` from a daemon thread (prometheus' HTTP server)."""
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``/metrics`` (:func:`only_sampled`) on ``addr:port`` (port 0: a free one) from
+    a daemon thread, prometheus' HTTP server; returns it and its thread
+    (``server.shutdown()`` stops it)."""
     from prometheus_client import REGISTRY, start_http_server
 
-    start_http_server(port, addr=addr, registry=registry if registry is not None else REGISTRY)
+    source = registry if registry is not None else REGISTRY
+    return start_http_server(port, addr=addr, registry=only_sampled(source))

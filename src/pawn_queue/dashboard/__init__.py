@@ -2,7 +2,8 @@
 
 ``pawn-queue dashboard`` serves it; in code, :func:`create_app` builds the ASGI app and
 :func:`serve` runs it on a socket from :func:`listen`. Modules: ``app.py`` (routes and
-pages), ``snapshots.py`` (what it knows of the queue and how it stays fresh),
+pages), ``snapshots.py`` (what it knows of the queue and how it stays fresh), ``views.py``
+(what it knows of one topic), ``counts.py`` (a topic's messages, counted from its listings),
 ``security.py`` (bind check, token, CSRF, headers), ``meter.py`` (its own request count),
 ``charts.py`` (inline SVG), ``prometheus.py`` (flow from exporters), ``server.py``
 (uvicorn), ``settings.py`` (its options).

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl, quote, unquote
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from starlette.applications import Starlette
@@ -29,7 +29,8 @@ from pawn_queue.dashboard import charts
 from pawn_queue.dashboard.meter import RequestMeter
 from pawn_queue.dashboard.security import Csrf, Guard, csrf_cookie
 from pawn_queue.dashboard.settings import DashboardSettings
-from pawn_queue.dashboard.snapshots import DEAD_LETTER_LIMIT, Monitor, TopicView
+from pawn_queue.dashboard.snapshots import DEAD_LETTER_LIMIT, OVERVIEW, Monitor
+from pawn_queue.dashboard.views import TopicView
 from pawn_queue.durations import short_age
 from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError, TopicNotFoundError
@@ -47,10 +48,15 @@ _STATIC = Path(__file__).parent / "static"
 
 
 def create_app(
-    config: PawnQueueConfig, settings: DashboardSettings, *, store: Store | None = None
+    config: PawnQueueConfig,
+    settings: DashboardSettings,
+    *,
+    store: Store | None = None,
+    clock: Callable[[], datetime] | None = None,
 ) -> Starlette:
     """The dashboard over the store ``config`` selects (or ``store``). Its lifespan opens the
-    queue and starts refreshing (:attr:`app.state.monitor`, a :class:`Monitor`)."""
+    queue and starts refreshing (:attr:`app.state.monitor`, a :class:`Monitor`). ``clock``:
+    the UTC wall clock it reads ages and staleness by (tests move it on)."""
     notify = config.notify.model_copy(
         update={
             "check_interval_seconds": settings.refresh,
@@ -59,7 +65,7 @@ def create_app(
     )
     config = config.model_copy(update={"notify": notify})
     meter = RequestMeter(store or open_store(config))
-    monitor = Monitor(PawnQueue(config, store=meter), meter, settings)
+    monitor = Monitor(PawnQueue(config, store=meter, clock=clock), meter, settings)
     pages = _Pages(monitor, settings, _describe(meter))
 
     @asynccontextmanager
@@ -128,6 +134,7 @@ class _Pages:
             "store_name": self.store_name,
             "cost": monitor.meter.cost(),
             "now": monitor.now(),
+            "open_per_minute": monitor.open_per_minute(_subject(request.url.path)),
             "csrf": self.csrf.token_for(csrf_cookie(request.scope, request.cookies)),
             "notice": None,
             **context,
@@ -166,6 +173,7 @@ class _Pages:
     async def overview(self, request: Request) -> Response:
         sort = request.query_params.get("sort", "")
         descending = request.query_params.get("desc") == "1"
+        await self.monitor.look(OVERVIEW)
         now = self.monitor.now()
         views = list(self.monitor.topics.values())
         if sort in SORT_KEYS:
@@ -179,7 +187,7 @@ class _Pages:
         name = request.path_params["topic"]
 
         async def page() -> Response:
-            view = self._view(name)
+            view = await self._view(name)
             now = self.monitor.now()
             span = self.settings.history_seconds
             peeked = await self.monitor.peek(name) if view.valid else []
@@ -202,7 +210,7 @@ class _Pages:
         name = request.path_params["topic"]
 
         async def page() -> Response:
-            view = self._view(name)
+            view = await self._view(name)
             letters = await self.monitor.dead_letters(name) if view.valid else []
             done = request.query_params.get("done", "")
             count = request.query_params.get("count", "")
@@ -225,7 +233,7 @@ class _Pages:
         message_id = request.path_params["message_id"]
 
         async def page() -> Response:
-            view = self._view(name)
+            view = await self._view(name)
             letter = await self.monitor.queue.dead_letter(name, message_id)
             if letter is None:
                 return self._problem(request, 404, f"no dead letter {message_id!r} in {name!r}")
@@ -237,10 +245,12 @@ class _Pages:
         heartbeat = self.monitor.queue.config.registry.heartbeat_interval_seconds
         return self._render(request, "registry.html", window=2 * heartbeat)
 
-    def _view(self, name: str) -> TopicView:
-        view = self.monitor.topics.get(name)
+    async def _view(self, name: str) -> TopicView:
+        """The topic's view, its counts no older than ``refresh`` (one the dashboard did not
+        know yet is looked for in the store)."""
+        view = await self.monitor.look(name, discover=True)
         if view is None:
-            raise TopicNotFoundError(f"topic {name!r} does not exist (or is not read yet)")
+            raise TopicNotFoundError(f"topic {name!r} does not exist")
         return view
 
     # -- actions ----------------------------------------------------------------------------
@@ -278,7 +288,7 @@ class _Pages:
             return self._problem(request, 400, f"not a message id: {bad[0][:40]!r}")
 
         async def act() -> Response:
-            view = self._view(name)
+            view = await self._view(name)
             if form.get("confirmed") != ["yes"]:
                 return self._render(
                     request,
@@ -302,7 +312,7 @@ class _Pages:
             return form
 
         async def act() -> Response:
-            view = self._view(name)
+            view = await self._view(name)
             if form.get("confirmed") != ["yes"]:
                 return self._render(
                     request, "confirm.html", view=view, action="purge", ids=[], everything=True
@@ -334,7 +344,13 @@ class _Pages:
     # -- JSON -------------------------------------------------------------------------------
 
     async def state(self, request: Request) -> Response:
+        """Whether the queue changed (``version``), and the cost. ``page``: the path of the
+        page asking (its script does, every refresh interval), whose counts are read again
+        first when they are a refresh interval old."""
         monitor = self.monitor
+        subject = _subject(request.query_params.get("page", ""))
+        if subject is not None:
+            await monitor.look(subject)  # a topic it does not know is left to the page
         return JSONResponse(
             {
                 "version": monitor.version,
@@ -342,11 +358,13 @@ class _Pages:
                 "last_full": monitor.last_full,
                 "cost": asdict(monitor.meter.cost()),
                 "idle_per_minute": monitor.idle_per_minute(),
+                "open_per_minute": monitor.open_per_minute(subject),
                 "full_refresh_requests": monitor.full_cost,
             }
         )
 
     async def api_topics(self, request: Request) -> Response:
+        await self.monitor.look(OVERVIEW)
         now = self.monitor.now()
         rows = []
         for view in sorted(self.monitor.topics.values(), key=lambda v: v.name):
@@ -372,6 +390,15 @@ def _after(topic: str, done: str, count: int) -> Response:
 
 def _quote(value: str) -> str:
     return quote(value, safe="")
+
+
+def _subject(path: str) -> str | None:
+    """What the page at ``path`` shows of the queue, for :meth:`Monitor.look`: every topic
+    (the overview), one topic (its pages), or nothing it reads for (None)."""
+    if path == "/":
+        return OVERVIEW
+    name = unquote(path.removeprefix("/topics/").partition("/")[0])
+    return name if path.startswith("/topics/") and name else None
 
 
 def _sort_key(view: TopicView, sort: str, now: float) -> str | float:

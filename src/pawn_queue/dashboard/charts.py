@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pawn_queue.dashboard.snapshots import FlowPoint, Point
+from pawn_queue.dashboard.views import FlowPoint, Point
 
 WIDTH = 640
 HEIGHT = 140

@@ -17,10 +17,12 @@ MIN_TOKEN_LENGTH = 16
 class DashboardSettings:
     """How the dashboard listens, reads and acts. Checked when built (ArgumentError).
 
-    ``refresh``: seconds between looks at the change signals (one HEAD) and the shortest time
-    between two reads of a topic. ``full_refresh``: seconds between reads of everything
-    (topics, counts, settings, registry) even without a signal; acks and lease writes send
-    none. ``max_age``: a topic whose oldest pending message is older is a problem.
+    ``refresh``: seconds between looks at the change signals (one HEAD), the shortest time
+    between two reads of a topic, and the oldest the counts an open page shows may be (they
+    are read again once that old). ``full_refresh``: seconds between reads of everything
+    (topics, counts, settings, registry) even without a signal or an open page; acks and
+    lease writes send none. ``max_age``: a topic whose oldest pending message is older is a
+    problem.
     ``metrics_urls``: Prometheus exporters whose message counters add exact flow to the
     topic pages. ``token``: required from every client when set (always, off loopback).
     ``allow_actions``: redrive and purge from the page.

@@ -9,14 +9,23 @@ A :class:`Monitor` reads every topic once at start, then:
 - re-reads, every ``refresh`` seconds, the topics whose state moves without a signal: those
   with messages in flight (their consumers ack, which signals nothing) and those whose
   delayed messages came due;
-- reads everything (topics, counts, settings, registry) every ``full_refresh`` seconds;
-- never reads twice within ``refresh`` seconds (a page's "refresh now" included).
+- re-reads a topic whose exporters (``metrics_urls``) counted messages going;
+- reads everything (topics, counts, settings, registry) every ``full_refresh`` seconds.
+
+Acks and claims signal nothing, so that alone leaves counts up to ``full_refresh`` old.
+What a page shows is therefore read again when the page (or its script, every ``refresh``
+seconds) asks for it and it is ``refresh`` seconds old (:meth:`Monitor.look`): the
+overview's topic list and every topic's counts, a topic page's counts. While no page is
+open that costs nothing; while one is, its reads every ``refresh`` seconds (the footer
+says how many). A page naming a topic the dashboard does not know yet looks for it (one
+GET of its marker).
 
 Each read of a topic lists its messages, leases and dead letters (three LISTs per 1,000
-objects) and keeps the message keys, so two successive reads tell how many objects were
-published and settled in between (a batch object counts once; an object published and
-settled between two reads is not seen). The pages render from memory: looking costs nothing
-but the reads above, the peeks and dead letters a page shows (kept until the topic changes).
+objects) and counts messages, not objects (:mod:`~pawn_queue.dashboard.counts`); two
+successive reads tell how many messages were published and settled in between (a message
+published and settled between two reads is not seen). Pages render from memory: looking
+costs the reads above, and the peeks and dead letters a page shows (kept until the topic
+changes).
 """
 
 from __future__ import annotations
@@ -25,96 +34,33 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter, deque
-from collections.abc import Coroutine, Iterable
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pawn_queue import layout
 from pawn_queue._aio import gather_limited
 from pawn_queue.client import PawnQueue
+from pawn_queue.dashboard.counts import read_topic
 from pawn_queue.dashboard.meter import RequestMeter
 from pawn_queue.dashboard.prometheus import Scraper
 from pawn_queue.dashboard.settings import DashboardSettings
+from pawn_queue.dashboard.views import FlowPoint, Point, TopicView, counts_key
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import ConfigError, PawnQueueError, TopicNotFoundError
-from pawn_queue.registry import RegistryEntry
-from pawn_queue.topics import PeekedMessage, TopicSettings, TopicStats, classify
+from pawn_queue.registry import Liveness
+from pawn_queue.topics import PeekedMessage
 
 logger = logging.getLogger(__name__)
 
-PROBLEM_WINDOW_SECONDS = 300.0  # dead letters added within this long make a topic a problem
 PEEK_LIMIT = 10
 DEAD_LETTER_LIMIT = 100
+OVERVIEW = ""  # what :meth:`Monitor.look` is asked for by the overview: every topic
 _READ_CONCURRENCY = 8
+_MISSING_KEPT = 1000  # names of topics found missing lately, kept to answer 404s cheaply
 
-
-@dataclass(frozen=True, slots=True)
-class Point:
-    """One read of a topic: its counts, and the objects that came and went since the last."""
-
-    at: float  # epoch seconds
-    pending: int
-    in_flight: int
-    delayed: int
-    dead_letter: int
-    published: int  # message objects that appeared since the previous read
-    settled: int  # message objects that left (acked, dead-lettered, expired, purged)
-    dead_lettered: int  # dead letters that appeared
-
-
-@dataclass(frozen=True, slots=True)
-class FlowPoint:
-    """Message counters of the Prometheus exporters, per scrape interval (exact flow)."""
-
-    at: float
-    published: float
-    acked: float
-    dead_lettered: float
-
-
-@dataclass(slots=True)
-class TopicView:
-    """What the dashboard knows of one topic."""
-
-    name: str
-    valid: bool = True  # False for a stored name the library refuses (shown, never read)
-    settings: TopicSettings | None = None
-    stats: TopicStats | None = None
-    read_at: float = 0.0  # epoch seconds of the last read
-    next_due: float | None = None  # epoch seconds when the first delayed message comes due
-    groups: dict[str, int] = field(default_factory=dict)  # group hash -> objects
-    history: deque[Point] = field(default_factory=deque)
-    flow: deque[FlowPoint] = field(default_factory=deque)
-    version: int = 0  # bumped whenever what the pages show of it changed
-    error: str | None = None
-    keys: frozenset[str] = frozenset()
-    dead_keys: frozenset[str] = frozenset()
-
-    def oldest_age(self, now: float) -> float | None:
-        """Age of the oldest pending message now (it ages between reads too)."""
-        if self.stats is None or self.stats.oldest_age_seconds is None:
-            return None
-        return self.stats.oldest_age_seconds + max(0.0, now - self.read_at)
-
-    def dead_lettered_since(self, since: float) -> int:
-        return sum(p.dead_lettered for p in self.history if p.at >= since)
-
-    def problems(self, now: float, max_age: float) -> list[str]:
-        """Why an operator should look at this topic now (empty: nothing)."""
-        found = []
-        if not self.valid:
-            found.append("not a valid topic name")
-        elif self.error:
-            found.append(self.error)
-        age = self.oldest_age(now)
-        if age is not None and age > max_age:
-            found.append(f"oldest pending message older than {max_age:g}s")
-        growth = self.dead_lettered_since(now - PROBLEM_WINDOW_SECONDS)
-        if growth:
-            found.append(f"dead letters growing: +{growth} in {PROBLEM_WINDOW_SECONDS / 60:g} min")
-        return found
+T = TypeVar("T")
 
 
 class Monitor:
@@ -125,16 +71,20 @@ class Monitor:
         self.meter = meter
         self.settings = settings
         self.topics: dict[str, TopicView] = {}
-        self.consumers: list[RegistryEntry] = []
-        self.producers: list[RegistryEntry] = []
+        self.consumers: list[Liveness] = []  # one row per process running each name
+        self.producers: list[Liveness] = []
         self.version = 0
         self.last_full: float | None = None
         self.full_cost = 0  # requests the last full refresh sent
+        self.look_cost: dict[str, int] = {}  # requests the last look of a page sent, by subject
         self.error: str | None = None  # the last refresh's store error, None once one works
         self.group_names: dict[str, str] = {}  # group hash -> name, learnt from peeks
         self.scraper = Scraper(settings.metrics_urls)
         self._peeks: dict[str, tuple[int, list[PeekedMessage]]] = {}
         self._letters: dict[str, tuple[int, list[DeadLetter]]] = {}
+        self._listed_at: float | None = None  # epoch seconds of the last topic listing
+        self._missing: dict[str, float] = {}  # topic -> until when it is known missing
+        self._reads: dict[str, asyncio.Future[Any]] = {}  # reads under way, by what they read
         self._refresh_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
@@ -159,11 +109,12 @@ class Monitor:
 
     async def stop(self) -> None:
         """Stop refreshing and close the queue. Idempotent."""
-        tasks, self._tasks = self._tasks, []
+        tasks = [*self._tasks, *self._reads.values()]
+        self._tasks = []
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._started:
             self._started = False
@@ -178,6 +129,83 @@ class Monitor:
 
     def _clock(self) -> datetime:
         return self.queue.runtime.clock()
+
+    # -- what a page shows ------------------------------------------------------------------
+
+    async def look(self, subject: str, *, discover: bool = False) -> TopicView | None:
+        """A page is about to show ``subject``: :data:`OVERVIEW` (the topic list and every
+        topic's counts) or a topic's name (its counts). Read again what of it is ``refresh``
+        seconds old, so that no page shows older counts. ``discover``: look in the store for
+        a topic the dashboard does not know yet. Returns the topic's view (None: no such
+        topic, or the overview). A failed read shows on the page as any refresh's; a failed
+        look for an unknown topic raises the store's error."""
+        view = None
+        if subject != OVERVIEW:
+            view = self.topics.get(subject)
+            if view is None and discover:
+                view = await self._discover(subject)
+            if view is None:
+                return None
+        before = self.meter.counts.total()
+        try:
+            read = await self._read_stale(view)
+        except PawnQueueError as exc:
+            self._note_error(exc)
+            return view
+        except Exception as exc:
+            logger.exception("dashboard read failed")
+            self._note_error(exc)
+            return view
+        if read:
+            self._note_error(None)
+            self.look_cost[subject] = self.meter.counts.total() - before
+        return view
+
+    async def _read_stale(self, view: TopicView | None) -> bool:
+        """Read what is ``refresh`` seconds old of ``view`` (None: of the overview); whether
+        anything was."""
+        listed = False
+        if view is None:
+            if self._stale(self._listed_at):
+                await self._read_settings(await self._once("topics", self._list_topics))
+                listed = True
+            names = [n for n, v in self.topics.items() if v.valid and self._stale_view(v)]
+        else:
+            names = [view.name] if view.valid and self._stale_view(view) else []
+        await self.refresh_topics(names)
+        return listed or bool(names)
+
+    def _stale(self, read_at: float | None) -> bool:
+        return read_at is None or self.now() - read_at >= self.settings.refresh
+
+    def _stale_view(self, view: TopicView) -> bool:
+        return self._stale(view.read_at if view.stats is not None else None)
+
+    async def _discover(self, name: str) -> TopicView | None:
+        """The view of topic ``name`` if the store has it (one GET of its marker), else None;
+        a name found missing is not looked for again within ``refresh`` seconds."""
+        now = self.now()
+        if not _valid_name(name) or self._missing.get(name, float("-inf")) > now:
+            return None
+        try:
+            settings = await self.queue.topic_settings(name)
+        except TopicNotFoundError:
+            if len(self._missing) >= _MISSING_KEPT:
+                self._missing.clear()
+            self._missing[name] = now + self.settings.refresh
+            return None
+        view = self.topics.get(name)
+        if view is None:
+            view = self.topics[name] = TopicView(name, settings=settings)
+            self.version += 1
+        return view
+
+    def open_per_minute(self, subject: str | None) -> float:
+        """Requests per minute while nothing changes and a page showing ``subject`` is open
+        (None: a page that reads nothing): :meth:`idle_per_minute` and, every ``refresh``
+        seconds, what the last look of it cost."""
+        looks = self.look_cost.get(subject, 0) if subject is not None else 0
+        return round(self.idle_per_minute() + looks * 60.0 / self.settings.refresh, 1)
 
     # -- the refresh loop -------------------------------------------------------------------
 
@@ -261,24 +289,67 @@ class Monitor:
 
     # -- reading ----------------------------------------------------------------------------
 
+    async def _once(self, key: str, read: Callable[[], Awaitable[T]]) -> T:
+        """``read()``, or the same read already under way (by the loop or another page):
+        concurrent pages never read one thing twice at once. ``key``: what it reads."""
+        future = self._reads.get(key)
+        if future is None:
+            future = asyncio.ensure_future(read())
+            self._reads[key] = future
+
+            def done(finished: asyncio.Future[Any]) -> None:
+                if self._reads.get(key) is finished:
+                    del self._reads[key]
+                if not finished.cancelled():
+                    finished.exception()  # retrieved here: its waiters may all be gone
+
+            future.add_done_callback(done)
+        result: T = await asyncio.shield(future)
+        return result
+
     async def full_refresh(self) -> None:
         """Read the topic list, every topic's settings and counts, and the registry."""
         before = self.meter.counts.total()
+        await self._once("topics", self._list_topics)
+        valid = [name for name, view in self.topics.items() if view.valid]
+        await self._read_settings(valid)
+        await self.refresh_topics(name for name in valid if name in self.topics)
+        window = 2 * self.queue.config.registry.heartbeat_interval_seconds
+        consumers = await self.queue.registry.liveness("consumers", window)
+        producers = await self.queue.registry.liveness("producers", window)
+        if _states(consumers + producers) != _states(self.consumers + self.producers):
+            self.version += 1
+        self.consumers, self.producers = consumers, producers
+        self.last_full = self.now()
+        self.full_cost = self.meter.counts.total() - before
+
+    async def _list_topics(self) -> list[str]:
+        """Read the topic list; returns the valid names it added."""
         names = await self.queue.list_topics()
         listed = set(names)
         for gone in set(self.topics) - listed:
             del self.topics[gone]
+            self.look_cost.pop(gone, None)
             self.version += 1
+        new = []
         for name in names:
             if name not in self.topics:
-                self.topics[name] = TopicView(name, valid=_valid_name(name))
+                view = self.topics[name] = TopicView(name, valid=_valid_name(name))
                 self.version += 1
-        valid = [name for name in names if self.topics[name].valid]
+                if view.valid:
+                    new.append(name)
+        self._listed_at = self.now()
+        return new
+
+    async def _read_settings(self, names: list[str]) -> None:
+        """Read the settings of ``names``; a topic found deleted is dropped."""
         results = await gather_limited(
-            _READ_CONCURRENCY, (self.queue.topic_settings(name) for name in valid)
+            _READ_CONCURRENCY, (self.queue.topic_settings(name) for name in names)
         )
-        for name, result in zip(valid, results, strict=True):
-            view = self.topics[name]
+        for name, result in zip(names, results, strict=True):
+            view = self.topics.get(name)
+            if view is None:
+                continue  # dropped meanwhile by another listing
             if isinstance(result, TopicNotFoundError):
                 self.topics.pop(name, None)
                 self.version += 1
@@ -288,81 +359,59 @@ class Monitor:
                 view.settings = result
                 view.version += 1
                 self.version += 1
-        await self.refresh_topics(name for name in valid if name in self.topics)
-        consumers = await self.queue.registry.list("consumers")
-        producers = await self.queue.registry.list("producers")
-        if (consumers, producers) != (self.consumers, self.producers):
-            self.consumers, self.producers = consumers, producers
-            self.version += 1
-        self.last_full = self.now()
-        self.full_cost = self.meter.counts.total() - before
 
     def idle_per_minute(self) -> float:
-        """Requests per minute while nothing changes: the HEADs of the change signals, and
-        the full refreshes at what the last one cost."""
+        """Requests per minute while nothing changes and no page is open: the HEADs of the
+        change signals, and the full refreshes at what the last one cost."""
         heads = 60.0 / self.settings.refresh if self.queue.config.notify.enabled else 0.0
         return round(heads + self.full_cost * 60.0 / self.settings.full_refresh, 1)
 
     async def refresh_topics(self, names: Iterable[str]) -> None:
-        """Read the counts of ``names`` (three LISTs each) and record what changed."""
+        """Read the counts of ``names`` (three LISTs each, and the batch objects not seen
+        yet) and record what changed."""
         wanted = [name for name in names if name in self.topics and self.topics[name].valid]
         results = await gather_limited(
-            _READ_CONCURRENCY, (self._read_topic(self.topics[name]) for name in wanted)
+            _READ_CONCURRENCY, (self._read_once(self.topics[name]) for name in wanted)
         )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
 
+    async def _read_once(self, view: TopicView) -> None:
+        await self._once(f"topic/{view.name}", lambda: self._read_topic(view))
+
     async def _read_topic(self, view: TopicView) -> None:
-        store = self.queue.store
-        name = view.name
         visibility = self.queue.config.polling.visibility_timeout_seconds
-        messages = await store.list(layout.messages_prefix(name))
-        leases = await store.list(layout.leases_prefix(name))
-        dead = await store.list(layout.dead_letter_prefix(name))
-        now = self._clock()
-        counts = dict.fromkeys(("pending", "in_flight", "delayed"), 0)
-        oldest: datetime | None = None
-        next_due: datetime | None = None
-        groups: Counter[str] = Counter()
-        keys = []
-        for listed in classify(name, messages, leases, now, visibility):
-            counts[listed.state] += 1
-            keys.append(listed.meta.key)
-            if listed.pending.kind == "group":
-                groups[listed.pending.group_hash] += 1
-            if listed.state == "pending":
-                oldest = listed.due if oldest is None else min(oldest, listed.due)
-            elif listed.state == "delayed":
-                next_due = listed.due if next_due is None else min(next_due, listed.due)
-        age = (now - oldest).total_seconds() if oldest is not None else None
-        stats = TopicStats(
-            counts["pending"], counts["in_flight"], counts["delayed"], len(dead), age
+        reading = await read_topic(
+            self.queue.store, view.name, visibility, self._clock, view.batches
         )
-        key_set = frozenset(keys)
-        dead_set = frozenset(m.key for m in dead)
+        stats = reading.counts
         first = view.stats is None
+        published = sum(n for key, n in reading.sizes.items() if key not in view.sizes)
+        # Messages that left: the ones there before and the new ones, less those there now
+        # (a batch's members settle one by one, so its object's coming and going is not it).
+        settled = sum(view.sizes.values()) + published - sum(reading.sizes.values())
         point = Point(
-            at=now.timestamp(),
+            at=reading.at.timestamp(),
             pending=stats.pending,
             in_flight=stats.in_flight,
             delayed=stats.delayed,
             dead_letter=stats.dead_letter,
-            published=0 if first else len(key_set - view.keys),
-            settled=0 if first else len(view.keys - key_set),
-            dead_lettered=0 if first else len(dead_set - view.dead_keys),
+            published=0 if first else published,
+            settled=0 if first else max(0, settled),
+            dead_lettered=0 if first else len(reading.dead_keys - view.dead_keys),
         )
         changed = (
             first
-            or key_set != view.keys
-            or dead_set != view.dead_keys
-            or _counts(stats) != _counts(view.stats)
-            or dict(groups) != view.groups
+            or reading.sizes != view.sizes
+            or reading.dead_keys != view.dead_keys
+            or counts_key(stats) != counts_key(view.stats)
+            or reading.groups != view.groups
             or view.error is not None
         )
-        view.stats, view.read_at, view.error = stats, now.timestamp(), None
-        view.next_due = None if next_due is None else next_due.timestamp()
-        view.keys, view.dead_keys, view.groups = key_set, dead_set, dict(groups)
+        view.stats, view.read_at, view.error = stats, reading.at.timestamp(), None
+        view.next_due = None if reading.next_due is None else reading.next_due.timestamp()
+        view.sizes, view.dead_keys, view.groups = reading.sizes, reading.dead_keys, reading.groups
         if changed:
             view.history.append(point)
             self._trim(view.history, point.at)
@@ -411,6 +460,7 @@ class Monitor:
         while True:
             deltas = await self.scraper.scrape()
             now = self.now()
+            moved = []
             for topic, (published, acked, dead_lettered) in deltas.items():
                 view = self.topics.get(topic)
                 if view is None:
@@ -420,13 +470,16 @@ class Monitor:
                 if published or acked or dead_lettered:
                     view.version += 1
                     self.version += 1
+                    moved.append(topic)
+            # Counted going by an exporter: its counts changed, though no signal said so.
+            try:
+                await self.refresh_topics(moved)
+            except PawnQueueError as exc:
+                self._note_error(exc)
+            except Exception as exc:
+                logger.exception("dashboard read failed")
+                self._note_error(exc)
             await asyncio.sleep(self.settings.refresh)
-
-
-def _counts(stats: TopicStats | None) -> tuple[int, ...] | None:
-    if stats is None:
-        return None
-    return (stats.pending, stats.in_flight, stats.delayed, stats.dead_letter)
 
 
 def _valid_name(name: str) -> bool:
@@ -435,3 +488,16 @@ def _valid_name(name: str) -> bool:
     except ConfigError:
         return False
     return True
+
+
+def _states(rows: list[Liveness]) -> list[tuple[str, str | None, str, str | None]]:
+    """What a registry page shows, but for how long ago (which changes every second)."""
+    return [
+        (
+            r.entry.entity_id,
+            r.instance.instance_id if r.instance else None,
+            r.status,
+            r.instance.last_seen if r.instance else None,
+        )
+        for r in rows
+    ]

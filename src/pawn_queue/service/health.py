@@ -152,5 +152,8 @@ class HealthServer:
         if path == "/metrics" and self._metrics is not None:
             from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-            return "200 OK", CONTENT_TYPE_LATEST, generate_latest(self._metrics.registry)
+            from pawn_queue.metrics import only_sampled
+
+            exported = only_sampled(self._metrics.registry)
+            return "200 OK", CONTENT_TYPE_LATEST, generate_latest(exported)
         return "404 Not Found", text, b"not found\n"

@@ -1,6 +1,7 @@
-// pawn-queue dashboard: asks the server (from memory, no store request) whether the queue
-// changed, and swaps in the page's fresh <main> when it did. No data is put into the page
-// here but the server's escaped HTML and text through textContent.
+// pawn-queue dashboard: asks the server whether the queue changed, and swaps in the page's
+// fresh <main> when it did. The server reads again what this page shows once it is a refresh
+// interval old (acks signal nothing), and answers from memory otherwise. No data is put into
+// the page here but the server's escaped HTML and text through textContent.
 (function () {
   "use strict";
   var body = document.body;
@@ -36,7 +37,8 @@
   }
 
   function tick() {
-    fetch("/api/state", { credentials: "same-origin", cache: "no-store" })
+    var url = "/api/state?page=" + encodeURIComponent(location.pathname);
+    fetch(url, { credentials: "same-origin", cache: "no-store" })
       .then(function (response) {
         return response.ok ? response.json() : null;
       })
@@ -49,6 +51,7 @@
         setText("cost-window", state.cost.window_seconds);
         setText("cost-total", state.cost.total);
         setText("cost-idle", state.idle_per_minute);
+        setText("cost-open", state.open_per_minute);
         setText("cost-full", state.full_refresh_requests);
         var changed = String(state.version) !== version;
         var stale = Date.now() - lastSwap > AGES_EVERY_MS;

@@ -1,0 +1,100 @@
+"""What the dashboard knows of one topic (:class:`TopicView`), and the points of its charts."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pawn_queue.dashboard.counts import BatchSizes, Counts
+from pawn_queue.topics import TopicSettings
+
+PROBLEM_WINDOW_SECONDS = 300.0  # dead letters added within this long say "growing"
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One read of a topic: its counts, and the messages that came and went since the last."""
+
+    at: float  # epoch seconds
+    pending: int
+    in_flight: int
+    delayed: int
+    dead_letter: int
+    published: int  # messages in the objects that appeared since the previous read
+    settled: int  # messages that left (acked, dead-lettered, expired, purged)
+    dead_lettered: int  # dead letters that appeared
+
+
+@dataclass(frozen=True, slots=True)
+class FlowPoint:
+    """Message counters of the Prometheus exporters, per scrape interval (exact flow)."""
+
+    at: float
+    published: float
+    acked: float
+    dead_lettered: float
+
+
+@dataclass(slots=True)
+class TopicView:
+    """What the dashboard knows of one topic."""
+
+    name: str
+    valid: bool = True  # False for a stored name the library refuses (shown, never read)
+    settings: TopicSettings | None = None
+    stats: Counts | None = None
+    read_at: float = 0.0  # epoch seconds of the last read
+    next_due: float | None = None  # epoch seconds when the first delayed message comes due
+    groups: dict[str, int] = field(default_factory=dict)  # group hash -> messages
+    history: deque[Point] = field(default_factory=deque)
+    flow: deque[FlowPoint] = field(default_factory=deque)
+    version: int = 0  # bumped whenever what the pages show of it changed
+    error: str | None = None
+    sizes: dict[str, int] = field(default_factory=dict)  # message object -> messages in it
+    dead_keys: frozenset[str] = frozenset()
+    batches: BatchSizes = field(default_factory=BatchSizes)
+
+    def oldest_age(self, now: float) -> float | None:
+        """Age of the oldest pending message now (it ages between reads too)."""
+        if self.stats is None or self.stats.oldest_age_seconds is None:
+            return None
+        return self.stats.oldest_age_seconds + max(0.0, now - self.read_at)
+
+    def dead_lettered_since(self, since: float) -> int:
+        return sum(p.dead_lettered for p in self.history if p.at >= since)
+
+    def problems(self, now: float, max_age: float) -> list[str]:
+        """Why an operator should look at this topic now (empty: nothing)."""
+        found = []
+        if not self.valid:
+            found.append("not a valid topic name")
+        elif self.error:
+            found.append(self.error)
+        age = self.oldest_age(now)
+        if age is not None and age > max_age:
+            found.append(f"oldest pending message older than {max_age:g}s")
+        # Any dead letter wants a look (redrive or purge), however old; growth says more.
+        dead = self.stats.dead_letter if self.stats is not None else 0
+        growth = self.dead_lettered_since(now - PROBLEM_WINDOW_SECONDS)
+        window = f"{PROBLEM_WINDOW_SECONDS / 60:g} min"
+        if growth:
+            found.append(f"dead letters growing: +{growth} in {window}, {dead} in all")
+        elif dead:
+            found.append(f"{dead} dead letter{'' if dead == 1 else 's'}")
+        return found
+
+
+def counts_key(stats: Counts | None) -> tuple[int, ...] | None:
+    """The counts to compare between two reads (the oldest age grows by itself)."""
+    if stats is None:
+        return None
+    return (
+        stats.pending,
+        stats.in_flight,
+        stats.delayed,
+        stats.dead_letter,
+        stats.pending_objects,
+        stats.in_flight_objects,
+        stats.delayed_objects,
+        stats.uncounted_batches,
+    )
