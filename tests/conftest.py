@@ -1,32 +1,33 @@
 """Shared fixtures: one server per S3 implementation per session (each started the first time
 a test needs it), a fresh bucket per test, a store per backend.
 
-Backends: ``memory``, ``filesystem``, ``s3`` (SeaweedFS, where the whole suite runs) and the
+Backends: ``memory``, ``filesystem``, ``s3`` (SeaweedFS, where the whole suite runs), the
 store matrix's other S3 servers, ``s3-ceph`` (Ceph RGW), ``s3-moto`` (AWS's documented
-answers) and ``s3-s3rver`` (no conditional writes). Modules that run on the whole matrix ask
-for ``backend`` over :data:`STORE_MATRIX`.
+answers) and ``s3-s3rver`` (no conditional writes), and ``azure`` (Azurite, a fresh container
+per test). Modules that run on the whole matrix ask for ``backend`` over :data:`STORE_MATRIX`.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import pytest
 from pydantic import SecretStr
 
 from pawn_queue import PawnQueue
-from pawn_queue.config import S3Config
+from pawn_queue.config import AzureConfig, S3Config
 from pawn_queue.store.base import Store
 from tests.servers.ceph import CephRGW
-from tests.servers.process import LoopbackServer, start_moto, start_s3rver
+from tests.servers.process import Azurite, LoopbackServer, start_azurite, start_moto, start_s3rver
 from tests.servers.seaweedfs import SeaweedFS
 
 BACKENDS = ["memory", "filesystem", "s3"]
 S3_SERVERS = {"s3": "seaweedfs", "s3-ceph": "ceph_rgw", "s3-moto": "moto", "s3-s3rver": "s3rver"}
 """Each S3 backend's server fixture."""
-STORE_MATRIX = ["memory", "filesystem", *S3_SERVERS]
+STORE_MATRIX = ["memory", "filesystem", *S3_SERVERS, "azure"]
 """Every store the suite proves: the conformance, README and crash suites run on each."""
 CONDITIONAL = frozenset(STORE_MATRIX) - {"s3-s3rver"}
 """The backends that enforce create-only and if-match puts (s3rver ignores both)."""
@@ -36,40 +37,46 @@ def is_s3(backend: str) -> bool:
     return backend in S3_SERVERS
 
 
-@pytest.fixture(scope="session")
-def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
-    server = SeaweedFS.start(tmp_path_factory.mktemp("seaweedfs"))
-    try:
-        yield server
-    finally:
-        server.stop()
+class _Server(Protocol):
+    def stop(self) -> None: ...
 
 
-@pytest.fixture(scope="session")
-def ceph_rgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CephRGW]:
-    server = CephRGW.start(tmp_path_factory.mktemp("ceph"))
-    try:
-        yield server
-    finally:
-        server.stop()
+_S = TypeVar("_S", bound=_Server)
 
 
-@pytest.fixture(scope="session")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackServer]:
-    server = start_moto(tmp_path_factory.mktemp("moto"))
-    try:
-        yield server
-    finally:
-        server.stop()
+def _session_server(name: str, start: Callable[[Path], _S]) -> Callable[..., Iterator[_S]]:
+    """A session fixture: the server started in a temp dir the first time a test asks,
+    stopped at the end."""
+
+    def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_S]:
+        server = start(tmp_path_factory.mktemp(name))
+        try:
+            yield server
+        finally:
+            server.stop()
+
+    fixture.__name__ = name
+    return pytest.fixture(scope="session", name=name)(fixture)
 
 
-@pytest.fixture(scope="session")
-def s3rver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackServer]:
-    server = start_s3rver(tmp_path_factory.mktemp("s3rver"))
-    try:
-        yield server
-    finally:
-        server.stop()
+seaweedfs = _session_server("seaweedfs", SeaweedFS.start)
+ceph_rgw = _session_server("ceph_rgw", CephRGW.start)
+moto = _session_server("moto", start_moto)
+s3rver = _session_server("s3rver", start_s3rver)
+azurite = _session_server("azurite", start_azurite)
+
+
+@pytest.fixture
+def azure_config(azurite: Azurite) -> AzureConfig:
+    """A fresh container on Azurite."""
+    container = f"t-{uuid.uuid4().hex[:20]}"
+    azurite.create_container(container)
+    return AzureConfig(
+        container_name=container,
+        account_name=azurite.access_key,
+        account_key=SecretStr(azurite.secret_key),
+        endpoint_url=azurite.blob_endpoint,
+    )
 
 
 @pytest.fixture
@@ -105,6 +112,10 @@ def make_store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
         from pawn_queue.store.s3 import S3Store
 
         return S3Store(request.getfixturevalue("s3_config"))
+    if backend == "azure":
+        from pawn_queue.store.azure import AzureStore
+
+        return AzureStore(request.getfixturevalue("azure_config"))
     raise AssertionError(backend)
 
 
@@ -138,7 +149,8 @@ FAST_CONCURRENCY = {"clock_skew_margin_seconds": 0.2}
 def queue_config_dict(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> dict[str, object]:
-    """A config dict for ``backend`` with fast timings; S3 gets a fresh bucket."""
+    """A config dict for ``backend`` with fast timings; S3 gets a fresh bucket, Azure a fresh
+    container."""
     base: dict[str, object] = {
         "backend": "s3" if is_s3(backend) else backend,
         "polling": dict(FAST_POLLING),
@@ -148,6 +160,15 @@ def queue_config_dict(
         base["memory"] = {"name": f"test-{uuid.uuid4().hex}"}
     elif backend == "filesystem":
         base["filesystem"] = {"path": str(tmp_path / "queue")}
+    elif backend == "azure":
+        azure: AzureConfig = request.getfixturevalue("azure_config")
+        assert azure.account_key is not None
+        base["azure"] = {
+            "container_name": azure.container_name,
+            "account_name": azure.account_name,
+            "account_key": azure.account_key.get_secret_value(),
+            "endpoint_url": azure.endpoint_url,
+        }
     else:
         s3: S3Config = request.getfixturevalue("s3_config")
         base["s3"] = {

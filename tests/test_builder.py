@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from pawn_queue.builder import PawnQueueBuilder
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import URL_ENV_VAR, FilesystemConfig
+from pawn_queue.exceptions import ConfigError
 from tests.helpers.config_support import (  # no_pawnqueue_env: an autouse fixture
     config_error,
     no_pawnqueue_env,  # noqa: F401
@@ -160,3 +162,13 @@ def test_builder_errors() -> None:
     assert "access_key" in message
     message = config_error(PawnQueueBuilder().polling(interval_seconds=1).build_config)
     assert "s3" in message and "bucket_name" in message
+
+
+def test_producer_settings_through_the_builder() -> None:
+    """The builder had a method for every section but the producer's."""
+    config = (
+        PawnQueueBuilder().memory().producer(group_commit=False, linger_seconds=0.01).build_config()
+    )
+    assert (config.producer.group_commit, config.producer.linger_seconds) == (False, 0.01)
+    with pytest.raises(ConfigError, match=r"producer\.linger_seconds"):
+        PawnQueueBuilder().memory().producer(linger_seconds=math.inf).build_config()

@@ -94,6 +94,7 @@ def test_example_file_names_only_real_keys_and_every_section() -> None:
     sections = {path for path in entries if path not in model_paths()}
     assert sections <= {
         "s3",
+        "azure",
         "filesystem",
         "memory",
         "polling",

@@ -11,6 +11,8 @@ import pytest
 from pawn_queue.builder import PawnQueueBuilder
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import (
+    ENV_ALIASES,
+    ENV_NAMES,
     ENV_VARS,
     OTHER_ENV_VARS,
     S3_URL_KEYS,
@@ -18,16 +20,19 @@ from pawn_queue.config import (
     FilesystemConfig,
     PawnQueueConfig,
     S3Config,
+    config_paths,
     load_config,
     parse_url,
 )
 from tests.helpers.config_support import (  # no_pawnqueue_env: an autouse fixture
+    AZURE_KEY,
     S3_BASE,
     SECRET,
     config_error,
     no_pawnqueue_env,  # noqa: F401
     value_at,
 )
+from tests.helpers.environment_table import environment_table
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,43 +57,70 @@ README_ENV_TABLE = {
     "PAWNQUEUE_REGISTRY_HEARTBEAT_INTERVAL": "registry.heartbeat_interval_seconds",
 }
 
-# One sample per variable: the text to set and the value it must produce.
-ENV_SAMPLES: dict[str, tuple[str, Any]] = {
-    "PAWNQUEUE_S3_ENDPOINT_URL": ("http://minio:9000", "http://minio:9000"),
-    "PAWNQUEUE_S3_BUCKET_NAME": ("env-bucket", "env-bucket"),
-    "PAWNQUEUE_S3_ACCESS_KEY": ("AKIAENVKEY", "AKIAENVKEY"),
-    "PAWNQUEUE_S3_SECRET_KEY": (SECRET, SECRET),
-    "PAWNQUEUE_S3_REGION": ("eu-central-1", "eu-central-1"),
-    "PAWNQUEUE_S3_USE_SSL": ("false", False),
-    "PAWNQUEUE_POLLING_INTERVAL_SECONDS": ("1.5", 1.5),
-    "PAWNQUEUE_POLLING_MAX_MESSAGES_PER_POLL": ("25", 25),
-    "PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT": ("45", 45.0),
-    "PAWNQUEUE_POLLING_LEASE_REFRESH_INTERVAL": ("8", 8.0),
-    "PAWNQUEUE_POLLING_JITTER_MAX_MS": ("150", 150),
-    "PAWNQUEUE_CONCURRENCY_STRATEGY": ("csprng_verify", "csprng_verify"),
-    "PAWNQUEUE_CSPRNG_JITTER_MIN_MS": ("50", 50),
-    "PAWNQUEUE_CSPRNG_JITTER_MAX_MS": ("600", 600),
-    "PAWNQUEUE_CSPRNG_VERIFY_RETRIES": ("4", 4),
-    "PAWNQUEUE_CSPRNG_RETRY_DELAY_MS": ("250", 250),
-    "PAWNQUEUE_REGISTRY_HEARTBEAT_INTERVAL": ("90", 90.0),
-    "PAWNQUEUE_BACKEND": ("memory", "memory"),
-    "PAWNQUEUE_FILESYSTEM_PATH": ("/var/lib/queue", "/var/lib/queue"),
-    "PAWNQUEUE_S3_PREFIX": ("team-a/", "team-a"),
-    "PAWNQUEUE_S3_VERIFY_SSL": ("no", False),
-    "PAWNQUEUE_S3_SESSION_TOKEN": ("session-token-value", "session-token-value"),
-    "PAWNQUEUE_S3_ADDRESSING_STYLE": ("virtual", "virtual"),
-    "PAWNQUEUE_CLOCK_SKEW_MARGIN_SECONDS": ("5", 5.0),
-    "PAWNQUEUE_NOTIFY_ENABLED": ("false", False),
-    "PAWNQUEUE_NOTIFY_CHECK_INTERVAL_SECONDS": ("0.5", 0.5),
-    "PAWNQUEUE_NOTIFY_IDLE_CHECK_INTERVAL_SECONDS": ("5", 5.0),
-    "PAWNQUEUE_NOTIFY_BACKFILL_INTERVAL_SECONDS": ("120", 120.0),
-    "PAWNQUEUE_POLLING_SHUTDOWN_GRACE_SECONDS": ("3", 3.0),
+# One sample per key: the text to set and the value it must produce.
+PATH_SAMPLES: dict[str, tuple[str, Any]] = {
+    "s3.endpoint_url": ("http://minio:9000", "http://minio:9000"),
+    "s3.bucket_name": ("env-bucket", "env-bucket"),
+    "s3.aws_access_key_id": ("AKIAENVKEY", "AKIAENVKEY"),
+    "s3.aws_secret_access_key": (SECRET, SECRET),
+    "s3.aws_session_token": ("session-token-value", "session-token-value"),
+    "s3.region_name": ("eu-central-1", "eu-central-1"),
+    "s3.use_ssl": ("false", False),
+    "s3.verify_ssl": ("no", False),
+    "s3.prefix": ("team-a/", "team-a"),
+    "s3.addressing_style": ("virtual", "virtual"),
+    "s3.connect_timeout_seconds": ("2.5", 2.5),
+    "s3.request_timeout_seconds": ("12", 12.0),
+    "s3.max_retries": ("1", 1),
+    "s3.retry_timeout_seconds": ("9", 9.0),
+    "polling.interval_seconds": ("1.5", 1.5),
+    "polling.max_messages_per_poll": ("25", 25),
+    "polling.visibility_timeout_seconds": ("45", 45.0),
+    "polling.lease_refresh_interval_seconds": ("8", 8.0),
+    "polling.jitter_max_ms": ("150", 150),
+    "polling.shutdown_grace_seconds": ("3", 3.0),
+    "concurrency.strategy": ("csprng_verify", "csprng_verify"),
+    "concurrency.csprng_verify.jitter_min_ms": ("50", 50),
+    "concurrency.csprng_verify.jitter_max_ms": ("600", 600),
+    "concurrency.csprng_verify.verify_retries": ("4", 4),
+    "concurrency.csprng_verify.verify_retry_delay_ms": ("250", 250),
+    "concurrency.clock_skew_margin_seconds": ("5", 5.0),
+    "registry.heartbeat_interval_seconds": ("90", 90.0),
+    "backend": ("memory", "memory"),
+    "filesystem.path": ("/var/lib/queue", "/var/lib/queue"),
+    "memory.name": ("shared", "shared"),
+    "notify.enabled": ("false", False),
+    "notify.check_interval_seconds": ("0.5", 0.5),
+    "notify.idle_check_interval_seconds": ("5", 5.0),
+    "notify.backfill_interval_seconds": ("120", 120.0),
+    "producer.group_commit": ("no", False),
+    "producer.linger_seconds": ("0.01", 0.01),
+    "producer.max_batch_messages": ("50", 50),
+    "producer.max_batch_bytes": ("65536", 65536),
+    "azure.container_name": ("env-container", "env-container"),
+    "azure.prefix": ("/team-b/", "team-b"),
+    "azure.account_name": ("envaccount", "envaccount"),
+    "azure.account_key": (AZURE_KEY, AZURE_KEY),
+    "azure.endpoint_url": (
+        "http://127.0.0.1:10000/envaccount",
+        "http://127.0.0.1:10000/envaccount",
+    ),
+    "azure.use_emulator": ("true", True),
+    "azure.connect_timeout_seconds": ("2.5", 2.5),
+    "azure.request_timeout_seconds": ("12", 12.0),
+    "azure.max_retries": ("1", 1),
+    "azure.retry_timeout_seconds": ("9", 9.0),
 }
+# One per variable, new names and old alike.
+ENV_SAMPLES: dict[str, tuple[str, Any]] = {
+    name: PATH_SAMPLES[path] for name, path in ENV_VARS.items()
+}
+AZURE_BASE = {"azure": {"container_name": "base-container", "account_name": "baseaccount"}}
 
 
 # A config with every section, to show that each sample differs from what is there already.
 REFERENCE = PawnQueueConfig.from_dict(
-    {**S3_BASE, "backend": "s3", "filesystem": {"path": "./queue"}}
+    {**S3_BASE, **AZURE_BASE, "backend": "s3", "filesystem": {"path": "./queue"}}
 )
 
 
@@ -99,8 +131,25 @@ def test_readme_table_is_mapped_exactly() -> None:
     assert {name: ENV_VARS[name] for name in README_ENV_TABLE} == README_ENV_TABLE
 
 
-def test_every_variable_has_a_sample() -> None:
-    assert set(ENV_SAMPLES) == set(ENV_VARS)
+def test_every_key_has_a_variable_named_after_it() -> None:
+    """PAWNQUEUE_<SECTION>_<KEY> for every key (some had none, others no section or no
+    _SECONDS); the older names stay as aliases of the same keys."""
+    assert set(PATH_SAMPLES) == set(ENV_NAMES.values()) == set(config_paths())
+    assert (
+        ENV_NAMES["PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT_SECONDS"]
+        == (ENV_ALIASES["PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT"])
+    )
+    for name, path in ENV_NAMES.items():
+        assert name == "PAWNQUEUE_" + path.replace(".", "_").upper()
+    assert set(ENV_ALIASES.values()) <= set(ENV_NAMES.values())
+
+
+def test_a_new_name_and_an_old_one_that_disagree_are_refused() -> None:
+    same = {"PAWNQUEUE_S3_REGION": "eu-west-1", "PAWNQUEUE_S3_REGION_NAME": "eu-west-1"}
+    assert PawnQueueConfig.from_env(same, base=S3_BASE).s3.region_name == "eu-west-1"  # type: ignore[union-attr]
+    differ = {**same, "PAWNQUEUE_S3_REGION_NAME": "us-east-2"}
+    message = config_error(PawnQueueConfig.from_env, differ, base=S3_BASE)
+    assert "PAWNQUEUE_S3_REGION" in message and "PAWNQUEUE_S3_REGION_NAME" in message
 
 
 @pytest.mark.parametrize("name", list(ENV_VARS))
@@ -110,6 +159,10 @@ def test_each_variable_takes_effect(name: str) -> None:
     assert value_at(REFERENCE, path) != expected, "the sample must differ from the default"
     # The filesystem variable picks its store only when nothing else chose one.
     base: dict[str, Any] = {} if name == "PAWNQUEUE_FILESYSTEM_PATH" else S3_BASE
+    if name.startswith("PAWNQUEUE_AZURE_"):
+        base = AZURE_BASE  # variables of another store than the one chosen are ignored
+    if name.startswith("PAWNQUEUE_MEMORY_"):
+        base = {"backend": "memory"}
 
     config = PawnQueueConfig.from_env({name: raw}, base=base)
     assert value_at(config, path) == expected
@@ -234,8 +287,11 @@ def test_env_only_without_store_says_what_is_missing() -> None:
 @pytest.mark.parametrize(
     ("typo", "meant"),
     [
-        ("PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT_SECONDS", "PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT"),
-        ("PAWNQUEUE_S3_SECRET_ACCESS_KEY", "PAWNQUEUE_S3_SECRET_KEY"),
+        (
+            "PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT_SECOND",
+            "PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT_SECONDS",
+        ),
+        ("PAWNQUEUE_S3_SECRET_ACCESS_KEY", "PAWNQUEUE_S3_AWS_SECRET_ACCESS_KEY"),
         ("PAWNQUEUE_NOTIFY_ENABLE", "PAWNQUEUE_NOTIFY_ENABLED"),
         ("PAWNQUEUE_BUCKET", None),
     ],
@@ -283,13 +339,17 @@ def test_every_variable_the_project_reads_is_accepted() -> None:
     assert PawnQueueConfig.from_env(env).backend == "memory"
 
 
-def test_readme_lists_every_variable() -> None:
+def test_readme_names_only_variables_there_are() -> None:
     readme = REPO / "README.md"
     documented = set(re.findall(r"PAWNQUEUE_[A-Z0-9_]+", readme.read_text(encoding="utf-8")))
-    known = {*ENV_VARS, URL_ENV_VAR}
     # Variables of the project's tools (the dashboard's token) are documented where used.
-    assert documented - known - OTHER_ENV_VARS == set(), "README names unknown variables"
-    assert known - documented == set(), "variables missing from the README"
+    assert documented - {*ENV_VARS, URL_ENV_VAR} - OTHER_ENV_VARS == set()
+
+
+def test_the_generated_table_lists_every_variable() -> None:
+    """docs/environment.md is generated from the config model: run
+    ``python -m tests.helpers.environment_table > docs/environment.md`` after a change."""
+    assert (REPO / "docs" / "environment.md").read_text(encoding="utf-8") == environment_table()
 
 
 # --- store URLs ---------------------------------------------------------------------------------

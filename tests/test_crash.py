@@ -1,7 +1,7 @@
 """A consumer process killed with ``kill -9`` while holding messages loses nothing.
 
-Runs on the stores that other processes can share: the local directory and every S3 server
-of the matrix.
+Runs on the stores that other processes can share: the local directory, every S3 server of
+the matrix and Azurite.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("backend", ["filesystem", *S3_SERVERS])
+@pytest.mark.parametrize("backend", ["filesystem", *S3_SERVERS, "azure"])
 async def test_killed_consumer_messages_are_redelivered(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -1,6 +1,7 @@
-"""The queue's behaviour on every store of the matrix: memory, a local directory and the S3
-servers SeaweedFS, Ceph RGW, moto and s3rver. Tests of what only conditional writes give
-run where the store enforces them (s3rver does not: there claims use csprng_verify)."""
+"""The queue's behaviour on every store of the matrix: memory, a local directory, the S3
+servers SeaweedFS, Ceph RGW, moto and s3rver, and Azurite. Tests of what only conditional
+writes give run where the store enforces them (s3rver does not: there claims use
+csprng_verify)."""
 
 from __future__ import annotations
 

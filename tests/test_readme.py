@@ -1,5 +1,5 @@
 """The README's code runs as written; its quick start and push mode on every store of the
-matrix (memory, a local directory, SeaweedFS, Ceph RGW, moto and s3rver)."""
+matrix (memory, a local directory, SeaweedFS, Ceph RGW, moto, s3rver and Azurite)."""
 
 from __future__ import annotations
 

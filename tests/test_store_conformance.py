@@ -1,9 +1,9 @@
 """One contract, every store: the queue relies on exactly these behaviours.
 
-Runs on the whole store matrix (memory, a local directory, SeaweedFS, Ceph RGW, moto and
-s3rver). The conditional-write tests run where the store enforces conditions; on s3rver,
-which ignores them, tests/test_store_matrix.py checks that the probe sees it and the queue
-claims with ``csprng_verify``.
+Runs on the whole store matrix (memory, a local directory, SeaweedFS, Ceph RGW, moto,
+s3rver and Azurite). The conditional-write tests run where the store enforces conditions;
+on s3rver, which ignores them, tests/test_store_matrix.py checks that the probe sees it and
+the queue claims with ``csprng_verify``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import pytest
 
 from pawn_queue import PawnQueue
 from pawn_queue.config import S3Config
-from pawn_queue.exceptions import AlreadyExists, ConfigError, PreconditionFailed
+from pawn_queue.exceptions import AlreadyExists, ConfigError, PreconditionFailed, PublishError
 from pawn_queue.store.base import IfMatch
 from pawn_queue.store.s3 import S3Store
 from pawn_queue.strategy import probe_store
@@ -169,3 +169,24 @@ async def test_a_409_is_resent_then_reported_as_the_lost_race(
         assert (await store.get("k.json")).data == b"2"
     finally:
         await store.close()
+
+
+async def test_a_publish_refused_as_a_conflict_is_not_taken_for_written(
+    conflicts: FaultProxy, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A create-only write refused 409 was reported as AlreadyExists, which a publish takes
+    for its own earlier attempt that landed: publish() returned an id that was never
+    written. Now it looks, and raises."""
+    config = queue_config_dict("s3", request, tmp_path)
+    config["s3"] = {**config["s3"], "endpoint_url": conflicts.endpoint, "max_retries": 1}
+    async with await PawnQueue.from_config(config) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        conflicts.set_rules([FaultRule("conflict_409", 1.0, frozenset({"put"}), "/messages/")])
+        with pytest.raises(PublishError, match="refused as a conflict, and not stored"):
+            await producer.publish("t", {"n": 1})
+        conflicts.set_rules([])
+        assert await pq.store.list("t/messages/") == []
+        mid = await producer.publish("t", {"n": 2})
+        [message] = await (await pq.register_consumer("c", ["t"])).poll()
+        assert message.id == mid

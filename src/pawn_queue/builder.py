@@ -70,6 +70,27 @@ class PawnQueueBuilder:
         }
         return self._set("s3", {**named, **fields}, backend="s3")
 
+    def azure(
+        self,
+        *,
+        container_name: str | None = None,
+        account_name: str | None = None,
+        account_key: str | SecretStr | None = None,
+        endpoint_url: str | None = None,
+        **fields: Any,
+    ) -> Self:
+        """Use an Azure Blob Storage container. ``fields``: any other ``AzureConfig`` field
+        (``prefix``, ``use_emulator``...)."""
+        if isinstance(account_key, str):
+            account_key = SecretStr(account_key)  # at once: a printed builder shows no key
+        named = {
+            "container_name": container_name,
+            "account_name": account_name,
+            "account_key": account_key,
+            "endpoint_url": endpoint_url,
+        }
+        return self._set("azure", {**named, **fields}, backend="azure")
+
     def filesystem(self, path: str | os.PathLike[str]) -> Self:
         """Use a local directory as the store."""
         return self._set("filesystem", {"path": os.fspath(path)}, backend="filesystem")
@@ -79,7 +100,8 @@ class PawnQueueBuilder:
         return self._set("memory", {"name": name}, backend="memory")
 
     def url(self, url: str) -> Self:
-        """Use the store a URL names: ``s3://bucket/prefix?...``, ``file://...``, ``memory://``."""
+        """Use the store a URL names: ``s3://bucket/prefix?...``, ``az://container/prefix?...``,
+        ``file://...``, ``memory://``."""
         self._values = deep_merge(self._values, parse_url(url))
         return self
 
@@ -111,6 +133,11 @@ class PawnQueueBuilder:
     def registry(self, **fields: Any) -> Self:
         """Set ``RegistryConfig`` fields (``heartbeat_interval_seconds``)."""
         return self._set("registry", fields)
+
+    def producer(self, **fields: Any) -> Self:
+        """Set ``ProducerConfig`` fields (``group_commit``, ``linger_seconds``,
+        ``max_batch_messages``, ``max_batch_bytes``)."""
+        return self._set("producer", fields)
 
     def notify(self, **fields: Any) -> Self:
         """Set ``NotifyConfig`` fields (``enabled``, ``check_interval_seconds``)."""

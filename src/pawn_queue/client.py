@@ -17,6 +17,7 @@ from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
 from pawn_queue.dedup import MarkerSweeper
+from pawn_queue.durations import seconds_argument
 from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, PawnQueueError, RootNotFound
 from pawn_queue.lease_protocol import ResolvedStrategy
@@ -305,7 +306,8 @@ class PawnQueue:
             )
         polling = self.config.polling
         if visibility_timeout is not None:
-            polling = self.config.consumer_polling(visibility_timeout)
+            visibility = seconds_argument("visibility_timeout", visibility_timeout)
+            polling = self.config.consumer_polling(visibility)
         for topic in topics:
             await self._ready().topics.settings(topic)
         entry = await self.registry.register("consumers", name)

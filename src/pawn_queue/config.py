@@ -7,7 +7,7 @@ ValidationError) with the key path, the bad value (never a secret) and what is a
 - :meth:`PawnQueueConfig.from_env`: ``PAWNQUEUE_*`` variables over (or under) a base config.
 - :meth:`PawnQueueConfig.from_url`: a store URL; keyword sections and then the environment
   fill the rest (credentials come from the config or ``PAWNQUEUE_S3_ACCESS_KEY`` /
-  ``PAWNQUEUE_S3_SECRET_KEY``, never from the URL).
+  ``PAWNQUEUE_S3_SECRET_KEY`` / ``PAWNQUEUE_AZURE_ACCOUNT_KEY``, never from the URL).
 - :func:`load_config`: what ``PawnQueue.from_config`` takes; a YAML path or a dict gets the
   environment applied on top (the README's "Environment variables"), a
   :class:`PawnQueueConfig` is used as it is.
@@ -29,6 +29,7 @@ from pydantic.fields import FieldInfo
 
 from pawn_queue.config_sections import (
     BACKENDS,
+    AzureConfig,
     Backend,
     ConcurrencyConfig,
     CsprngVerifyConfig,
@@ -62,11 +63,13 @@ from pawn_queue.config_sources import (
 from pawn_queue.exceptions import ConfigError
 
 __all__ = [
+    "AZURE_URL_KEYS",
     "BACKENDS",
     "ENV_VARS",
     "OTHER_ENV_VARS",
     "S3_URL_KEYS",
     "URL_ENV_VAR",
+    "AzureConfig",
     "Backend",
     "ConcurrencyConfig",
     "CsprngVerifyConfig",
@@ -93,6 +96,7 @@ class PawnQueueConfig(Section):
 
     backend: Backend = "s3"
     s3: S3Config | None = None
+    azure: AzureConfig | None = None
     filesystem: FilesystemConfig | None = None
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     polling: PollingConfig = Field(default_factory=PollingConfig)
@@ -118,6 +122,13 @@ class PawnQueueConfig(Section):
                 "backend 's3' needs an s3 section with bucket_name "
                 "(in the config, PAWNQUEUE_S3_BUCKET_NAME or an s3:// URL)",
                 field="s3",
+                show_value=False,
+            )
+        if self.backend == "azure" and self.azure is None:
+            raise InvalidValue(
+                "backend 'azure' needs an azure section with container_name "
+                "(in the config, PAWNQUEUE_AZURE_CONTAINER_NAME or an az:// URL)",
+                field="azure",
                 show_value=False,
             )
         if self.backend == "filesystem" and self.filesystem is None:
@@ -214,7 +225,8 @@ class PawnQueueConfig(Section):
 
         The store is chosen by ``PAWNQUEUE_BACKEND`` or ``PAWNQUEUE_URL`` and by ``base``
         (``override`` says which comes first), else ``filesystem`` when
-        ``PAWNQUEUE_FILESYSTEM_PATH`` is set, else ``s3``. Variables of the other stores
+        ``PAWNQUEUE_FILESYSTEM_PATH`` is set, else ``azure`` when
+        ``PAWNQUEUE_AZURE_CONTAINER_NAME`` is, else ``s3``. Variables of the other stores
         are ignored, so unrelated credentials in the environment do no harm.
         """
         return _with_env(plain(base or {}), environ, override=override)
@@ -222,40 +234,47 @@ class PawnQueueConfig(Section):
 
 # --- environment --------------------------------------------------------------------------
 
-ENV_VARS: Final[Mapping[str, str]] = {
-    # The README's table, names kept as 0.1.x had them.
-    "PAWNQUEUE_S3_ENDPOINT_URL": "s3.endpoint_url",
-    "PAWNQUEUE_S3_BUCKET_NAME": "s3.bucket_name",
+
+def config_paths(model: type[BaseModel] = PawnQueueConfig, prefix: str = "") -> list[str]:
+    """Every key of the configuration, as a dotted path (``polling.interval_seconds``)."""
+    paths: list[str] = []
+    for name, field in model.model_fields.items():
+        section = model_class_of(field.annotation)
+        if section is None:
+            paths.append(prefix + name)
+        else:
+            paths += config_paths(section, f"{prefix}{name}.")
+    return paths
+
+
+def env_name(path: str) -> str:
+    """The variable of a key: ``PAWNQUEUE_`` and its path in capitals, ``.`` as ``_``."""
+    return "PAWNQUEUE_" + path.replace(".", "_").upper()
+
+
+ENV_NAMES: Final[Mapping[str, str]] = {env_name(path): path for path in config_paths()}
+"""A variable for every key: ``PAWNQUEUE_<SECTION>_<KEY>``."""
+
+ENV_ALIASES: Final[Mapping[str, str]] = {
+    # The names of pawn-queue 0.1.x's README (and of 0.2 before every key had one).
     "PAWNQUEUE_S3_ACCESS_KEY": "s3.aws_access_key_id",
     "PAWNQUEUE_S3_SECRET_KEY": "s3.aws_secret_access_key",
+    "PAWNQUEUE_S3_SESSION_TOKEN": "s3.aws_session_token",
     "PAWNQUEUE_S3_REGION": "s3.region_name",
-    "PAWNQUEUE_S3_USE_SSL": "s3.use_ssl",
-    "PAWNQUEUE_POLLING_INTERVAL_SECONDS": "polling.interval_seconds",
-    "PAWNQUEUE_POLLING_MAX_MESSAGES_PER_POLL": "polling.max_messages_per_poll",
     "PAWNQUEUE_POLLING_VISIBILITY_TIMEOUT": "polling.visibility_timeout_seconds",
     "PAWNQUEUE_POLLING_LEASE_REFRESH_INTERVAL": "polling.lease_refresh_interval_seconds",
-    "PAWNQUEUE_POLLING_JITTER_MAX_MS": "polling.jitter_max_ms",
-    "PAWNQUEUE_CONCURRENCY_STRATEGY": "concurrency.strategy",
     "PAWNQUEUE_CSPRNG_JITTER_MIN_MS": "concurrency.csprng_verify.jitter_min_ms",
     "PAWNQUEUE_CSPRNG_JITTER_MAX_MS": "concurrency.csprng_verify.jitter_max_ms",
     "PAWNQUEUE_CSPRNG_VERIFY_RETRIES": "concurrency.csprng_verify.verify_retries",
     "PAWNQUEUE_CSPRNG_RETRY_DELAY_MS": "concurrency.csprng_verify.verify_retry_delay_ms",
     "PAWNQUEUE_REGISTRY_HEARTBEAT_INTERVAL": "registry.heartbeat_interval_seconds",
-    # Added in 0.2.
-    "PAWNQUEUE_BACKEND": "backend",
-    "PAWNQUEUE_FILESYSTEM_PATH": "filesystem.path",
-    "PAWNQUEUE_S3_PREFIX": "s3.prefix",
-    "PAWNQUEUE_S3_VERIFY_SSL": "s3.verify_ssl",
-    "PAWNQUEUE_S3_SESSION_TOKEN": "s3.aws_session_token",
-    "PAWNQUEUE_S3_ADDRESSING_STYLE": "s3.addressing_style",
     "PAWNQUEUE_CLOCK_SKEW_MARGIN_SECONDS": "concurrency.clock_skew_margin_seconds",
-    "PAWNQUEUE_NOTIFY_ENABLED": "notify.enabled",
-    "PAWNQUEUE_NOTIFY_CHECK_INTERVAL_SECONDS": "notify.check_interval_seconds",
-    "PAWNQUEUE_NOTIFY_IDLE_CHECK_INTERVAL_SECONDS": "notify.idle_check_interval_seconds",
-    "PAWNQUEUE_NOTIFY_BACKFILL_INTERVAL_SECONDS": "notify.backfill_interval_seconds",
-    "PAWNQUEUE_POLLING_SHUTDOWN_GRACE_SECONDS": "polling.shutdown_grace_seconds",
 }
-"""Every ``PAWNQUEUE_*`` variable and the config path it sets (docs are checked against it)."""
+"""Older names, still read: each sets the same key as its ``PAWNQUEUE_<SECTION>_<KEY>``."""
+
+ENV_VARS: Final[Mapping[str, str]] = {**ENV_NAMES, **ENV_ALIASES}
+"""Every ``PAWNQUEUE_*`` variable read, and the config path it sets (docs are checked against
+it)."""
 
 URL_ENV_VAR: Final = "PAWNQUEUE_URL"
 """Selects the store by URL (see :func:`parse_url`); the variables above override its values."""
@@ -277,17 +296,24 @@ S3_URL_KEYS: Final[tuple[str, ...]] = tuple(
     for name in S3Config.model_fields
     if name not in ("bucket_name", "prefix") and not is_secret_path(name)
 )
+# The same for az:// URLs.
+AZURE_URL_KEYS: Final[tuple[str, ...]] = tuple(
+    name
+    for name in AzureConfig.model_fields
+    if name not in ("container_name", "prefix") and not is_secret_path(name)
+)
 
 
 def parse_url(url: str) -> dict[str, Any]:
     """A store URL as a config mapping, e.g. ``{"backend": "s3", "s3": {...}}``.
 
     ``s3://bucket/optional/prefix?endpoint_url=http://127.0.0.1:8333&region_name=us-east-1``
-    (query keys: ``S3_URL_KEYS``), ``file:///abs/dir``, ``file://./rel/dir``,
+    (query keys: ``S3_URL_KEYS``), ``az://container/optional/prefix?account_name=myaccount``
+    (query keys: ``AZURE_URL_KEYS``), ``file:///abs/dir``, ``file://./rel/dir``,
     ``file://localhost/abs``, ``memory://`` (a fresh store), ``memory://name`` (shared in the
     process). Credentials in the URL are refused.
     """
-    data = parse_store_url(url, S3_URL_KEYS)
+    data = parse_store_url(url, {"s3": S3_URL_KEYS, "az": AZURE_URL_KEYS})
     section = data[data["backend"]]
     for key, raw in section.items():
         section[key] = _coerce(f"{data['backend']}.{key}", raw, f"URL parameter {key}")
@@ -350,7 +376,13 @@ def _with_env(
 
     from_data, from_env = _data_backend(data), _env_backend(env, url_data)
     chosen = (from_env or from_data) if override else (from_data or from_env)
-    backend = chosen or ("filesystem" if "PAWNQUEUE_FILESYSTEM_PATH" in env else "s3")
+    backend = chosen or (
+        "filesystem"
+        if "PAWNQUEUE_FILESYSTEM_PATH" in env
+        else "azure"
+        if "PAWNQUEUE_AZURE_CONTAINER_NAME" in env
+        else "s3"
+    )
 
     layer: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -361,6 +393,10 @@ def _with_env(
         store = path.split(".")[0]
         if name not in env or path == "backend" or (store in BACKENDS and store != backend):
             continue
+        other = sources.get(path)
+        if other is not None and other in ENV_VARS and env[other] != env[name]:
+            # A key's variable and its older name, set to different values.
+            raise ConfigError(f"{other} and {name} both set {path}, to different values")
         set_path(layer, path, _coerce(path, env[name], name))
         sources[path] = name
 
@@ -392,7 +428,7 @@ def _refuse_unknown_variables(environ: Mapping[str, str]) -> None:
         described.append(f"{name} (did you mean {close[0]}?)" if close else name)
     raise ConfigError(
         f"unknown variable{'s' if len(unknown) > 1 else ''} {', '.join(described)}; "
-        "the PAWNQUEUE_* variables are listed in the README under 'Environment variables'"
+        "the PAWNQUEUE_* variables are listed in docs/environment.md"
     )
 
 

@@ -7,6 +7,8 @@ path (see :func:`~pawn_queue.config_sources.config_errors`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import os
 import re
@@ -14,19 +16,37 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final, Literal, Self, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from pawn_queue.config_sources import CREDENTIALS_HINT, InvalidValue, config_errors
+from pawn_queue.config_sources import (
+    AZURE_CREDENTIALS_HINT,
+    CREDENTIALS_HINT,
+    InvalidValue,
+    config_errors,
+)
 
 # Warnings about a setting come from the module users configure through.
 logger = logging.getLogger("pawn_queue.config")
 
 Strategy = Literal["auto", "conditional_write", "csprng_verify"]
-Backend = Literal["s3", "filesystem", "memory"]
+Backend = Literal["s3", "filesystem", "memory", "azure"]
 BACKENDS: Final[tuple[str, ...]] = get_args(Backend)
 
 # AWS's rule, which every S3-compatible store accepts; stricter stores may refuse some names.
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# Azure's rules: a hyphen only between a letter or digit and another.
+_CONTAINER_NAME = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}")
+_ACCOUNT_NAME = re.compile(r"[a-z0-9]{3,24}")
+
+_NUMBER_TYPES: Final = (int, float, int | None, float | None)
 
 # Defaults of the settings that depend on the visibility timeout (when they are not set).
 REFRESH_INTERVAL_SECONDS: Final = 10.0
@@ -75,12 +95,58 @@ def shown_setting(model: BaseModel, name: str) -> str:
     return shown if name in model.model_fields_set else f"{shown}, the default"
 
 
+def store_prefix(value: str) -> str:
+    """A key prefix without surrounding ``/``; InvalidValue for empty, ``.`` or ``..`` parts."""
+    prefix = value.strip("/")
+    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+        raise InvalidValue(
+            "must be '/'-separated names, without empty, '.' or '..' parts", value=value
+        )
+    return prefix
+
+
+def http_url(value: str, expected: str, credentials_hint: str, *, with_path: bool) -> str:
+    """``value`` checked as ``http(s)://host[:port]`` (and a path if ``with_path``), without
+    a trailing ``/``; InvalidValue saying ``expected`` otherwise."""
+    if "@" in value:
+        raise InvalidValue(
+            f"credentials are not allowed in endpoint_url: {credentials_hint}", show_value=False
+        )
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        raise InvalidValue(expected, value=value) from None
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or (parts.path not in ("", "/") and not with_path)
+        or parts.query
+        or parts.fragment
+    ):
+        raise InvalidValue(expected, value=value)
+    path = parts.path.rstrip("/") if with_path else ""
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
 class Section(BaseModel):
     """Strict, immutable, and failing with ConfigError however it is built."""
 
     # hide_input_in_errors: a ValidationError (kept as __context__) must not carry secrets.
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    # allow_inf_nan: every number is finite ("inf" read from YAML or the environment too).
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, hide_input_in_errors=True, allow_inf_nan=False
+    )
     section_path: ClassVar[str] = ""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        """``true`` is no number of seconds (pydantic would read it as 1)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and field.annotation in _NUMBER_TYPES:
+            raise ValueError("must be a number, not true or false")
+        return value
 
     def __init__(self, **data: Any) -> None:
         with config_errors(type(self), prefix=self.section_path):
@@ -155,35 +221,100 @@ class S3Config(Section):
     def _check_endpoint_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if "@" in value:
-            raise InvalidValue(
-                f"credentials are not allowed in endpoint_url: {CREDENTIALS_HINT}", show_value=False
-            )
         expected = "must be http(s)://host[:port], e.g. http://127.0.0.1:8333"
-        try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 - raises ValueError for a bad port
-        except ValueError:
-            raise InvalidValue(expected, value=value) from None
-        if (
-            parts.scheme not in ("http", "https")
-            or not parts.hostname
-            or parts.path not in ("", "/")
-            or parts.query
-            or parts.fragment
-        ):
-            raise InvalidValue(expected, value=value)
-        return f"{parts.scheme}://{parts.netloc}"
+        return http_url(value, expected, CREDENTIALS_HINT, with_path=False)
 
     @field_validator("prefix")
     @classmethod
     def _check_prefix(cls, value: str) -> str:
-        prefix = value.strip("/")
-        if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+        return store_prefix(value)
+
+
+class AzureConfig(Section):
+    """Where and how to reach an Azure Blob Storage container.
+
+    ``use_emulator`` fills what is not set with Azurite's defaults: the account
+    ``devstoreaccount1`` and its published key, the endpoint
+    ``http://127.0.0.1:10000/devstoreaccount1`` (an ``endpoint_url`` without a path gets
+    ``/<account>`` appended, as Azurite wants).
+    """
+
+    section_path: ClassVar[str] = "azure"
+
+    container_name: str
+    prefix: str = ""
+    account_name: str | None = None
+    account_key: SecretStr | None = None
+    endpoint_url: str | None = None
+    use_emulator: bool = False
+    connect_timeout_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    request_timeout_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    max_retries: int = Field(default=3, ge=0)
+    retry_timeout_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("container_name")
+    @classmethod
+    def _check_container_name(cls, value: str) -> str:
+        if not _CONTAINER_NAME.fullmatch(value):
             raise InvalidValue(
-                "must be '/'-separated names, without empty, '.' or '..' parts", value=value
+                "not a valid Azure container name: 3-63 characters of lowercase letters, "
+                "digits and hyphens, starting and ending with a letter or digit, no '--'",
+                value=value,
             )
-        return prefix
+        return value
+
+    @field_validator("account_name")
+    @classmethod
+    def _check_account_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ACCOUNT_NAME.fullmatch(value):
+            raise InvalidValue(
+                "not a valid Azure storage account name: 3-24 lowercase letters and digits",
+                value=value,
+            )
+        return value
+
+    @field_validator("account_key")
+    @classmethod
+    def _check_account_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        try:
+            decoded = base64.b64decode(value.get_secret_value(), validate=True)
+        except (binascii.Error, ValueError):
+            decoded = b""
+        if not decoded:
+            raise InvalidValue(
+                "not an account key: the base64 text of key1 or key2 (Azure portal, 'Access keys')",
+                show_value=False,
+            )
+        return value
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _check_endpoint_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        expected = (
+            "must be http(s)://host[:port][/path], e.g. https://myaccount.blob.core.windows.net "
+            "or http://127.0.0.1:10000/devstoreaccount1"
+        )
+        return http_url(value, expected, AZURE_CREDENTIALS_HINT, with_path=True)
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        return store_prefix(value)
+
+    @model_validator(mode="after")
+    def _account_known(self) -> Self:
+        if self.account_name is None and not self.use_emulator:
+            raise InvalidValue(
+                "required unless use_emulator is true (in the config, "
+                "PAWNQUEUE_AZURE_ACCOUNT_NAME or the az:// URL's account_name)",
+                field="account_name",
+                show_value=False,
+            )
+        return self
 
 
 class FilesystemConfig(Section):

@@ -21,12 +21,21 @@ from pydantic_core import ErrorDetails
 
 from pawn_queue.exceptions import ConfigError
 
-URL_SCHEMES = ("s3", "file", "memory")
-URL_FORMS = "s3://bucket/optional/prefix?endpoint_url=..., file:///abs/dir, file://./rel/dir, memory://[name]"
+URL_SCHEMES = ("s3", "file", "memory", "az")
+URL_FORMS = (
+    "s3://bucket/optional/prefix?endpoint_url=..., file:///abs/dir, file://./rel/dir, "
+    "memory://[name], az://container/optional/prefix?account_name=..."
+)
+URL_BACKENDS = {"s3": "s3", "az": "azure"}
+"""The store of each scheme whose URL takes query parameters (its config section's keys)."""
 CREDENTIALS_HINT = (
     "put credentials in the config (s3.aws_access_key_id, s3.aws_secret_access_key) "
     "or in PAWNQUEUE_S3_ACCESS_KEY / PAWNQUEUE_S3_SECRET_KEY"
 )
+AZURE_CREDENTIALS_HINT = (
+    "put the account key in the config (azure.account_key) or in PAWNQUEUE_AZURE_ACCOUNT_KEY"
+)
+_HINTS = {"s3": CREDENTIALS_HINT, "az": AZURE_CREDENTIALS_HINT}
 _SECRET_WORDS = ("secret", "key", "token", "password")
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
@@ -154,12 +163,13 @@ def read_yaml_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def parse_store_url(url: str, s3_query_keys: Collection[str]) -> dict[str, Any]:
+def parse_store_url(url: str, query_keys: Mapping[str, Collection[str]]) -> dict[str, Any]:
     """A store URL as ``{"backend": ..., <backend>: {...}}`` with query values as raw strings.
 
-    Forms: ``s3://bucket/optional/prefix?key=value``, ``file:///abs/dir``,
-    ``file://./rel/dir``, ``file://localhost/abs``, ``memory://`` and ``memory://name``.
-    The URL itself never appears in an error: it may carry credentials.
+    Forms: ``s3://bucket/optional/prefix?key=value``, ``az://container/optional/prefix?key=value``,
+    ``file:///abs/dir``, ``file://./rel/dir``, ``file://localhost/abs``, ``memory://`` and
+    ``memory://name``. ``query_keys``: the parameters each of ``s3`` and ``az`` accepts. The
+    URL itself never appears in an error: it may carry credentials.
     """
     try:
         parts = urlsplit(url.strip())
@@ -173,22 +183,28 @@ def parse_store_url(url: str, s3_query_keys: Collection[str]) -> dict[str, Any]:
             f"({URL_FORMS})"
         )
     if "@" in parts.netloc:
-        if scheme == "s3":
-            raise ConfigError(f"credentials are not allowed in an s3:// URL: {CREDENTIALS_HINT}")
+        if scheme in _HINTS:
+            raise ConfigError(
+                f"credentials are not allowed in an {scheme}:// URL: {_HINTS[scheme]}"
+            )
         raise ConfigError(f"user info ('...@') is not allowed in a {scheme}:// URL")
     if parts.fragment:
         raise ConfigError(f"a {scheme}:// URL cannot have a '#' fragment")
-    query = _query(parts.query, scheme, s3_query_keys if scheme == "s3" else ())
+    query = _query(parts.query, scheme, query_keys.get(scheme, ()))
     netloc = unquote(parts.netloc)
     path = unquote(parts.path)
 
-    if scheme == "s3":
+    if scheme in URL_BACKENDS:
+        backend = URL_BACKENDS[scheme]
+        name = "bucket" if scheme == "s3" else "container"
         if not netloc:
-            raise ConfigError("an s3:// URL needs a bucket: s3://bucket/optional/prefix")
-        section: dict[str, Any] = {"bucket_name": netloc, **query}
+            raise ConfigError(
+                f"an {scheme}:// URL needs a {name}: {scheme}://{name}/optional/prefix"
+            )
+        section: dict[str, Any] = {f"{name}_name": netloc, **query}
         if path.strip("/"):
             section["prefix"] = path
-        return {"backend": "s3", "s3": section}
+        return {"backend": backend, backend: section}
     if scheme == "file":
         return {"backend": "filesystem", "filesystem": {"path": _file_path(netloc, path)}}
     if path not in ("", "/"):
@@ -211,7 +227,8 @@ def _query(query: str, scheme: str, allowed: Collection[str]) -> dict[str, str]:
     pairs = parse_qsl(query, keep_blank_values=True)
     keys = [key for key, _ in pairs]
     if any(is_secret_path(key) for key in keys):
-        raise ConfigError(f"credentials are not allowed in a store URL: {CREDENTIALS_HINT}")
+        hint = _HINTS.get(scheme, CREDENTIALS_HINT)
+        raise ConfigError(f"credentials are not allowed in a store URL: {hint}")
     unknown = sorted({key for key in keys if key not in allowed})
     if unknown:
         accepted = ", ".join(allowed) if allowed else "none"

@@ -17,6 +17,7 @@ import asyncio
 import logging
 
 from pawn_queue import layout
+from pawn_queue.config import AzureConfig, S3Config
 from pawn_queue.envelope import CorruptObject, LeaseBody
 from pawn_queue.exceptions import (
     AlreadyExists,
@@ -45,7 +46,7 @@ async def write_new(runtime: Runtime, key: str, body: bytes) -> None:
     except TimeoutError:
         raise StoreUnavailable(
             f"write of {key!r} given up at its deadline of {deadline:g} s "
-            "(s3.request_timeout_seconds x (s3.max_retries + 1))"
+            "(request_timeout_seconds x (max_retries + 1) of the store's settings)"
         ) from AnswerLost("deadline")
 
 
@@ -53,10 +54,18 @@ def publish_deadline(runtime: Runtime) -> float | None:
     """How long a publish's write may take in all, looks and resends included: one request
     timeout per attempt the config allows. None (no bound) for a local directory or memory,
     which always answer."""
-    s3 = runtime.config.s3
-    if runtime.config.backend != "s3" or s3 is None:
+    remote = _remote_store(runtime)
+    if remote is None:
         return None
-    return s3.request_timeout_seconds * (s3.max_retries + 1)
+    return remote.request_timeout_seconds * (remote.max_retries + 1)
+
+
+def _remote_store(runtime: Runtime) -> S3Config | AzureConfig | None:
+    """The settings of the store a request can time out on (S3, Azure), if it is one."""
+    config = runtime.config
+    return (
+        config.s3 if config.backend == "s3" else config.azure if config.backend == "azure" else None
+    )
 
 
 def publish_failed(topic: str, exc: StoreError, what: str = "") -> PublishError:
@@ -77,14 +86,23 @@ async def _write_new(runtime: Runtime, key: str, body: bytes) -> None:
     if runtime.leases.strategy != "conditional_write":
         await store.put(key, body, "overwrite")
         return
-    resends = runtime.config.s3.max_retries if runtime.config.s3 is not None else 0
+    remote = _remote_store(runtime)
+    resends = remote.max_retries if remote is not None else 0
     attempt = 0
     while True:
         try:
             await store.put(key, body, "create")
             return
         except AlreadyExists:
-            return  # our own earlier attempt (resent by the client after a 5xx, or by us)
+            # Our own earlier attempt (resent by the client after a 5xx, or by us), unless
+            # the store refused a write it did not apply: AWS answers 409 to conditional
+            # writes it deems concurrent, which the S3 store reports as the race lost.
+            if await landed(store, key):
+                return
+            if attempt >= resends:
+                raise StoreUnavailable(
+                    f"write of {key!r} refused as a conflict, and not stored: not written"
+                ) from None
         except StoreUnavailable as exc:
             if not answer_lost(exc):
                 raise  # an answer (a 5xx), after the client's own resends

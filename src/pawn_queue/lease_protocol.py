@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -40,6 +41,10 @@ logger = logging.getLogger("pawn_queue.leases")
 _T = TypeVar("_T")
 
 ResolvedStrategy = Literal["conditional_write", "csprng_verify"]
+
+_REFUSED_UNCHANGED_WRITES = 3
+"""How many times a write over our lease is tried while the store refuses it though the
+lease is unchanged (a 409 conflict answer): then the lease counts as lost."""
 
 
 class LeaseProtocol:
@@ -158,8 +163,20 @@ class LeaseProtocol:
         safe = (lease.expires - self.clock()).total_seconds() - window
         seconds = renew_seconds(lease.visibility, safe)
         if self.strategy == "conditional_write":
-            etag, _ = await self._conditional_put(lease.key, body, IfMatch(lease.etag), seconds)
-            return etag
+            give_up = time.monotonic() + seconds
+            for attempt in range(1, _REFUSED_UNCHANGED_WRITES + 1):
+                etag, current = await self._conditional_put(
+                    lease.key, body, IfMatch(lease.etag), seconds
+                )
+                # Refused while the lease is still as we last wrote it: no takeover, but a
+                # store that refused a write it did not apply (AWS's 409 to conditional
+                # writes it deems concurrent, docs/protocol.md "Stores"). Write again.
+                unchanged = current is not None and current.meta.etag == lease.etag
+                seconds = give_up - time.monotonic()
+                if etag is not None or not unchanged or seconds <= 0:
+                    return etag
+                logger.info("lease write refused unchanged key=%s attempt=%d", lease.key, attempt)
+            return None
         if not await self._etag_is(lease.key, lease.etag, seconds):
             return None
         put = self._store.put(lease.key, body.encode(), "overwrite", durable=False)

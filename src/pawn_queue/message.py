@@ -17,9 +17,9 @@ from types import TracebackType
 from typing import Any
 
 from pawn_queue import layout
+from pawn_queue.durations import seconds_argument
 from pawn_queue.envelope import DeadLetterInfo, Envelope, encode_dead_letter
 from pawn_queue.exceptions import (
-    ArgumentError,
     LeaseLostError,
     StoreError,
 )
@@ -31,8 +31,6 @@ from pawn_queue.observe import Outcome
 from pawn_queue.runtime import Runtime
 
 logger = logging.getLogger(__name__)
-
-_MAX_SECONDS = 100 * 365 * 86400.0  # a lease expiry must stay a datetime (NaN, inf refused)
 
 
 async def write_message(
@@ -319,8 +317,7 @@ class Message:
     async def extend(self, seconds: float) -> None:
         """Keep the message for ``seconds`` from now (SQS's ChangeMessageVisibility); the
         background refresh then keeps renewing it by that much."""
-        if not 0 < seconds < _MAX_SECONDS:
-            raise ArgumentError(f"extend: got {seconds!r}, must be a number of seconds > 0")
+        seconds = seconds_argument("extend", seconds)
         async with self._lock:
             if not self._settled:
                 await self._claimed.extend(seconds)
@@ -331,8 +328,7 @@ class Message:
         if not requeue:
             await self.dead_letter("nack")
             return
-        if not 0 <= delay < _MAX_SECONDS:
-            raise ArgumentError(f"delay: got {delay!r}, must be a number of seconds >= 0")
+        delay = seconds_argument("delay", delay, zero=True)
         async with _Settling(self):
             if self._settled:
                 return

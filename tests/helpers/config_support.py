@@ -3,6 +3,7 @@ fixture that keeps the developer's or CI's ``PAWNQUEUE_*`` variables out."""
 
 from __future__ import annotations
 
+import base64
 import os
 from typing import Any
 
@@ -14,6 +15,8 @@ from pawn_queue.exceptions import ConfigError
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"  # never allowed in a message or a repr
 S3_BASE = {"s3": {"bucket_name": "base-bucket"}}
+# An Azure account key is base64; this one holds SECRET.
+AZURE_KEY = base64.b64encode(SECRET.encode()).decode()
 
 # Word for word from the README's "Configuration" section.
 README_YAML = """\

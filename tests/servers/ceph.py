@@ -15,15 +15,13 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
-from tests.servers.seaweedfs import sign_v4
+from tests.servers.process import free_port
+from tests.servers.seaweedfs import http_answers, put_bucket
 
 ACCESS_KEY = "ceph-test-access"
 SECRET_KEY = "ceph-test-secret"  # a loopback-only test server's key, not a credential
@@ -42,12 +40,6 @@ atexit.register(_kill_all_at_exit)
 
 def missing_binaries() -> list[str]:
     return [name for name in BINARIES if shutil.which(name) is None]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(root: Path, mon_port: int, rgw_port: int, fsid: str) -> str:
@@ -123,8 +115,8 @@ class CephRGW:
         root.mkdir(parents=True, exist_ok=True)
         for sub in ("run", "log", "mon/ceph-a", "osd/ceph-0", "rgw"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        server = cls(root, _free_port())
-        mon_port = _free_port()
+        server = cls(root, free_port())
+        mon_port = free_port()
         fsid = str(uuid.uuid4())
         server.conf.write_text(
             _config(root, mon_port, int(server.endpoint.rsplit(":", 1)[1]), fsid)
@@ -189,26 +181,10 @@ class CephRGW:
             )
 
     def _answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.endpoint + "/", timeout=2) as response:
-                return bool(response.status < 500)
-        except urllib.error.HTTPError as exc:
-            return exc.code < 500
-        except OSError:
-            return False
+        return http_answers(self.endpoint)
 
     def create_bucket(self, name: str) -> None:
-        host = self.endpoint.removeprefix("http://")
-        headers = sign_v4("PUT", f"/{name}", host, ACCESS_KEY, SECRET_KEY)
-        request = urllib.request.Request(
-            f"{self.endpoint}/{name}", method="PUT", data=b"", headers=headers
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30):
-                pass
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")
-            raise RuntimeError(f"create bucket {name!r}: HTTP {exc.code}: {body}") from None
+        put_bucket(self.endpoint, name, ACCESS_KEY, SECRET_KEY)
 
     def log_tail(self, lines: int = 30) -> str:
         parts = []

@@ -1,13 +1,17 @@
 """Test servers that are one process on one loopback port: moto, s3rver and Azurite.
 
 Each is started on a free port, waited for until its port answers HTTP, and stopped with
-SIGTERM (SIGKILL after 5 s). The S3 ones take a signed CreateBucket like any S3 server.
+SIGTERM (SIGKILL after 5 s). The S3 ones take a signed CreateBucket like any S3 server,
+Azurite a Create Container signed with the account's shared key.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
+import hashlib
+import hmac
 import os
 import signal
 import socket
@@ -15,11 +19,13 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from email.utils import formatdate
 from pathlib import Path
 
-from tests.servers.seaweedfs import sign_v4
+from tests.servers.seaweedfs import http_answers, put_bucket
 
 NPM_BIN = Path(__file__).parent / "npm" / "node_modules" / ".bin"
 """Where ``make test-servers`` installs s3rver and Azurite (tests/servers/npm)."""
@@ -93,26 +99,10 @@ class LoopbackServer:
             time.sleep(0.1)  # nothing to wait on but the port itself
 
     def _answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.endpoint + "/", timeout=2) as response:
-                return bool(response.status < 500)
-        except urllib.error.HTTPError as exc:
-            return exc.code < 500
-        except OSError:
-            return False
+        return http_answers(self.endpoint)
 
     def create_bucket(self, bucket: str) -> None:
-        host = self.endpoint.removeprefix("http://")
-        headers = sign_v4("PUT", f"/{bucket}", host, self.access_key, self.secret_key)
-        request = urllib.request.Request(
-            f"{self.endpoint}/{bucket}", method="PUT", data=b"", headers=headers
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30):
-                pass
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")
-            raise RuntimeError(f"create bucket {bucket!r}: HTTP {exc.code}: {body}") from None
+        put_bucket(self.endpoint, bucket, self.access_key, self.secret_key)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -162,3 +152,80 @@ def start_s3rver(workdir: Path) -> LoopbackServer:
     return LoopbackServer.start(
         "s3rver", args, port, workdir, access_key="S3RVER", secret_key="S3RVER", env=env
     )
+
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (  # Microsoft's published development key
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+@dataclass(eq=False)
+class Azurite(LoopbackServer):
+    """Azurite's blob service: ``access_key`` is the account name, ``secret_key`` its key,
+    ``blob_endpoint`` the URL with the account in its path, as Azurite serves it."""
+
+    @property
+    def blob_endpoint(self) -> str:
+        return f"{self.endpoint}/{self.access_key}"
+
+    def create_container(self, name: str) -> None:
+        """Create Container: obstore creates none."""
+        self._put(f"/{name}", {"restype": "container"}, {})
+
+    def lease_blob(self, container: str, blob: str) -> None:
+        """Take an infinite lease on a blob: deleting it without the lease id fails (412)."""
+        lease = {"x-ms-lease-action": "acquire", "x-ms-lease-duration": "-1"}
+        self._put(f"/{container}/{blob}", {"comp": "lease"}, lease)
+
+    def _put(self, path: str, query: dict[str, str], ms_headers: dict[str, str]) -> None:
+        """A PUT without a body, signed with the account's shared key."""
+        account, path = self.access_key, f"/{self.access_key}{path}"
+        headers = {"x-ms-date": formatdate(usegmt=True), "x-ms-version": "2021-08-06"}
+        headers |= ms_headers
+        content_type = "application/octet-stream"  # urllib adds one to a PUT with a body
+        # The string to sign: the verb, eleven standard headers (only Content-Type set;
+        # a zero Content-Length is signed empty), then the x-ms- headers and the resource.
+        standard = ["", "", "", "", content_type, "", "", "", "", "", ""]
+        canonical = "".join(f"{k}:{v}\n" for k, v in sorted(headers.items()))
+        resource = f"/{account}{path}" + "".join(f"\n{k}:{v}" for k, v in sorted(query.items()))
+        to_sign = "\n".join(["PUT", *standard, canonical + resource])
+        digest = hmac.new(base64.b64decode(self.secret_key), to_sign.encode(), hashlib.sha256)
+        signature = base64.b64encode(digest.digest()).decode()
+        headers |= {
+            "Authorization": f"SharedKey {account}:{signature}",
+            "Content-Type": content_type,
+        }
+        url = f"{self.endpoint}{urllib.parse.quote(path)}?{urllib.parse.urlencode(query)}"
+        request = urllib.request.Request(url, method="PUT", data=b"", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30):
+                pass
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode(errors="replace")
+            raise RuntimeError(f"PUT {path}?{query}: HTTP {exc.code}: {body}") from None
+
+    def create_bucket(self, bucket: str) -> None:
+        self.create_container(bucket)
+
+
+def start_azurite(
+    workdir: Path, *, account: str = AZURITE_ACCOUNT, key: str = AZURITE_KEY
+) -> Azurite:
+    """Azurite (npm), Microsoft's Blob Storage emulator, with one account."""
+    port = free_port()
+    data = workdir / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    args = [
+        _npm_binary("azurite-blob"),
+        *("--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data)),
+        "--skipApiVersionCheck",  # obstore's x-ms-version may be newer than this Azurite
+        "--silent",
+    ]
+    # The only account: none of the environment's, and the default one only if asked for.
+    env = {"AZURITE_ACCOUNTS": f"{account}:{key}"}
+    server = Azurite.start(
+        "azurite", args, port, workdir, access_key=account, secret_key=key, env=env
+    )
+    assert isinstance(server, Azurite)
+    return server

@@ -133,6 +133,42 @@ def sign_v4(
     }
 
 
+def http_answers(endpoint: str) -> bool:
+    """Whether a server answers HTTP on ``endpoint`` (any answer below 500: a 403 from a
+    server with identities still means it is up)."""
+    try:
+        with urllib.request.urlopen(endpoint + "/", timeout=2) as response:
+            return bool(response.status < 500)
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500
+    except OSError:
+        return False
+
+
+def put_bucket(
+    endpoint: str,
+    name: str,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    *,
+    exists_ok: bool = False,
+) -> None:
+    """CreateBucket on an S3 server; unsigned unless keys are given."""
+    headers = (
+        {}
+        if access_key is None or secret_key is None
+        else sign_v4("PUT", f"/{name}", endpoint.removeprefix("http://"), access_key, secret_key)
+    )
+    request = urllib.request.Request(f"{endpoint}/{name}", method="PUT", data=b"", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")
+        if not (exists_ok and "BucketAlreadyOwnedByYou" in body):
+            raise RuntimeError(f"create bucket {name!r}: HTTP {exc.code}: {body}") from None
+
+
 class SeaweedFS:
     """A running ``weed mini``: master, volume, filer and S3 gateway in one process."""
 
@@ -224,14 +260,7 @@ class SeaweedFS:
             time.sleep(0.1)
 
     def _s3_answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.endpoint + "/", timeout=2) as response:
-                return bool(response.status < 500)
-        except urllib.error.HTTPError as exc:
-            # 403 from a server with identities still means the gateway is up.
-            return exc.code < 500
-        except OSError:
-            return False
+        return http_answers(self.endpoint)
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -244,23 +273,7 @@ class SeaweedFS:
         self, name: str, access_key: str | None = None, secret_key: str | None = None
     ) -> None:
         """CreateBucket; unsigned unless keys are given (needed once identities are set)."""
-        headers = (
-            {}
-            if access_key is None or secret_key is None
-            else sign_v4(
-                "PUT", f"/{name}", self.endpoint.removeprefix("http://"), access_key, secret_key
-            )
-        )
-        request = urllib.request.Request(
-            f"{self.endpoint}/{name}", method="PUT", data=b"", headers=headers
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=10):
-                pass
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")
-            if "BucketAlreadyOwnedByYou" not in body:
-                raise RuntimeError(f"create bucket {name!r}: HTTP {exc.code}: {body}") from None
+        put_bucket(self.endpoint, name, access_key, secret_key, exists_ok=True)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it has not exited within a few seconds."""

@@ -28,4 +28,12 @@ def open_store(config: PawnQueueConfig) -> Store:
         if config.s3 is None:
             raise ConfigError("backend 's3' needs an s3 section with bucket_name")
         return S3Store(config.s3)
-    raise ConfigError(f"backend: got {config.backend!r}, allowed: 's3', 'filesystem', 'memory'")
+    if config.backend == "azure":
+        from pawn_queue.store.azure import AzureStore
+
+        if config.azure is None:
+            raise ConfigError("backend 'azure' needs an azure section with container_name")
+        return AzureStore(config.azure)
+    raise ConfigError(
+        f"backend: got {config.backend!r}, allowed: 's3', 'filesystem', 'memory', 'azure'"
+    )

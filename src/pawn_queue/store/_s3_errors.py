@@ -1,10 +1,13 @@
-"""S3 client errors as the library's errors: status, S3 code and message only, never the
-request URL, headers or response body (an AWS error body can echo the access key).
+"""obstore client errors as the library's errors: status, error code and message only, never
+the request URL, headers or response body (an AWS error body can echo the access key).
+
+Shared by the S3 and the Azure store: what differs between them (error codes, where
+credentials come from, whether a 409 is a lost race) is a :class:`Service`.
 
 The kind of error comes from obstore's exception types where it has one: FileNotFoundError
 (404), AlreadyExistsError, PreconditionError, PermissionDeniedError, UnauthenticatedError.
 Everything else obstore raises as a GenericError, and its exceptions carry no fields: the
-HTTP status, the S3 error code and message, whether an answer came at all, the retry count
+HTTP status, the error code and message, whether an answer came at all, the retry count
 and the URL of the request that failed are only in the message text. :func:`read_error_text`
 is the one place that reads it; tests/test_s3_error_text.py pins the texts it depends on,
 produced by obstore against a real server, so a release that rewords them fails there.
@@ -62,19 +65,22 @@ CREDENTIAL_CHAIN = (
 """Where credentials are looked for, in order (the README's "Credentials")."""
 
 
-class S3ErrorDetail(Exception):
+class ClientErrorDetail(Exception):
     """The sanitised client failure kept as ``__cause__`` of a translated error.
 
-    Holds the client's exception type, HTTP status, S3 error code and message only: never the
+    Holds the client's exception type, HTTP status, error code and message only: never the
     request URL, headers or response body (an error body can echo the access key).
     """
 
 
-class NoAnswer(S3ErrorDetail, AnswerLost):
+S3ErrorDetail = ClientErrorDetail  # its name before the Azure store shared it
+
+
+class NoAnswer(ClientErrorDetail, AnswerLost):
     """The connection broke or timed out before an answer: the request may have landed."""
 
 
-class Conflict(S3ErrorDetail):
+class Conflict(ClientErrorDetail):
     """HTTP 409 to a conditional write (AWS: ``ConditionalRequestConflict``, another
     conditional write to the key was in progress). The write was not applied."""
 
@@ -90,15 +96,44 @@ def redact_url(url: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Service:
+    """What a store's error texts mean: the words its errors start with and its codes."""
+
+    name: str
+    """``S3`` or ``Azure``: the first word of every error."""
+    missing_container: frozenset[str]
+    """Codes of a missing bucket or container (a 404 that is not about the key)."""
+    access_codes: frozenset[str]
+    transient_codes: frozenset[str]
+    credential_lookup: re.Pattern[str]
+    """A request of the client's last credential source (an instance-metadata service)."""
+    credential_chain: str
+    """Where credentials are looked for, for the error that says none were found."""
+    conflict_on_put: bool = True
+    """Whether a 409 to a put is a lost race to resend (AWS); Azure answers 409 to a
+    create-only put on an existing blob, which obstore already types as AlreadyExists."""
+
+
+S3 = Service(
+    name="S3",
+    missing_container=frozenset({"NoSuchBucket"}),
+    access_codes=_ACCESS_CODES,
+    transient_codes=_TRANSIENT_CODES,
+    credential_lookup=_METADATA_REQUEST,
+    credential_chain=CREDENTIAL_CHAIN,
+)
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorText:
     """What an obstore error's message tells and its exception does not carry."""
 
     status: int | None
     """The HTTP status the server answered; None when no answer came."""
     code: str | None
-    """The S3 error code of the answer's body (``NoSuchBucket``, ``SlowDown``...)."""
+    """The error code of the answer's body (``NoSuchBucket``, ``SlowDown``...)."""
     message: str | None
-    """The S3 error message of the answer's body (at most 200 characters)."""
+    """The error message of the answer's body (its first line, at most 200 characters)."""
     failures: frozenset[str]
     """The client's failure kinds when no answer came (``Connect``, ``ConnectionRefused``,
     ``Timeout``, ``Interrupted``...)."""
@@ -110,11 +145,13 @@ class ErrorText:
     """The failed request went to the instance-metadata service, not to the store."""
 
 
-def read_error_text(text: str) -> ErrorText:
+def read_error_text(text: str, service: Service = S3) -> ErrorText:
     """Read what obstore says only in its error message (see the module docstring)."""
-    status = re.search(r"status(?: code)?: (\d{3})", text)
+    # A key's answer in an Azure batch delete: "... for key k: reason (code: 404)".
+    status = re.search(r"status(?: code)?: (\d{3})", text) or re.search(r"\(code: (\d{3})\)", text)
     code = re.search(r"<Code>([A-Za-z0-9.]{1,64})</Code>", text)
-    message = re.search(r"<Message>([^<]{0,200})</Message>", text)
+    # Azure's message goes on with "RequestId:..." and "Time:..." lines: the first line only.
+    message = re.search(r"<Message>([^<\n]{0,200})(?:</Message>|\n)", text)
     retries = re.search(r"after (\d+) retries", text)
     return ErrorText(
         status=int(status.group(1)) if status else None,
@@ -123,13 +160,13 @@ def read_error_text(text: str) -> ErrorText:
         failures=frozenset(re.findall(r"kind: (\w+)", text)),
         sending_failed="error sending request" in text,
         retries=int(retries.group(1)) if retries else None,
-        metadata_request=_METADATA_REQUEST.search(text) is not None,
+        metadata_request=service.credential_lookup.search(text) is not None,
     )
 
 
-def _error_class(exc: Exception, told: ErrorText) -> type[StoreError]:
+def _error_class(exc: Exception, told: ErrorText, service: Service) -> type[StoreError]:
     """The library's error for a client exception: by its type, else by what its text told."""
-    if told.code == "NoSuchBucket":  # a 404 typed like a missing key, or generic (a listing)
+    if told.code in service.missing_container:  # a 404 typed like a missing key, or generic
         return BucketNotFoundError
     if isinstance(exc, client.AlreadyExistsError):
         return AlreadyExistsError
@@ -140,14 +177,14 @@ def _error_class(exc: Exception, told: ErrorText) -> type[StoreError]:
     if (
         isinstance(exc, client.PermissionDeniedError | client.UnauthenticatedError)
         or told.status in (401, 403)
-        or told.code in _ACCESS_CODES
+        or told.code in service.access_codes
     ):
         return AccessDeniedError
     if told.status is not None:
-        transient = told.status >= 500 or told.status == 429 or told.code in _TRANSIENT_CODES
+        transient = told.status >= 500 or told.status == 429 or told.code in service.transient_codes
     else:
         transient = (
-            told.code in _TRANSIENT_CODES
+            told.code in service.transient_codes
             or bool(told.failures & _NETWORK_KINDS)
             or told.sending_failed
         )
@@ -155,17 +192,23 @@ def _error_class(exc: Exception, told: ErrorText) -> type[StoreError]:
 
 
 def translate(
-    exc: Exception, op: str, where: str, endpoint: str, *, keys_given: bool = True
+    exc: Exception,
+    op: str,
+    where: str,
+    endpoint: str,
+    *,
+    keys_given: bool = True,
+    service: Service = S3,
 ) -> StoreError:
     """A client exception as a StoreError that carries only what is safe to show (see
-    :class:`S3ErrorDetail`), with a sanitised ``__cause__``.
+    :class:`ClientErrorDetail`), with a sanitised ``__cause__``.
 
     ``keys_given``: whether the config had keys. Without them, a failed instance-metadata
     request means no credentials were found anywhere, and the error says so.
     """
-    told = read_error_text(str(exc))
+    told = read_error_text(str(exc), service)
     name = type(exc).__name__
-    cls = _error_class(exc, told)
+    cls = _error_class(exc, told, service)
 
     if told.status is not None:
         summary = f"HTTP {told.status}" + (f" {told.code}" if told.code else "")
@@ -189,16 +232,16 @@ def translate(
         # the last one, the instance-metadata service, failed (what it answered is moot).
         cls = AccessDeniedError
         problem = (
-            f"no S3 credentials found; looked in {CREDENTIAL_CHAIN} "
+            f"no {service.name} credentials found; looked in {service.credential_chain} "
             f"(the instance-metadata lookup: {summary})"
         )
-    error = cls(f"S3 {op} failed for {where} at {endpoint}: {problem}")
+    error = cls(f"{service.name} {op} failed for {where} at {endpoint}: {problem}")
     # The failures obstore resends only for requests it deems idempotent.
     no_answer = told.status is None and bool(told.failures & {"Interrupted", "Timeout"})
-    cause: type[S3ErrorDetail] = S3ErrorDetail
+    cause: type[ClientErrorDetail] = ClientErrorDetail
     if no_answer:
         cause = NoAnswer
-    elif told.status == 409 and op == "put":
+    elif told.status == 409 and op == "put" and service.conflict_on_put:
         cause = Conflict
     error.__cause__ = cause(detail)
     return error
