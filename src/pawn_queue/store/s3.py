@@ -187,25 +187,30 @@ class S3Store(ObstoreStore):
         try:
             new_etag = await self._put_resolving_conflicts(key, data, mode)
         except PreconditionFailedError as exc:
-            if self.if_match_unquoted is not None or bare == etag:
-                raise
-            if isinstance(exc.__cause__, Conflict):
-                raise
             # Refused: a stale etag, or a server that wants it without quotes (Ceph RGW).
-            # Unchanged since, the object has the very etag refused: try the bare form once.
-            try:
-                unchanged = (await self.head(key)).etag == etag
-            except NotFoundError:
-                unchanged = False
-            if not unchanged:
+            if (
+                bare == etag
+                or isinstance(exc.__cause__, Conflict)
+                or self.if_match_unquoted is False
+            ):
                 raise
+            if self.if_match_unquoted is None:
+                # Unchanged since, the object has the very etag refused: the form was.
+                try:
+                    unchanged = (await self.head(key)).etag == etag
+                except NotFoundError:
+                    unchanged = False
+                if not unchanged:
+                    raise
+            # Else another write learnt the bare form while this one was on its way.
             new_etag = await self._put_resolving_conflicts(key, data, IfMatch(bare))
-            self.if_match_unquoted = True
-            logger.info(
-                "S3 server at %s refuses quoted ETags in If-Match and accepts them bare "
-                "(as Ceph RGW does): sending them bare from now on",
-                self._endpoint,
-            )
+            if self.if_match_unquoted is None:
+                self.if_match_unquoted = True
+                logger.info(
+                    "S3 server at %s refuses quoted ETags in If-Match and accepts them bare "
+                    "(as Ceph RGW does): sending them bare from now on",
+                    self._endpoint,
+                )
             return new_etag
         self.if_match_unquoted = False
         return new_etag
