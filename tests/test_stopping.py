@@ -88,6 +88,10 @@ async def test_listen_lets_a_message_come_back_when_its_dead_letter_write_fails(
         task = asyncio.create_task(listening.listen(handler))
         try:
             await asyncio.wait_for(tried.wait(), 10)
+            # Stopped, or it would compete for the message once its lease expired (a failed
+            # settle lets the message come back to its own process too).
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
             rescuer = await other_side.register_consumer("rescuer", ["t"])
             [again] = await rescuer.poll(wait=15)
             assert again.id == mid
