@@ -64,6 +64,15 @@ def normalise_prefix(prefix: str, service: str) -> str:
     return prefix
 
 
+def client_config_error(exc: Exception, what: str, secrets: Sequence[str]) -> ConfigError:
+    """The client's refusal of its configuration: its first line, with ``secrets`` masked."""
+    message = str(exc).split("\n", 1)[0]
+    for value in secrets:
+        if value:
+            message = message.replace(value, "***")
+    return ConfigError(f"invalid {what}: {message}")
+
+
 def obstore_mode(mode: PutMode) -> _ObstorePutMode:
     if isinstance(mode, IfMatch):
         return {"e_tag": mode.etag}

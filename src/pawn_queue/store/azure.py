@@ -36,7 +36,7 @@ from obstore.store import AzureStore as _ObstoreAzureStore
 
 from pawn_queue.config import AzureConfig
 from pawn_queue.exceptions import ConfigError, NotFoundError
-from pawn_queue.store._object_store import ObstoreStore
+from pawn_queue.store._object_store import ObstoreStore, client_config_error
 from pawn_queue.store._s3_errors import Service, redact_url
 from pawn_queue.store.base import ObjectMeta, PutMode
 
@@ -188,12 +188,8 @@ class AzureStore(ObstoreStore):
                 credential_provider=provider,
             )
         except Exception as exc:
-            message = str(exc).split("\n", 1)[0]
-            if key is not None:
-                message = message.replace(key, "***")
-            error = ConfigError(
-                f"invalid Azure configuration for container {self._container!r}: {message}"
-            )
+            what = f"Azure configuration for container {self._container!r}"
+            error = client_config_error(exc, what, [key] if key is not None else [])
         else:
             return
         raise error

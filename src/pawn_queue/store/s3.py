@@ -37,7 +37,11 @@ from pawn_queue.exceptions import (
     PreconditionFailedError,
     StoreError,
 )
-from pawn_queue.store._object_store import RESEND_BACKOFF_SECONDS, ObstoreStore
+from pawn_queue.store._object_store import (
+    RESEND_BACKOFF_SECONDS,
+    ObstoreStore,
+    client_config_error,
+)
 from pawn_queue.store._s3_errors import S3, Conflict, S3ErrorDetail, Service, redact_url
 from pawn_queue.store.base import IfMatch, PutMode
 
@@ -162,12 +166,8 @@ class S3Store(ObstoreStore):
                 credential_provider=provider,
             )
         except Exception as exc:
-            message = str(exc).split("\n", 1)[0]
-            for value in secrets:
-                message = message.replace(value, "***")
-            error = ConfigError(
-                f"invalid S3 configuration for bucket {self._container!r}: {message}"
-            )
+            what = f"S3 configuration for bucket {self._container!r}"
+            error = client_config_error(exc, what, secrets)
         else:
             return
         raise error
