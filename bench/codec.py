@@ -35,7 +35,7 @@ for _path in (REPO / "src", REPO):
 import orjson  # noqa: E402
 from bench import common  # noqa: E402
 
-from pawn_queue import codec  # noqa: E402
+from pawn_queue._protocol import codec  # noqa: E402
 
 try:
     import msgspec
@@ -54,7 +54,7 @@ Codec = tuple[Callable[[Any], bytes], Callable[[bytes], Any], Callable[[Any], st
 CODECS: dict[str, Codec] = {
     "stdlib": (_stdlib_dumps, json.loads, _STDLIB_TEXT.encode),
     "orjson": (orjson.dumps, orjson.loads, lambda v: orjson.dumps(v).decode()),
-    "pawn_queue.codec": (codec.dumps, codec.loads, codec.text),
+    "pawn_queue._protocol.codec": (codec.dumps, codec.loads, codec.text),
 }
 if msgspec is not None:
     _encoder, _decoder = msgspec.json.Encoder(), msgspec.json.Decoder()
@@ -213,7 +213,10 @@ def main(argv: list[str] | None = None) -> None:
     texts = []
     for nulls, title in (
         (False, "payloads without null"),
-        (True, "payloads with a null (pawn_queue.codec reads its output back to rule out NaN)"),
+        (
+            True,
+            "payloads with a null (the codec reads its output back to rule out NaN)",
+        ),
     ):
         runs = [one_run(args.seconds, nulls) for _ in range(args.runs)]
         results["with_null" if nulls else "without_null"] = summarise(runs)

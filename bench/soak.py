@@ -48,7 +48,8 @@ for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.*
 
 from bench import common  # noqa: E402
 
-from pawn_queue import LeaseLostError, Message, PawnQueue, layout  # noqa: E402
+from pawn_queue import LeaseLostError, Message, PawnQueue  # noqa: E402
+from pawn_queue._protocol import layout  # noqa: E402
 from pawn_queue.exceptions import PublishError, StoreError  # noqa: E402
 
 TOPIC = "soak"

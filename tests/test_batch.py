@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import PawnQueue, PayloadError, TopicNotFoundError, layout
+from pawn_queue import PawnQueue, PayloadError, TopicNotFoundError
+from pawn_queue._protocol import layout
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreError
 from pawn_queue.store import open_store

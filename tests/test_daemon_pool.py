@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from pawn_queue.daemon_pool import DaemonThreadPool
+from pawn_queue._internal.daemon_pool import DaemonThreadPool
 
 
 def test_results_errors_and_a_bounded_number_of_daemon_threads() -> None:

@@ -106,8 +106,8 @@ async def test_a_quarantined_corrupt_object_counts_as_dead_lettered(
     """An unreadable object never becomes a message; its move to dead letter still counts."""
     from prometheus_client import CollectorRegistry
 
-    from pawn_queue import layout
-    from pawn_queue.envelope import now_utc
+    from pawn_queue._protocol import layout
+    from pawn_queue._protocol.envelope import now_utc
 
     registry = CollectorRegistry()
     metrics = QueueMetrics(registry)

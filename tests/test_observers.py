@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from pawn_queue import LeaseLostError, Message, PawnQueue, Retry
+from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.config import load_config
-from pawn_queue.envelope import now_utc
 from pawn_queue.observe import Observer, Observers, Outcome, Publication
 from pawn_queue.sync import PawnQueue as SyncPawnQueue
 

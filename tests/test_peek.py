@@ -11,8 +11,8 @@ import pytest
 
 from pawn_queue import PawnQueue, TopicNotFoundError
 from pawn_queue import sync as pq_sync
+from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.config import load_config
-from pawn_queue.envelope import now_utc
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.helpers.support import keys_under

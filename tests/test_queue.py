@@ -19,8 +19,8 @@ from pawn_queue import (
     PayloadError,
     PublishError,
     TopicNotFoundError,
-    layout,
 )
+from pawn_queue._protocol import layout
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import ConfigError, StoreUnavailable
 from pawn_queue.store import open_store

@@ -11,7 +11,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pawn_queue import PawnQueue, layout
+from pawn_queue import PawnQueue
+from pawn_queue._protocol import layout
 from pawn_queue.config import load_config
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import ArgumentError, ConfigError, Message, PawnQueue, Retry, layout
+from pawn_queue import ArgumentError, ConfigError, Message, PawnQueue, Retry
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import Envelope
 from pawn_queue.config import load_config
-from pawn_queue.envelope import Envelope
 from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
 from tests.helpers.support import keys_under

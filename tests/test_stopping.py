@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import LeaseLostError, Message, PawnQueue, layout
+from pawn_queue import LeaseLostError, Message, PawnQueue
+from pawn_queue._internal.handlers import BlockingMessage
+from pawn_queue._protocol import layout
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
-from pawn_queue.handlers import BlockingMessage
 from pawn_queue.store import open_store
 from pawn_queue.sync import PawnQueue as SyncPawnQueue
 from tests.helpers.faults import FaultyStore

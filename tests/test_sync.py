@@ -17,8 +17,8 @@ from pawn_queue import (
     PayloadError,
     Retry,
     TopicNotFoundError,
-    layout,
 )
+from pawn_queue._protocol import layout
 from pawn_queue.sync import Message, PawnQueue
 
 

@@ -208,7 +208,7 @@ async def test_a_holder_of_a_purged_message(slow_refresh: dict[str, Any]) -> Non
 
 
 def _group_hash(group: str) -> str:
-    from pawn_queue import layout
+    from pawn_queue._protocol import layout
 
     return layout.group_hash(group)
 

@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pawn_queue import PawnQueue, QueueFullError, layout
-from pawn_queue.envelope import Envelope
+from pawn_queue import PawnQueue, QueueFullError
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import Envelope
 
 
 async def plant_old_message(pq: PawnQueue, topic: str, age: timedelta) -> str:

@@ -14,8 +14,8 @@ Each subscriber is a consumer (named ``<app>.<handler>``) that calls its handler
 message, up to ``concurrency`` at a time. A handler that returns acks its message, and its
 result (when not None) is published to ``publish_to`` first; one that raises is retried as
 its :class:`~pawn_queue.retry.Retry` says, or dead-lettered; a payload its annotation
-refuses is dead-lettered at once (:mod:`pawn_queue.binding`). Stopping lets running handlers
-finish within the grace period and gives every other message back at once.
+refuses is dead-lettered at once (:mod:`pawn_queue._internal.binding`). Stopping lets running
+handlers finish within the grace period and gives every other message back at once.
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from pawn_queue import handlers, layout
-from pawn_queue.binding import Binding, InvalidPayload, jsonable
+from pawn_queue._internal import handlers
+from pawn_queue._internal.binding import Binding, InvalidPayload, jsonable
+from pawn_queue._internal.daemon_pool import DaemonThreadPool
+from pawn_queue._internal.handlers import BlockingMessage
+from pawn_queue._protocol import layout
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer, check_concurrency
-from pawn_queue.daemon_pool import DaemonThreadPool
 from pawn_queue.exceptions import ArgumentError, PawnQueueError
-from pawn_queue.handlers import BlockingMessage
 from pawn_queue.message import Message
 from pawn_queue.observe import Observer
 from pawn_queue.producer import Producer

@@ -8,9 +8,9 @@ from typing import Any, Self
 
 from pydantic import SecretStr
 
+from pawn_queue._internal.config_sources import deep_merge
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import CsprngVerifyConfig, PawnQueueConfig, parse_url
-from pawn_queue.config_sources import deep_merge
 from pawn_queue.exceptions import ConfigError
 
 

@@ -12,26 +12,26 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from pawn_queue._aio import Background
+from pawn_queue._internal.aio import Background
+from pawn_queue._internal.durations import seconds_argument
+from pawn_queue._protocol.dedup import MarkerSweeper
+from pawn_queue._protocol.envelope import now_utc
+from pawn_queue._protocol.lease_protocol import ResolvedStrategy
+from pawn_queue._protocol.leases import LeaseManager
+from pawn_queue._protocol.listings import SharedListings
+from pawn_queue._protocol.notify import ChangeSignals
+from pawn_queue._protocol.runtime import Runtime
+from pawn_queue._protocol.strategy import known_conditional, resolve_strategy
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
-from pawn_queue.dedup import MarkerSweeper
-from pawn_queue.durations import seconds_argument
-from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, PawnQueueError, RootNotFound
-from pawn_queue.lease_protocol import ResolvedStrategy
-from pawn_queue.leases import LeaseManager
-from pawn_queue.listings import SharedListings
-from pawn_queue.notify import ChangeSignals
 from pawn_queue.observe import Observer, Observers
 from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
-from pawn_queue.runtime import Runtime
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
 from pawn_queue.store.coalesce import DeleteCoalescer
-from pawn_queue.strategy import known_conditional, resolve_strategy
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_RETENTION_ACTION,

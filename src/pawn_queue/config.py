@@ -13,8 +13,8 @@ ValidationError) with the key path, the bad value (never a secret) and what is a
   :class:`PawnQueueConfig` is used as it is.
 
 Config objects are immutable, so a checked combination (rule 8) cannot be broken later. The
-sections (``S3Config``, ``PollingConfig``...) are defined in :mod:`pawn_queue.config_sections`
-and importable from here.
+sections (``S3Config``, ``PollingConfig``...) are defined in
+:mod:`pawn_queue._internal.config_sections` and importable from here.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Final, Self
 from pydantic import BaseModel, Field, model_validator
 from pydantic.fields import FieldInfo
 
-from pawn_queue.config_sections import (
+from pawn_queue._internal.config_sections import (
     BACKENDS,
     AzureConfig,
     Backend,
@@ -46,7 +46,7 @@ from pawn_queue.config_sections import (
     set_derived,
     shown_setting,
 )
-from pawn_queue.config_sources import (
+from pawn_queue._internal.config_sources import (
     InvalidValue,
     config_errors,
     deep_merge,

@@ -9,9 +9,13 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from pawn_queue import handlers
-from pawn_queue._aio import IO_CONCURRENCY, gather_limited
-from pawn_queue.claiming import Claimer
+from pawn_queue._internal import handlers
+from pawn_queue._internal.aio import IO_CONCURRENCY, gather_limited
+from pawn_queue._internal.handlers import Handler
+from pawn_queue._protocol.claiming import Claimer
+from pawn_queue._protocol.handout import Handout
+from pawn_queue._protocol.lease_keeper import LeaseKeeper
+from pawn_queue._protocol.runtime import Runtime
 from pawn_queue.config import PollingConfig
 from pawn_queue.exceptions import (
     ArgumentError,
@@ -20,13 +24,9 @@ from pawn_queue.exceptions import (
     StoreError,
     TopicNotFoundError,
 )
-from pawn_queue.handlers import Handler
-from pawn_queue.handout import Handout
-from pawn_queue.lease_keeper import LeaseKeeper
 from pawn_queue.message import Message
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.retry import Retry
-from pawn_queue.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +146,8 @@ class Consumer:
     async def _poll_once(self, wanted: int | None = None, listening: bool = False) -> list[Message]:
         """Up to ``wanted`` messages: those kept from earlier claims first, then claims.
         For ``listen()`` (``listening``), a poll that found kept messages claims only in the
-        topics that had none (:mod:`pawn_queue.handout`), and listings may be shared
-        (:mod:`pawn_queue.listings`)."""
+        topics that had none (:mod:`pawn_queue._protocol.handout`), and listings may be shared
+        (:mod:`pawn_queue._protocol.listings`)."""
         wanted = wanted or self._polling.max_messages_per_poll
         self._claimer.start_poll()
         count = len(self._topics)
@@ -221,10 +221,10 @@ class Consumer:
 
         ``handler`` is an ``async def`` function, run on the loop, or a plain function, run
         in a worker thread of ``executor`` (default: the loop's) with a blocking message
-        whose ``ack()``/``nack()`` work from that thread (:mod:`pawn_queue.handlers`).
+        whose ``ack()``/``nack()`` work from that thread (:mod:`pawn_queue._internal.handlers`).
         Messages of one poll are handled concurrently, and the next poll waits until each
         handler returned or waits only for the write that makes its ack durable (the
-        members of a batch object then share that write, :mod:`pawn_queue.handout`); with
+        members of a batch object then share that write, :mod:`pawn_queue._protocol.handout`); with
         ``concurrency``, up to that many handlers run at a time and a free slot is
         filled at once. A handler that raises dead-letters its message (the README's
         behaviour), unless ``retry`` is given: then the message is requeued with
@@ -271,7 +271,8 @@ class Consumer:
         """Claim and hand out messages until cancelled: a poll at a time, or (with
         ``concurrency``) as many as there are free slots. A handler that waits only for the
         write making its ack durable holds neither the next poll nor a slot: acks of one
-        object's members then share that write across polls (:mod:`pawn_queue.handout`)."""
+        object's members then share that write across polls
+        (:mod:`pawn_queue._protocol.handout`)."""
         wanted = self._polling.max_messages_per_poll
         settling: dict[asyncio.Task[None], Callable[[], bool]] = {}
 

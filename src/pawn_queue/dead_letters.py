@@ -9,16 +9,16 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pawn_queue import layout
-from pawn_queue.envelope import (
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import (
     CorruptObject,
     DeadLetterInfo,
     decode_dead_letter,
     encode_dead_letter,
 )
+from pawn_queue._protocol.runtime import Runtime
 from pawn_queue.exceptions import ArgumentError, NotFound, PreconditionFailed, StoreError
 from pawn_queue.message import write_message
-from pawn_queue.runtime import Runtime
 from pawn_queue.store.base import IfMatch
 
 logger = logging.getLogger(__name__)

@@ -16,19 +16,19 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from pawn_queue import layout
-from pawn_queue.durations import seconds_argument
-from pawn_queue.envelope import DeadLetterInfo, Envelope, encode_dead_letter
+from pawn_queue._internal.durations import seconds_argument
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import DeadLetterInfo, Envelope, encode_dead_letter
+from pawn_queue._protocol.handout import Handout
+from pawn_queue._protocol.landing import publish_failed, write_new
+from pawn_queue._protocol.lease_keeper import LeaseKeeper
+from pawn_queue._protocol.lease_protocol import Lease
+from pawn_queue._protocol.observers import Outcome
+from pawn_queue._protocol.runtime import Runtime
 from pawn_queue.exceptions import (
     LeaseLostError,
     StoreError,
 )
-from pawn_queue.handout import Handout
-from pawn_queue.landing import publish_failed, write_new
-from pawn_queue.lease_keeper import LeaseKeeper
-from pawn_queue.leases import Lease
-from pawn_queue.observe import Outcome
-from pawn_queue.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ async def write_message(
     runtime: Runtime, envelope: Envelope, key: str, body: bytes | None = None
 ) -> str:
     """Write one message object at ``key`` (whose timestamp says when it becomes visible),
-    once even if an answer is lost (:func:`~pawn_queue.landing.write_new`); return its id.
+    once even if an answer is lost (:func:`~pawn_queue._protocol.landing.write_new`); return its id.
     ``body`` is ``envelope`` encoded, when the caller has it already."""
     if body is None:
         body = envelope.encode()

@@ -13,20 +13,20 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from pawn_queue import dedup, layout
-from pawn_queue.envelope import Envelope, encode_batch
+from pawn_queue._protocol import dedup, layout
+from pawn_queue._protocol.envelope import Envelope, encode_batch
+from pawn_queue._protocol.group_commit import GroupCommit
+from pawn_queue._protocol.landing import publish_failed, write_new
+from pawn_queue._protocol.runtime import Runtime
 from pawn_queue.exceptions import (
     ArgumentError,
     PayloadError,
     QueueFullError,
     StoreError,
 )
-from pawn_queue.group_commit import GroupCommit
-from pawn_queue.landing import publish_failed, write_new
 from pawn_queue.message import write_message
 from pawn_queue.observe import Publication
 from pawn_queue.registry import RegistryEntry
-from pawn_queue.runtime import Runtime
 from pawn_queue.topics import TopicSettings
 
 logger = logging.getLogger(__name__)

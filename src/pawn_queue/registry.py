@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Literal, TypeVar
 
-from pawn_queue import codec, layout
-from pawn_queue._aio import gather_limited
-from pawn_queue.envelope import encode_json, now_utc
+from pawn_queue._internal.aio import gather_limited
+from pawn_queue._protocol import codec, layout
+from pawn_queue._protocol.envelope import encode_json, now_utc
+from pawn_queue._protocol.layout import ROLES, Role
 from pawn_queue.exceptions import (
     AlreadyExists,
     ArgumentError,
@@ -34,7 +35,6 @@ from pawn_queue.exceptions import (
     RootNotFound,
     StoreError,
 )
-from pawn_queue.layout import ROLES, Role
 from pawn_queue.store.base import IfMatch, Store
 
 logger = logging.getLogger(__name__)

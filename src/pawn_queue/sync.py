@@ -19,15 +19,16 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from pawn_queue import client, consumer, handlers, producer, registry
+from pawn_queue import client, consumer, producer, registry
+from pawn_queue._internal import handlers
+from pawn_queue._internal.daemon_pool import DaemonThreadPool
+from pawn_queue._internal.handlers import Forwarded
+from pawn_queue._internal.loop_thread import CLOSED, Call, LoopThread
+from pawn_queue._protocol.layout import Role
+from pawn_queue._protocol.lease_protocol import ResolvedStrategy
 from pawn_queue.config import PawnQueueConfig, load_config
-from pawn_queue.daemon_pool import DaemonThreadPool
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import PawnQueueError
-from pawn_queue.handlers import Forwarded
-from pawn_queue.layout import Role
-from pawn_queue.lease_protocol import ResolvedStrategy
-from pawn_queue.loop_thread import CLOSED, Call, LoopThread
 from pawn_queue.observe import Observer
 from pawn_queue.registry import Liveness, RegistryEntry
 from pawn_queue.store.base import Store

@@ -27,6 +27,8 @@ from pawn_queue.message import Message
 from pawn_queue.observe import Observer, Outcome, Publication
 from pawn_queue.topics import TopicStats
 
+__all__ = ["TestClient"]
+
 _CHECK_SECONDS = 0.05  # a requeue delay comes due without any hook firing
 
 

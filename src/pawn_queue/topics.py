@@ -11,8 +11,14 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, final
 
-from pawn_queue import codec, layout
-from pawn_queue.envelope import CorruptObject, Envelope, decode_batch, encode_json, now_utc
+from pawn_queue._protocol import codec, layout
+from pawn_queue._protocol.envelope import (
+    CorruptObject,
+    Envelope,
+    decode_batch,
+    encode_json,
+    now_utc,
+)
 from pawn_queue.exceptions import (
     AlreadyExists,
     ConfigError,

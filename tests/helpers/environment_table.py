@@ -9,8 +9,8 @@ from typing import Any, get_args
 from pydantic import SecretStr
 from pydantic_core import PydanticUndefined
 
+from pawn_queue._internal.config_sources import model_class_of
 from pawn_queue.config import ENV_ALIASES, ENV_NAMES, URL_ENV_VAR, PawnQueueConfig
-from pawn_queue.config_sources import model_class_of
 
 
 def _field(path: str) -> Any:

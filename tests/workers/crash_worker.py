@@ -1,4 +1,5 @@
-"""A queue client for ``tests/test_crash_matrix.py`` that dies by SIGKILL inside one operation.
+"""A queue client for ``tests/protocol/test_crash_matrix.py`` that dies by SIGKILL inside one
+operation.
 
 Run as ``python tests/workers/crash_worker.py SPEC``, SPEC a JSON object with ``config`` (queue
 config),

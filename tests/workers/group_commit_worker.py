@@ -1,4 +1,4 @@
-"""A process ``tests/test_group_commit.py`` kills with SIGKILL.
+"""A process ``tests/protocol/test_group_commit.py`` kills with SIGKILL.
 
 ``python tests/workers/group_commit_worker.py publish CONFIG``: 16 tasks publish at once, in
 a loop; each id is printed as soon as its ``publish()`` returned.

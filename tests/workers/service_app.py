@@ -1,4 +1,4 @@
-"""The app ``tests/test_worker.py`` runs with ``pawn-queue worker``.
+"""The app ``tests/cli/test_worker.py`` runs with ``pawn-queue worker``.
 
 Each handler prints ``start|done <id> <seq> <receive_count> <pid>`` on stdout (one short
 line, flushed: the test reads them as they come) around ``job.sleep`` seconds of waiting

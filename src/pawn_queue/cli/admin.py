@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from pawn_queue._internal.durations import short_age
 from pawn_queue.cli.common import (
     EXIT_USAGE,
     CliError,
@@ -24,7 +25,6 @@ from pawn_queue.cli.common import (
 )
 from pawn_queue.client import PawnQueue
 from pawn_queue.dead_letters import DeadLetter
-from pawn_queue.durations import short_age
 from pawn_queue.exceptions import TopicSettingsConflictError
 from pawn_queue.registry import Liveness
 from pawn_queue.topics import NotGiven, TopicSettings, TopicStats, given_settings

@@ -28,7 +28,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pawn_queue import Message, PawnQueue, PawnQueueConfig, layout
+from pawn_queue import Message, PawnQueue, PawnQueueConfig
+from pawn_queue._protocol import layout
 from pawn_queue.cli.demo_dirs import claim_directory
 from pawn_queue.store._fs_support import RESERVED
 

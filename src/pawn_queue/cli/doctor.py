@@ -19,7 +19,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from pawn_queue import layout
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.strategy import probe_store
 from pawn_queue.cli.common import (
     JsonOption,
     build_config,
@@ -33,7 +34,6 @@ from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.exceptions import AlreadyExists, NotFound, StoreError
 from pawn_queue.store.base import Store
-from pawn_queue.strategy import probe_store
 
 _RACERS = 8
 _SAMPLES = 5

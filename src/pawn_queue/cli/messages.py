@@ -13,7 +13,7 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pawn_queue import layout
+from pawn_queue._protocol import layout
 from pawn_queue.cli.common import (
     EXIT_USAGE,
     CliError,

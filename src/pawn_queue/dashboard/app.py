@@ -22,7 +22,9 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from pawn_queue import layout
+from pawn_queue._internal.durations import short_age
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.dashboard import charts
@@ -31,8 +33,6 @@ from pawn_queue.dashboard.security import Csrf, Guard, csrf_cookie
 from pawn_queue.dashboard.settings import DashboardSettings
 from pawn_queue.dashboard.snapshots import DEAD_LETTER_LIMIT, OVERVIEW, Monitor
 from pawn_queue.dashboard.views import TopicView
-from pawn_queue.durations import short_age
-from pawn_queue.envelope import now_utc
 from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError, TopicNotFoundError
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store

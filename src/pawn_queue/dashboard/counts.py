@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from pawn_queue import layout
-from pawn_queue._aio import gather_limited
-from pawn_queue.envelope import LeaseBody, decode_batch
+from pawn_queue._internal.aio import gather_limited
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import LeaseBody, decode_batch
 from pawn_queue.exceptions import NotFound
 from pawn_queue.store.base import ObjectMeta, Store
 from pawn_queue.topics import Listed, MessageState, classify

@@ -3,7 +3,7 @@ at little cost.
 
 A :class:`Monitor` reads every topic once at start, then:
 
-- waits on the change signals (:class:`~pawn_queue.notify.ChangeSignals`, checked with one
+- waits on the change signals (:class:`~pawn_queue._protocol.notify.ChangeSignals`, checked with one
   HEAD of ``_notify/_`` every ``refresh`` seconds while nothing changes) and re-reads only
   the topics a producer signalled;
 - re-reads, every ``refresh`` seconds, the topics whose state moves without a signal: those
@@ -39,8 +39,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from pawn_queue import layout
-from pawn_queue._aio import gather_limited
+from pawn_queue._internal.aio import gather_limited
+from pawn_queue._protocol import layout
 from pawn_queue.client import PawnQueue
 from pawn_queue.dashboard.counts import read_topic
 from pawn_queue.dashboard.meter import RequestMeter

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from pawn_queue import layout
+from pawn_queue._protocol import layout
 from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed, StoreError
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pawn_queue import codec
-from pawn_queue.envelope import encode_json, now_utc
+from pawn_queue._protocol import codec
+from pawn_queue._protocol.envelope import encode_json, now_utc
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.spark.reading import ObjectRef
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pawn_queue import layout
+from pawn_queue._protocol import layout
 from pawn_queue.config import ENV_VARS, URL_ENV_VAR, PawnQueueConfig, load_config
 from pawn_queue.exceptions import ConfigError
 

@@ -17,8 +17,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
-from pawn_queue import layout
-from pawn_queue.envelope import (
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import (
     CorruptObject,
     DeadLetterInfo,
     Envelope,

@@ -26,8 +26,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pawn_queue import codec
-from pawn_queue.envelope import BINARY_MAGIC, DeadLetterInfo, Envelope, parse_time
+from pawn_queue._protocol import codec
+from pawn_queue._protocol.envelope import BINARY_MAGIC, DeadLetterInfo, Envelope, parse_time
 
 ROWS_PER_RECORD_BATCH = 8192
 

@@ -15,8 +15,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pawn_queue import layout
-from pawn_queue.envelope import now_utc
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.exceptions import ConfigError
 from pawn_queue.spark import runtime
 from pawn_queue.spark.options import SourceOptions

@@ -23,7 +23,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pawn_queue.envelope import now_utc
+from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.spark import runtime
 from pawn_queue.spark.driver import StreamDriver, new_query_id

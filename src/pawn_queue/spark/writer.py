@@ -32,10 +32,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import MapType, StringType, StructType
 
-from pawn_queue import codec, layout
-from pawn_queue.envelope import Envelope, encode_batch, encode_json, now_utc, parse_time
+from pawn_queue._protocol import codec, layout
+from pawn_queue._protocol.envelope import Envelope, encode_batch, encode_json, now_utc, parse_time
+from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue.exceptions import AlreadyExists, ConfigError, PawnQueueError, PayloadError
-from pawn_queue.notify import ChangeSignals
 from pawn_queue.spark import runtime
 from pawn_queue.spark.options import SourceOptions
 

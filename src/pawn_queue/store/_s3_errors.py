@@ -9,7 +9,7 @@ The kind of error comes from obstore's exception types where it has one: FileNot
 Everything else obstore raises as a GenericError, and its exceptions carry no fields: the
 HTTP status, the error code and message, whether an answer came at all, the retry count
 and the URL of the request that failed are only in the message text. :func:`read_error_text`
-is the one place that reads it; tests/test_s3_error_text.py pins the texts it depends on,
+is the one place that reads it; tests/store/test_s3_error_text.py pins the texts it depends on,
 produced by obstore against a real server, so a release that rewords them fails there.
 """
 

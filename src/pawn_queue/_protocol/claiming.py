@@ -1,0 +1,472 @@
+"""Claiming: how a consumer finds messages in a listing, claims them and reads them.
+
+Alone, a consumer claims the head of the listing (FIFO) and remembers the rest of the page
+for its next polls. When its last listing found nothing (it just started, or was idle), it
+claims the head message alone, and the rest of the poll only once that claim is won: so
+consumers that start or wake together waste one claim each on the race for the head rather
+than a poll's worth.
+
+Once it met a competitor, a consumer works one lane (:mod:`~pawn_queue._protocol.lanes`), so
+competing consumers seldom race for the same message, with no coordination. Claims run concurrently;
+stragglers are not waited for long (their messages are kept for the next poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from pawn_queue._internal.aio import IO_CONCURRENCY
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import (
+    CorruptObject,
+    DeadLetterInfo,
+    Envelope,
+    decode_pending,
+    encode_unreadable,
+)
+from pawn_queue._protocol.handout import Handout
+from pawn_queue._protocol.lanes import LANE_WIDTH, LANES, Lanes
+from pawn_queue._protocol.lease_keeper import LeaseKeeper
+from pawn_queue._protocol.lease_protocol import Lease
+from pawn_queue._protocol.runtime import Runtime
+from pawn_queue.exceptions import StoreError
+from pawn_queue.message import ClaimedObject, Message
+from pawn_queue.store.base import ObjectMeta
+
+logger = logging.getLogger(__name__)
+
+
+_MIN_PAGE = 100
+_MIN_PATIENCE_SECONDS = 0.05
+_REMEMBER_SECONDS = 1.0
+_SWEEP_SECONDS = 600.0  # how often a consumer looks for orphan leases in each topic
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedPage:
+    """What a listing page holds for a consumer at one moment."""
+
+    found: list[tuple[layout.PendingKey, ObjectMeta]]  # deliverable now, in key order
+    next_due: datetime | None  # when the first message not deliverable yet becomes so
+    ends: bool  # a key past every possible due time ends the listing: stop paging
+
+
+def scan_page(
+    page: list[ObjectMeta], now: datetime, skew_margin: timedelta, groups_seen: set[str]
+) -> ScannedPage:
+    """The messages of a listing page deliverable at ``now`` (see
+    :func:`layout.visible_from`). Keys sort by timestamp, so the first key beyond
+    ``now + skew_margin`` ends the listing; delayed messages before it that are not due are
+    skipped. Of a group, only the oldest message is deliverable, and a group whose oldest
+    message is not due waits for it (``groups_seen`` carries the groups already met over the
+    pages of one listing)."""
+    found: list[tuple[layout.PendingKey, ObjectMeta]] = []
+    next_due: datetime | None = None
+    for meta in page:
+        pending = layout.parse_pending_key(meta.key)
+        if pending is None:
+            continue
+        visible = layout.visible_from(meta.key, skew_margin)
+        if visible is not None and visible > now:
+            next_due = visible if next_due is None else min(next_due, visible)
+            if visible > now + skew_margin or not layout.is_delayed_key(meta.key):
+                # Its timestamp is past now + margin: so are those of every key after it.
+                return ScannedPage(found, next_due, ends=True)
+        group_head = pending.kind != "group" or pending.group_hash not in groups_seen
+        groups_seen.add(pending.group_hash)
+        if group_head and (visible is None or visible <= now):
+            found.append((pending, meta))
+    return ScannedPage(found, next_due, ends=False)
+
+
+def _claims_for(candidates: list[tuple[layout.PendingKey, str]], wanted: int) -> int:
+    """How many of ``candidates`` to claim at once for ``wanted`` messages when consumers
+    compete: up to the first batch object. It may hold them all; claiming past it would take
+    messages the poll does not need from the others, and lose races for them. (Alone, a
+    consumer claims a poll's worth of candidates at once: no race, one round trip.)"""
+    for count, (pending, _) in enumerate(candidates[:wanted], start=1):
+        if pending.kind == "batch":
+            return count
+    return wanted
+
+
+def _expired(key: str, retention_seconds: float, now: datetime) -> bool:
+    due = layout.due_from_key(key)
+    return due is not None and now - due > timedelta(seconds=retention_seconds)
+
+
+class Claimer:
+    """Claims messages for one consumer, holding their leases in ``keeper``. Messages it won
+    but could not return at once (late claims, batch members beyond the poll's maximum) wait
+    for the next poll (:meth:`buffered`, :meth:`keep`)."""
+
+    def __init__(
+        self,
+        consumer_id: str,
+        runtime: Runtime,
+        visibility: float,
+        keeper: LeaseKeeper,
+        handout: Handout,
+    ) -> None:
+        self._consumer_id = consumer_id
+        self._handout = handout
+        self._runtime = runtime
+        self._store = runtime.store
+        self._listings = runtime.listings
+        self._leases = runtime.leases
+        self._topic_settings = runtime.topics
+        self._clock = runtime.clock
+        self._visibility = visibility
+        self._keeper = keeper
+        self._buffer: dict[str, deque[Message]] = {}  # topic -> messages for later polls
+        self._next_due: datetime | None = None  # first delayed message the last listings saw
+        # This poll left candidates unclaimed, or lost a race (a competitor is draining what
+        # is there): the next poll should come soon, not after an idle wait for a signal
+        # that may not come.
+        self.candidates_left = False
+        self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
+        self.lanes = Lanes(runtime, visibility)
+        # topic -> candidates left by the last listing, and until when to trust them
+        self._remembered: dict[str, tuple[list[tuple[layout.PendingKey, str]], float]] = {}
+        self._sweep_after: dict[str, float] = {}
+        self._flowing: set[str] = set()  # topics whose last listing found candidates
+        self._io_slots = asyncio.Semaphore(IO_CONCURRENCY)
+        # Moving average of a claim's latency; csprng_verify claims wait on purpose (jitter,
+        # verify delays), so their first polls give them that long, not a request's time.
+        self._claim_seconds = _MIN_PATIENCE_SECONDS + self._leases.claim_pause_seconds
+
+    @property
+    def next_due(self) -> datetime | None:
+        """When the first message the listings since :meth:`buffered` left for later (a
+        delayed one) comes due."""
+        return self._next_due
+
+    def start_poll(self) -> None:
+        """A poll begins: :attr:`next_due` and :attr:`candidates_left` start afresh."""
+        self._next_due = None
+        self.candidates_left = False
+
+    @property
+    def buffered_topics(self) -> list[str]:
+        """The topics with messages kept for the next polls."""
+        return list(self._buffer)
+
+    def buffered(self, wanted: int, topic: str | None = None) -> list[Message]:
+        """Up to ``wanted`` messages kept for this poll (of ``topic``, if given) whose lease
+        is still held, in the order they were kept."""
+        taken: list[Message] = []
+        names: list[str] = [topic] if topic is not None else list(self._buffer)
+        for name in names:
+            waiting = self._buffer.get(name)
+            while waiting and len(taken) < wanted:
+                message = waiting.popleft()
+                if message.lease_held:
+                    taken.append(message)
+            if waiting is not None and not waiting:
+                del self._buffer[name]
+        return taken
+
+    def keep(self, messages: Iterable[Message]) -> None:
+        """Hand ``messages`` out with the next polls."""
+        for message in messages:
+            self._buffer.setdefault(message.topic, deque()).append(message)
+
+    async def close(self) -> None:
+        """Let claims still in flight finish (their leases are then held) and drop what was
+        kept: the caller releases the leases."""
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._buffer.clear()
+
+    async def claim(self, topic: str, wanted: int, shared: bool = False) -> list[Message]:
+        """Claim and read up to ``wanted`` messages of ``topic``, FIFO (within a lane when
+        other consumers compete). With ``shared``, a listing may be one another consumer of
+        this queue began (:mod:`pawn_queue._protocol.listings`); else it begins in this call."""
+        self._maybe_sweep(topic)
+        claimed: list[Message] = []
+        remembered, until = self._remembered.pop(topic, ([], 0.0))
+        if remembered and time.monotonic() < until:
+            # What the last listing found beyond its claims: claiming it spares a LIST. Kept
+            # briefly, so a message released meanwhile waits at most that long to come first.
+            remembered = [
+                (pending, key)
+                for pending, key in remembered
+                if self._leases.worth_claiming(topic, pending.lease_id(), key)
+            ]
+            if self.lanes.contended(topic):
+                remembered = self.lanes.in_lane(topic, remembered) or []
+            claimed, rest, conflicts = await self._claim_candidates(topic, remembered, wanted)
+            self.candidates_left |= bool(rest or conflicts)
+            if conflicts:
+                self._met_competitor(topic)
+            elif rest:
+                self._remembered[topic] = (rest, until)
+            if len(claimed) >= wanted or conflicts:
+                return claimed
+        contended = self.lanes.contended(topic)
+        start_after: str | None = None
+        groups_seen: set[str] = set()
+        # Alone, the head of the listing is enough (FIFO). Competing, a page wide enough for
+        # a few polls in every lane. Not wider: every key of a page costs CPU to look at.
+        width = LANES * LANE_WIDTH if contended else 2
+        page_size = min(layout.LIST_PAGE, max(_MIN_PAGE, wanted * width))
+        while len(claimed) < wanted:
+            page = await self._listings.page(topic, start_after, page_size, join=shared)
+            scanned = scan_page(page, self._clock(), self._leases.margin, groups_seen)
+            if scanned.next_due is not None:
+                due = scanned.next_due
+                self._next_due = due if self._next_due is None else min(self._next_due, due)
+            candidates = [
+                (pending, meta.key)
+                for pending, meta in scanned.found
+                if self._leases.worth_claiming(topic, pending.lease_id(), meta.key)
+            ]
+            if contended:
+                candidates = await self.lanes.candidates(topic, candidates)
+            # The first claim after a listing found nothing takes the head alone: consumers
+            # that start, or wake, together (and so claim the same head) lose one claim
+            # each, not a poll's worth.
+            probe = not contended and topic not in self._flowing
+            if candidates:
+                self._flowing.add(topic)
+            else:
+                self._flowing.discard(topic)
+            won, rest, conflicts = await self._claim_candidates(
+                topic, candidates, wanted - len(claimed), probe
+            )
+            claimed += won
+            self.candidates_left |= bool(rest or conflicts)
+            if conflicts:
+                self._met_competitor(topic)
+            elif rest:
+                # Only the group heads of this page are in ``rest``: the next of a group is
+                # found by a later listing, once the one before it is settled.
+                self._remembered[topic] = (rest, time.monotonic() + _REMEMBER_SECONDS)
+            if scanned.ends or len(page) < page_size:
+                break
+            start_after = page[-1].key
+        return claimed
+
+    async def _claim_candidates(
+        self,
+        topic: str,
+        candidates: list[tuple[layout.PendingKey, str]],
+        wanted: int,
+        probe: bool = False,
+    ) -> tuple[list[Message], list[tuple[layout.PendingKey, str]], int]:
+        """Claim candidates in order until ``wanted`` messages are won or one is lost: the
+        messages, the candidates not tried, and how many claims other consumers won. With
+        ``probe``, the first candidate is claimed alone, and the others only once it is won."""
+        claimed: list[Message] = []
+        conflicts = 0
+        contended = self.lanes.contended(topic)
+        # After a lost race, stop: the competitor is likely claiming the same candidates.
+        while candidates and len(claimed) < wanted and not conflicts:
+            take = 1 if probe else wanted - len(claimed)
+            if contended:
+                take = _claims_for(candidates, take)
+            chunk, candidates = candidates[:take], candidates[take:]
+            results = await self._claim_all(topic, chunk)
+            for result in results:
+                if isinstance(result, list):
+                    claimed += result
+                elif result is None:
+                    conflicts += 1
+                elif isinstance(result, asyncio.CancelledError):
+                    raise result
+                elif isinstance(result, BaseException):
+                    logger.warning("claim failed topic=%s error=%s", topic, result)
+            if probe and not any(isinstance(r, list) for r in results):
+                break  # lost, failed or not answered yet: the rest waits for the next poll
+            probe = False
+        return claimed, candidates, conflicts
+
+    async def _claim_all(
+        self, topic: str, chunk: list[tuple[layout.PendingKey, str]]
+    ) -> list[list[Message] | BaseException | None]:
+        """Claim concurrently, then read what was won. Stragglers are not waited for long:
+        some stores answer the losers of a claim race only after a second or two. A
+        straggler that wins later is read in the background into the buffer (next poll)."""
+        # A candidate another consumer of this process took since the listing is skipped:
+        # it is no lost race.
+        chunk = [(p, k) for p, k in chunk if self._leases.reserve(topic, p.lease_id(), k)]
+        if not chunk:
+            return []
+        claims = {
+            asyncio.create_task(self._claim_lease(topic, pending, key)): (pending, key)
+            for pending, key in chunk
+        }
+        for claim, (pending, _) in claims.items():
+            claim.add_done_callback(partial(self._unreserve, topic, pending.lease_id()))
+        started = time.monotonic()
+        done: set[asyncio.Task[Lease | None]] = set()
+        try:
+            # Patience follows what claims usually take here, so a slow store is not cut off.
+            done, waiting = await asyncio.wait(
+                claims,
+                timeout=max(_MIN_PATIENCE_SECONDS * 5, 5 * self._claim_seconds),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if done:
+                first = time.monotonic() - started
+                self._claim_seconds = 0.8 * self._claim_seconds + 0.2 * first
+            if waiting and done:
+                patience = max(_MIN_PATIENCE_SECONDS, 3 * (time.monotonic() - started))
+                more, waiting = await asyncio.wait(waiting, timeout=patience)
+                done |= more
+        finally:
+            for claim, (pending, key) in claims.items():
+                if not claim.done():
+                    late = asyncio.create_task(self._read_late(claim, topic, pending, key))
+                    self._background.add(late)
+                    late.add_done_callback(self._background.discard)
+        results: list[list[Message] | BaseException | None] = []
+        reads = []
+        for claim, (pending, key) in claims.items():  # in listing order: FIFO
+            if claim not in done:
+                continue
+            if claim.exception() is not None:
+                results.append(claim.exception())
+            elif (lease := claim.result()) is None:
+                results.append(None)
+            else:
+                reads.append(self._read(topic, pending, key, lease))
+        results += await asyncio.gather(*reads, return_exceptions=True)
+        return results
+
+    async def _claim_lease(self, topic: str, pending: layout.PendingKey, key: str) -> Lease | None:
+        """The lease on a message, batch or group message; None if someone else has it."""
+        lease_id = pending.lease_id()
+        async with self._io_slots:
+            return await self._leases.claim(
+                topic,
+                pending.object_id,
+                key,
+                self._consumer_id,
+                self._visibility,
+                lease_id=lease_id,
+            )
+
+    def _unreserve(self, topic: str, lease_id: str, _: object) -> None:
+        self._leases.unreserve(topic, lease_id)
+
+    async def _read_late(
+        self, claim: asyncio.Task[Lease | None], topic: str, pending: layout.PendingKey, key: str
+    ) -> None:
+        try:
+            lease = await claim
+            if lease is not None:
+                self.keep(await self._read(topic, pending, key, lease) or [])
+        except StoreError as exc:
+            logger.warning("claim failed topic=%s error=%s", topic, exc)
+
+    def _maybe_sweep(self, topic: str) -> None:
+        """Now and then, delete orphan leases of ``topic`` in the background."""
+        now = time.monotonic()
+        due = self._sweep_after.setdefault(topic, now + _SWEEP_SECONDS)
+        if now < due:
+            return
+        self._sweep_after[topic] = now + _SWEEP_SECONDS
+        sweep = asyncio.create_task(self._sweep(topic))
+        self._background.add(sweep)
+        sweep.add_done_callback(self._background.discard)
+
+    async def _sweep(self, topic: str) -> None:
+        try:
+            await self._leases.sweep_orphans(topic, self._consumer_id, self._visibility)
+        except StoreError as exc:
+            logger.warning("orphan lease sweep failed topic=%s error=%s", topic, exc)
+
+    def _met_competitor(self, topic: str) -> None:
+        """Another consumer won a claim here: move lanes, and forget the listing."""
+        self.lanes.met_competitor(topic)
+        self._remembered.pop(topic, None)
+
+    async def _read(
+        self, topic: str, pending: layout.PendingKey, key: str, lease: Lease
+    ) -> list[Message] | None:
+        """Read a claimed object into messages; None if another consumer just settled it."""
+        is_batch = pending.kind == "batch"
+        object_id = pending.object_id
+        obj = await self._leases.read_claimed(lease, lambda: self._store.get(key))
+        if obj is None:
+            return None  # acked by another consumer while we claimed
+        try:
+            envelopes = decode_pending(obj.data, topic, object_id, batch=is_batch)
+        except CorruptObject as exc:
+            await self._quarantine(topic, object_id, key, obj.data, str(exc), lease)
+            return []
+        if lease.settled.issuperset(range(len(envelopes))):
+            # Its holder settled every member but did not get to delete it (a crash, a
+            # failed delete): finish that.
+            await self._remove(key, lease)
+            return []
+        settings = await self._topic_settings.settings(topic)
+        # A batch member requeued alone brings its receives with it (prior_receives).
+        received = lease.body.receive_count + max(
+            (e.prior_receives for i, e in enumerate(envelopes) if i not in lease.settled),
+            default=0,
+        )
+        if settings.max_receive_count and received > settings.max_receive_count:
+            # Received too often: dead-letter whatever is left of it instead of delivering.
+            error = f"received {received} times; the topic allows {settings.max_receive_count}"
+            await self._dead_letter_all(key, lease, envelopes, "max_receive_count", error)
+            return []
+        if settings.retention_seconds and _expired(key, settings.retention_seconds, self._clock()):
+            error = f"not consumed within the topic's retention of {settings.retention_seconds}s"
+            if settings.retention_action == "dead_letter":
+                await self._dead_letter_all(key, lease, envelopes, "retention", error)
+            else:
+                await self._remove(key, lease)
+                logger.info("expired message key=%s %s", key, error)
+            return []
+        claimed = ClaimedObject(
+            key, lease, len(envelopes), self._runtime, self._keeper, self._handout
+        )
+        self._keeper.hold(lease)
+        return [
+            Message(envelope, claimed, index)
+            for index, envelope in enumerate(envelopes)
+            if index not in lease.settled
+        ]
+
+    async def _remove(self, key: str, lease: Lease) -> None:
+        """Delete a claimed object, then its lease (rule 4). If the object's delete fails,
+        it stays claimed until its lease expires, and is looked at again."""
+        await self._leases.settle(lease, key)
+
+    async def _dead_letter_all(
+        self, key: str, lease: Lease, envelopes: list[Envelope], reason: str, error: str
+    ) -> None:
+        claimed = ClaimedObject(
+            key, lease, len(envelopes), self._runtime, self._keeper, self._handout
+        )
+        for index, envelope in enumerate(envelopes):
+            if index not in lease.settled:
+                await Message(envelope, claimed, index).dead_letter(reason, error)
+        logger.warning("dead-lettered key=%s reason=%s %s", key, reason, error)
+
+    async def _quarantine(
+        self, topic: str, object_id: str, key: str, data: bytes, error: str, lease: Lease
+    ) -> None:
+        """Move an unreadable object to dead letter instead of blocking the topic."""
+        await self._store.put(
+            layout.dead_letter_key(topic, object_id),
+            encode_unreadable(
+                object_id,
+                topic,
+                data,
+                DeadLetterInfo("corrupt", error, self._clock().isoformat(), key),
+            ),
+        )
+        await self._remove(key, lease)
+        logger.warning("quarantined corrupt object key=%s error=%s", key, error)
+        if self._runtime.observers:
+            self._runtime.observers.quarantined(topic, key, error)

@@ -1,0 +1,161 @@
+"""Group commit: concurrent ``publish()`` calls to one topic share objects.
+
+A publish alone is written at once, as a one-message object: no added latency. Publishes to
+the same topic that arrive while that write is in flight wait for it, then go out together
+in the next write, as one batch object (at most ``producer.max_batch_messages`` messages and
+``producer.max_batch_bytes`` of payload; more make several objects, one after the other).
+Each call returns its id only once the object holding it is durable; if that write fails,
+every call in it raises :class:`~pawn_queue.exceptions.PublishError`. ``linger_seconds``
+holds each write back that long first, so that more calls join it.
+
+Only plain messages join: a publish with a delay, a group or a dedup id, or a ``bytes``
+payload, is written alone as before (docs/protocol.md, "Publish": why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import Envelope, encode_batch
+from pawn_queue._protocol.landing import publish_failed, write_new
+from pawn_queue._protocol.runtime import Runtime
+from pawn_queue.config import ProducerConfig
+from pawn_queue.exceptions import PublishError, StoreError
+from pawn_queue.message import write_message
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    envelope: Envelope
+    key: str  # its key written alone (a batch of one)
+    body: bytes  # encoded, as it is written alone
+    written: asyncio.Future[None] = field(default_factory=asyncio.Future)
+
+
+class GroupCommit:
+    """The writes of one producer: one writer per topic, and the calls waiting for it."""
+
+    def __init__(self, runtime: Runtime, config: ProducerConfig) -> None:
+        self._runtime = runtime
+        self._config = config
+        self._waiting: dict[str, list[_Waiting]] = {}
+        # The topics with a write in flight: a task writing what waits, or None while a
+        # lone call writes its own message.
+        self._writers: dict[str, asyncio.Task[None] | None] = {}
+
+    async def publish(self, envelope: Envelope, key: str, body: bytes) -> str:
+        """Write ``envelope`` (encoded as ``body``; alone at ``key``, or with others in a
+        batch object); return its id once durable."""
+        topic = envelope.topic
+        alone = topic not in self._writers and not self._config.linger_seconds
+        if alone and await self._write_alone(envelope, key, body):
+            return envelope.id
+        waiting = _Waiting(envelope, key, body)
+        queue = self._waiting.setdefault(topic, [])
+        queue.append(waiting)
+        if topic not in self._writers:
+            self._writers[topic] = asyncio.create_task(self._write_all(topic))
+        try:
+            await asyncio.shield(waiting.written)
+        except asyncio.CancelledError:
+            if waiting in queue:  # not taken yet: it is not written
+                queue.remove(waiting)
+            else:  # being written: nobody will read how that ends
+                waiting.written.add_done_callback(_retrieve)
+            raise
+        return envelope.id
+
+    async def _write_alone(self, envelope: Envelope, key: str, body: bytes) -> bool:
+        """With no write in flight for the topic, a call writes its own message at once: no
+        task, no hand-over, so a lone publish costs what it costs without group commit.
+        Unless other calls arrived in the same turn of the loop: then it writes nothing and
+        returns False, to go out with them. Calls arriving while it writes wait for it."""
+        topic = envelope.topic
+        self._writers[topic] = None
+        alone = False
+        try:
+            await asyncio.sleep(0)  # the calls made in this turn of the loop arrive
+            alone = not self._waiting.get(topic)
+            if alone:
+                await write_message(self._runtime, envelope, key, body)
+            return alone
+        finally:
+            del self._writers[topic]
+            if self._waiting.get(topic):
+                self._writers[topic] = asyncio.create_task(self._write_all(topic))
+
+    async def _write_all(self, topic: str) -> None:
+        """Write what waits for ``topic``, one object at a time, until nothing does."""
+        try:
+            while self._waiting.get(topic):
+                if self._config.linger_seconds:
+                    await asyncio.sleep(self._config.linger_seconds)
+                taken = self._take(self._waiting[topic])
+                try:
+                    await self._write(topic, taken)
+                except BaseException as exc:
+                    for waiting in taken:
+                        if not waiting.written.done():
+                            waiting.written.set_exception(_failure(topic, exc))
+                    if not isinstance(exc, Exception):
+                        raise
+                else:
+                    for waiting in taken:
+                        if not waiting.written.done():
+                            waiting.written.set_result(None)
+        finally:
+            del self._writers[topic]
+            if not self._waiting.get(topic):
+                self._waiting.pop(topic, None)
+
+    def _take(self, queue: list[_Waiting]) -> list[_Waiting]:
+        """The calls the next object holds: the oldest, and those after it within bounds."""
+        count, size = 0, 0
+        for waiting in queue:
+            if count and (
+                count >= self._config.max_batch_messages
+                or size + len(waiting.body) > self._config.max_batch_bytes
+            ):
+                break
+            count += 1
+            size += len(waiting.body)
+        taken = queue[:count]
+        del queue[:count]
+        return taken
+
+    async def _write(self, topic: str, taken: list[_Waiting]) -> None:
+        if len(taken) == 1:
+            await write_message(self._runtime, taken[0].envelope, taken[0].key, taken[0].body)
+            return
+        batch_id = str(uuid.uuid4())
+        members = [waiting.envelope for waiting in taken]
+        key = layout.message_key(topic, batch_id, self._runtime.clock(), batch=True)
+        try:
+            await write_new(self._runtime, key, encode_batch(batch_id, members))
+        except StoreError as exc:
+            raise publish_failed(topic, exc) from exc
+        self._runtime.signals.published(topic)
+        logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _failure(topic: str, exc: BaseException) -> BaseException:
+    """What one caller of a failed write raises (each its own exception)."""
+    if isinstance(exc, PublishError):
+        error = PublishError(str(exc))
+    elif isinstance(exc, asyncio.CancelledError):
+        error = PublishError(f"could not publish to topic {topic!r}: the write was cancelled")
+    else:
+        return exc  # a bug, not a store's failure: as it is
+    error.__cause__ = exc.__cause__ or exc
+    return error

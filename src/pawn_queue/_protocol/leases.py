@@ -1,0 +1,393 @@
+"""Leases: the only code that claims, refreshes, takes over or releases a message.
+
+:class:`LeaseManager` decides when: it claims, keeps (refreshes while a handler works),
+releases and settles leases, adopts a consumer's own leases after a restart, sweeps the
+orphan leases of messages that are gone, and remembers what it learned (held here, live
+elsewhere, settled here) to save requests. How a lease object is written and read on the
+store under either strategy (``conditional_write``, ``csprng_verify``) is
+:mod:`pawn_queue._protocol.lease_protocol`'s.
+
+A lease is expired for a taker only when ``now > expires_at + clock_skew_margin`` (at
+``expires_at`` for a lease its holder released: nobody holds it), and its
+holder treats it as safe only while ``now < expires_at - clock_skew_margin``: clocks that
+differ by less than the margin never see a live lease as expired. Every one of these
+decisions reads :attr:`LeaseManager.clock`, the host's UTC wall clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from pawn_queue._internal.aio import IO_CONCURRENCY, Background, gather_limited
+from pawn_queue._internal.config_sections import claim_seconds
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import CorruptObject, LeaseBody, now_utc
+from pawn_queue._protocol.lease_protocol import Lease, LeaseProtocol, ResolvedStrategy
+from pawn_queue._protocol.tombstones import TOMBSTONE_SECONDS, Tombstones
+from pawn_queue.config import ConcurrencyConfig
+from pawn_queue.exceptions import LeaseLostError, NotFound, StoreError
+from pawn_queue.store.base import Store
+from pawn_queue.store.coalesce import DeleteCoalescer
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+_SETTLED_SECONDS = 60.0  # longer than any listing stays in use
+_SETTLED_MEMORY = 10_000
+_RELEASED = "1970-01-01T00:00:00+00:00"  # expired on every clock: free to take at once
+
+
+class LeaseManager(LeaseProtocol):
+    """Claims and keeps leases for one store with one resolved strategy."""
+
+    def __init__(
+        self,
+        store: Store,
+        strategy: ResolvedStrategy,
+        concurrency: ConcurrencyConfig,
+        clock: Callable[[], datetime] = now_utc,
+        *,
+        deleter: DeleteCoalescer | None = None,
+        background: Background | None = None,
+        keep_tombstones: bool = False,
+    ) -> None:
+        """``deleter`` and ``background``: the queue's own (its runtime's), shared with the
+        other code that deletes or works in the background there. ``keep_tombstones``: keep
+        the leases of acked messages a while (:mod:`pawn_queue._protocol.tombstones`)."""
+        super().__init__(store, strategy, concurrency, clock)
+        self._deleter = deleter or DeleteCoalescer(store)
+        self._background = background or Background()
+        self._tombstones = Tombstones(self.release_gone, self._background)
+        self._keep_tombstones = keep_tombstones
+        # What this process knows without asking the store: lease keys held here or being
+        # claimed here, lease keys seen live elsewhere (until when: the protocol's
+        # _busy_until), and message keys settled here a moment ago.
+        self._held_here: set[str] = set()
+        self._claiming_here: set[str] = set()
+        self._settled_here: dict[str, float] = {}
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def worth_claiming(self, topic: str, lease_id: str, message_key: str) -> bool:
+        """False if this process knows the message is leased or gone (saves requests)."""
+        key = layout.lease_key(topic, lease_id)
+        if key in self._held_here or key in self._claiming_here:
+            return False
+        if message_key in self._settled_here:
+            return False
+        until = self._busy_until.get(key)
+        return until is None or until <= self.clock()
+
+    def reserve(self, topic: str, lease_id: str, message_key: str) -> bool:
+        """Whether the message is worth claiming; if so, it is marked as claimed here until
+        :meth:`unreserve`, so the other consumers of this process skip it rather than lose
+        a race for it."""
+        if not self.worth_claiming(topic, lease_id, message_key):
+            return False
+        self._claiming_here.add(layout.lease_key(topic, lease_id))
+        return True
+
+    def unreserve(self, topic: str, lease_id: str) -> None:
+        """The claim :meth:`reserve` marked is over (won, lost or failed)."""
+        self._claiming_here.discard(layout.lease_key(topic, lease_id))
+
+    def expiry_known(self, topic: str, lease_id: str) -> bool:
+        """Whether a look at this lease told when it may be taken over (then that time, not a
+        guess from when it was written, decides)."""
+        return layout.lease_key(topic, lease_id) in self._busy_until
+
+    def next_expiry(self) -> datetime | None:
+        """The earliest time a lease known to be held elsewhere may be taken over."""
+        now = self.clock()
+        if len(self._busy_until) > _SETTLED_MEMORY:
+            stale = now - timedelta(seconds=_SETTLED_SECONDS)
+            self._busy_until = {k: t for k, t in self._busy_until.items() if t > stale}
+        return min((t for t in self._busy_until.values() if t > now), default=None)
+
+    def _note_settled(self, message_key: str) -> None:
+        now = time.monotonic()
+        if len(self._settled_here) >= _SETTLED_MEMORY:
+            self._settled_here = {k: t for k, t in self._settled_here.items() if t > now}
+        self._settled_here[message_key] = now + _SETTLED_SECONDS
+
+    async def claim(
+        self,
+        topic: str,
+        message_id: str,
+        message_key: str,
+        consumer_id: str,
+        visibility: float,
+        *,
+        lease_id: str | None = None,
+    ) -> Lease | None:
+        """Claim the message; None if another consumer holds a live lease on it.
+
+        ``lease_id`` names the lease when it is not the message's own (a group's lease).
+        Taking over an expired lease keeps its ``settled`` list (batch members already done)
+        and counts one more receive.
+        """
+        key = layout.lease_key(topic, lease_id or message_id)
+        body = self._new_body(consumer_id, message_id, message_key, visibility)
+        seconds = claim_seconds(visibility)
+        if self.strategy == "conditional_write":
+            won = await self._claim_conditional(key, body, seconds)
+        else:
+            won = await self._claim_csprng(key, body, seconds)
+        if won is None:
+            return None
+        etag, body = won
+        self._busy_until.pop(key, None)
+        self._held_here.add(key)
+        return Lease(topic, message_id, message_key, key, etag, body, visibility)
+
+    # -- keeping ----------------------------------------------------------------------------
+
+    async def refresh(self, lease: Lease, visibility: float | None = None) -> None:
+        """Push the lease's expiry to ``now + visibility``; raise LeaseLostError if it is gone."""
+        async with lease.lock:
+            if lease.released and not lease.lost:
+                return
+            await self._renew(lease, lease.visibility if visibility is None else visibility)
+
+    async def read_claimed(self, lease: Lease, read: Callable[[], Awaitable[_T]]) -> _T | None:
+        """Rule 4: read the claimed object (``read``: its GET or HEAD) only after the claim.
+        None if it is gone (acked meanwhile): the lease is given back. If the read fails, the
+        lease is given back too and the error raised."""
+        try:
+            return await read()
+        except NotFound:
+            await self.release(lease, message_gone=True)
+            return None
+        except BaseException:
+            await self.release(lease)
+            raise
+
+    def let_expire(self, lease: Lease) -> None:
+        """The lease is no longer refreshed (its holder could not settle the message): this
+        process's consumers may take it over once it expired, as any other may (rule 10)."""
+        self._held_here.discard(lease.key)
+        self._busy_until[lease.key] = lease.expires + self.margin
+
+    def comfortably_held(self, lease: Lease) -> bool:
+        """Whether :meth:`ensure_held` would pass without a request."""
+        return not (lease.lost or lease.released) and self._safe_for(lease, windows=2)
+
+    async def ensure_held(self, lease: Lease) -> None:
+        """Make sure the lease stays ours for a while; raise LeaseLostError if it is not ours."""
+        if lease.lost or lease.released:
+            raise LeaseLostError(f"lease on message {lease.message_id} is no longer held")
+        if not self._safe_for(lease, windows=2):
+            await self.refresh(lease)
+
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        message_gone: bool = False,
+        requeue_delay: float | None = None,
+        counted: bool = True,
+    ) -> None:
+        """Give the lease up; a lost lease is left be.
+
+        ``message_gone`` (acked, dead-lettered or found missing), or a plain give-back with
+        nothing to remember: delete the lease. Otherwise (a requeue, or a batch with settled
+        members, or a message received before) leave a lease that others may take over after
+        ``requeue_delay`` seconds (at once for 0 or None, whatever their clocks) and that
+        keeps the receive count and the settled batch members. ``counted=False`` (a stop:
+        the message was not handled) takes this delivery off the receive count (rule 10).
+        """
+        if message_gone:
+            self._note_settled(lease.message_key)
+        async with lease.lock:
+            self._held_here.discard(lease.key)
+            if lease.lost or lease.released:
+                return
+            delay = requeue_delay or 0.0
+            receives = lease.body.receive_count - (0 if counted else 1)
+            remembers = requeue_delay is not None or lease.settled or receives > 0
+            if not message_gone and remembers:
+                with contextlib.suppress(LeaseLostError):
+                    await self._renew(lease, delay, released=True, receives=receives)
+                    # We know when it frees up: consumers here need not look it up.
+                    self._busy_until[lease.key] = lease.expires
+                lease.released = True
+                return
+            if not self._safe_for(lease, windows=1):
+                # Too close to expiry to be sure a delete would hit our own lease: renew first.
+                try:
+                    await self._renew(lease, lease.visibility)
+                except LeaseLostError:
+                    return
+            lease.released = True
+            await self._deleter.delete(lease.key)
+
+    async def settle(
+        self, lease: Lease, object_key: str, *, lease_later: bool = False, acked: bool = False
+    ) -> None:
+        """The messages of ``object_key`` are settled: delete the object, then its lease
+        (rule 4). The object's delete raises; the lease's is only logged (a leftover lease
+        blocks nothing, and :meth:`sweep_orphans` deletes it) and, with ``lease_later``, runs
+        in the background (the queue's teardown waits for it), after a while if ``acked``
+        (:meth:`release_gone_later`)."""
+        with contextlib.suppress(NotFound):
+            await self._deleter.delete(object_key)
+        if lease_later:
+            self.release_gone_later(lease, acked=acked)
+        else:
+            await self.release_gone(lease)
+
+    async def settle_many(self, settled: Sequence[tuple[str, Lease]]) -> None:
+        """:meth:`settle` for many objects: one ``delete_many``, then their leases."""
+        await self._store.delete_many([key for key, _ in settled])
+        await gather_limited(IO_CONCURRENCY, (self.release_gone(lease) for _, lease in settled))
+
+    async def adopt(
+        self,
+        topic: str,
+        object_key: str,
+        consumer_id: str,
+        visibility: float,
+    ) -> Lease | None:
+        """Hold the lease of ``object_key`` again after a restart: a lease ``consumer_id``
+        wrote in an earlier run is refreshed with if-match on its etag (rule 3: only its
+        holder writes it, and the holder is that consumer); a free or expired one is
+        claimed. None if someone else holds it."""
+        pending = layout.parse_pending_key(object_key)
+        if pending is None:
+            return None
+        key = layout.lease_key(topic, pending.lease_id())
+        try:
+            current = await self._store.get(key)
+            body: LeaseBody | None = LeaseBody.decode(current.data)
+        except (NotFound, CorruptObject):
+            body = None
+        if body is None or body.consumer_id != consumer_id:
+            return await self.claim(
+                topic,
+                pending.object_id,
+                object_key,
+                consumer_id,
+                visibility,
+                lease_id=pending.lease_id(),
+            )
+        if body.message_key not in ("", object_key):
+            return None  # a group's lease, on a later message of the group
+        lease = Lease(topic, pending.object_id, object_key, key, current.meta.etag, body, 0.0)
+        try:
+            await self.refresh(lease, visibility)
+        except LeaseLostError:
+            return None
+        self._held_here.add(key)
+        return lease
+
+    async def release_gone(self, lease: Lease) -> None:
+        """Give up the lease of a message that is gone (acked or dead-lettered). A failure is
+        only logged: a leftover lease blocks nothing, and :meth:`sweep_orphans` deletes it."""
+        try:
+            await self.release(lease, message_gone=True)
+        except StoreError as exc:
+            logger.warning("lease release failed key=%s error=%s", lease.key, exc)
+
+    def release_gone_later(self, lease: Lease, *, acked: bool = False) -> None:
+        """:meth:`release_gone` in the background: nothing needs to wait for it, so an ack
+        costs one round trip. The lease of an ``acked`` object is kept as a tombstone with
+        ``keep_tombstones``: deleted ``TOMBSTONE_SECONDS`` later, or two safety windows before
+        it expires if that comes first (not after a dead letter: a redrive brings the same
+        id back, which the lease would hold up). A crash before the delete lands leaves an
+        orphan lease."""
+        seconds = (lease.expires - self.clock()).total_seconds() - 2 * self._window(lease)
+        if acked and self._keep_tombstones and seconds > 0:
+            self._tombstones.keep(lease, min(seconds, TOMBSTONE_SECONDS))
+        else:
+            self._background.start(self.release_gone(lease))
+
+    async def flush_tombstones(self) -> None:
+        """Delete the kept leases of acked messages now (a stop, a teardown), and wait for
+        that and the rest of the background work (which may keep more: a batch's last ack)."""
+        while True:
+            self._tombstones.flush()
+            await self._background.done()
+            if not self._tombstones:
+                return
+
+    async def sweep_orphans(self, topic: str, consumer_id: str, older_than: float) -> int:
+        """Delete the leases of ``topic`` whose message is gone; return how many.
+
+        A crash between the two deletes of an ack leaves such a lease. It blocks nothing, but
+        would count as in flight forever. Only leases not written for ``older_than`` seconds
+        and expired are looked at (a live holder rewrites its lease at every refresh); each
+        is taken over like any expired lease and then deleted (rule 3). Messages are never
+        touched. Costs a LIST of the leases, and a GET and a HEAD per old lease.
+        """
+        cutoff = self.clock() - timedelta(seconds=older_than)
+        swept = 0
+        for meta in await self._store.list(layout.leases_prefix(topic)):
+            if meta.last_modified > cutoff or meta.key in self._held_here:
+                continue
+            try:
+                stored = await self._store.get(meta.key)
+                body = LeaseBody.decode(stored.data)
+            except (NotFound, CorruptObject):
+                continue  # gone, or a lease that does not say which message it covers
+            if (
+                not body.message_key
+                or self._expired_lease(meta.key, stored.data, stored.meta.last_modified) is None
+            ):
+                continue
+            try:
+                await self._store.head(body.message_key)
+                continue  # the message is there: a consumer claims it as usual
+            except NotFound:
+                pass
+            lease_id = layout.lease_id_of(meta.key)
+            lease = await self.claim(
+                topic, body.message_id, body.message_key, consumer_id, older_than, lease_id=lease_id
+            )
+            if lease is not None:
+                await self.release(lease, message_gone=True)
+                swept += 1
+        if swept:
+            logger.info("deleted orphan leases topic=%s count=%d", topic, swept)
+        return swept
+
+    def _safe_for(self, lease: Lease, windows: int) -> bool:
+        """Whether the lease stays ours for ``windows`` safety windows on every clock.
+
+        A window is the skew margin plus time for a request to land (at most 1 s).
+        """
+        return (lease.expires - self.clock()).total_seconds() > windows * self._window(lease)
+
+    def _window(self, lease: Lease) -> float:
+        """One safety window, in seconds: see :meth:`_safe_for`."""
+        return self.margin.total_seconds() + min(1.0, lease.visibility / 4)
+
+    async def _renew(
+        self, lease: Lease, seconds: float, *, released: bool = False, receives: int | None = None
+    ) -> None:
+        """Write our lease again, expiring ``seconds`` from now; ``released``: given up, free
+        to take at that moment exactly (for 0 seconds: long ago, whatever the clocks), with
+        ``receives`` deliveries counted so far (default: as now)."""
+        if lease.lost:
+            raise LeaseLostError(f"lease on message {lease.message_id} was lost")
+        body = replace(
+            self._new_body(lease.body.consumer_id, lease.message_id, lease.message_key, seconds),
+            settled=tuple(sorted(lease.settled)),
+            receive_count=lease.body.receive_count if receives is None else receives,
+            released=released,
+        )
+        if released and seconds <= 0:
+            body = replace(body, expires_at=_RELEASED)
+        etag = await self._replace(lease, body)
+        if etag is None:
+            lease.lost = True
+            self._held_here.discard(lease.key)
+            logger.warning("lease lost key=%s", lease.key)
+            raise LeaseLostError(f"lease on message {lease.message_id} was taken over")
+        lease.etag, lease.body, lease.visibility = etag, body, seconds

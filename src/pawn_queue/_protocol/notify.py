@@ -1,0 +1,258 @@
+"""Change signals: how an idle consumer learns that a topic has new messages.
+
+The vnotify scheme: a topic maps to one of 1,000 slot objects ``_notify/000..999``.
+After publishing, a producer overwrites its topic's slot and then ``_notify/_`` (coalesced
+per topic, off the publish's critical path). An idle consumer HEADs ``_notify/_`` every
+``notify.check_interval_seconds`` (slowing down to ``idle_check_interval_seconds`` after
+10 s without a change); only when its etag changed does it LIST ``_notify/`` (one page) to
+see which slots changed, and wake the consumers of those topics.
+
+Within one process, a publish wakes the idle consumers of its topic at once, with no
+request. Idle consumers still run a full poll every ``notify.backfill_interval_seconds``
+(``polling.interval_seconds`` when signals are off), so correctness never depends on a
+signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Iterable
+
+from pawn_queue._protocol import layout
+from pawn_queue.config import NotifyConfig
+from pawn_queue.exceptions import NotFound, StoreError
+from pawn_queue.store.base import Store
+
+logger = logging.getLogger(__name__)
+
+_WATCH_GRACE_CHECKS = 50  # checks the watch goes on after the last wait ended
+_BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
+_CLOSE_SECONDS = 2.0
+
+
+class LocalSignals:
+    """Wakes consumers of this process that wait on a topic.
+
+    Each topic has a generation that every change bumps, so a consumer that snapshots it
+    before polling does not miss a change that lands between its poll and its wait.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._generation: dict[str, int] = {}
+
+    def changed(self, topic: str) -> None:
+        self._generation[topic] = self._generation.get(topic, 0) + 1
+        for event in self._waiters.get(topic, ()):
+            event.set()
+
+    def snapshot(self, topics: Iterable[str]) -> dict[str, int]:
+        return {topic: self._generation.get(topic, 0) for topic in topics}
+
+    def waited_on(self) -> set[str]:
+        """The topics somebody waits on now."""
+        return set(self._waiters)
+
+    async def wait(
+        self, topics: Iterable[str], within: float, since: dict[str, int] | None = None
+    ) -> bool:
+        """Wait until one of ``topics`` changes (after ``since``, if given) or ``within``
+        seconds pass; True if it changed."""
+        names = list(topics)
+        if since is not None and self.snapshot(names) != since:
+            return True
+        event = asyncio.Event()
+        for name in names:
+            self._waiters.setdefault(name, set()).add(event)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), within)
+            return event.is_set()
+        finally:
+            for name in names:
+                waiters = self._waiters.get(name)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[name]
+
+
+class ChangeSignals:
+    """Marks topics for other processes and watches their marks, over one store."""
+
+    def __init__(self, store: Store, config: NotifyConfig) -> None:
+        self._store = store
+        self._config = config
+        self.local = LocalSignals()
+        self._to_mark: set[str] = set()
+        self._last_marked: dict[str, float] = {}
+        self._marker: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._baseline_taken = False
+        self._baseline_lock = asyncio.Lock()
+        self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
+        self._slots: dict[str, str] = {}
+        self._recent: set[str] = set()
+        self._waiting = 0  # waits in progress: the watch runs as long as any lasts
+        self._last_wait = 0.0  # when the last wait ended
+        self._closing = False
+        self._close_requested = asyncio.Event()
+
+    # -- producer side ----------------------------------------------------------------------
+
+    def published(self, topic: str) -> None:
+        """A message was written to ``topic``: wake local consumers, signal other processes."""
+        self.local.changed(topic)
+        if not self._config.enabled:
+            return
+        self._to_mark.add(topic)
+        if self._marker is None or self._marker.done():
+            self._marker = asyncio.create_task(self._mark_loop())
+
+    async def _mark_loop(self) -> None:
+        # One mark per topic per check interval is all a watcher can tell apart.
+        while self._to_mark:
+            now = time.monotonic()
+            due = {
+                t
+                for t in self._to_mark
+                if self._closing or now - self._last_marked.get(t, 0.0) >= self._gap
+            }
+            if not due:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._close_requested.wait(), self._gap / 2)
+                continue
+            self._to_mark -= due
+            slots = {layout.notify_slot_key(topic) for topic in due}
+            try:
+                await asyncio.gather(*(self._touch(slot) for slot in slots))
+                await self._touch(layout.NOTIFY_ROOT)
+            except StoreError as exc:
+                # A lost signal only delays delivery until the next full poll.
+                logger.warning("change signal failed topics=%s error=%s", sorted(due), exc)
+            for topic in due:
+                self._last_marked[topic] = now
+
+    @property
+    def _gap(self) -> float:
+        return self._config.check_interval_seconds
+
+    async def _touch(self, key: str) -> None:
+        await self._store.put(key, secrets.token_hex(8).encode(), "overwrite", durable=False)
+
+    # -- consumer side ----------------------------------------------------------------------
+
+    def snapshot(self, topics: Iterable[str]) -> dict[str, int]:
+        return self.local.snapshot(topics)
+
+    def idle_wait(self, poll_interval: float) -> float:
+        """How long an idle consumer waits before a full poll anyway (the backfill)."""
+        return self._config.backfill_interval_seconds if self._config.enabled else poll_interval
+
+    async def wait(
+        self, topics: Iterable[str], within: float, since: dict[str, int] | None = None
+    ) -> bool:
+        """Wait until one of ``topics`` may have new messages, at most ``within`` seconds."""
+        names = list(topics)
+        self._waiting += 1
+        try:
+            if self._config.enabled:
+                new = [topic for topic in names if topic not in self._recent]
+                if new:
+                    # A signal between the caller's poll and our first look at the signals
+                    # would go unseen: look now, and have the caller poll once more.
+                    try:
+                        await self._take_baseline()
+                    except StoreError as exc:
+                        # Transient: the caller polls on, and the next wait looks again.
+                        logger.warning("change-signal look failed error=%s", exc)
+                        return await self.local.wait(names, min(within, self._gap), since)
+                    self._recent.update(new)
+                    self._start_watcher()
+                    return True
+                self._start_watcher()
+            return await self.local.wait(names, within, since)
+        finally:
+            self._waiting -= 1
+            self._last_wait = time.monotonic()
+
+    def _start_watcher(self) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.create_task(self._watch())
+
+    async def _take_baseline(self) -> None:
+        async with self._baseline_lock:
+            if not self._baseline_taken:
+                self._root = await self._root_etag()
+                self._slots = await self._slot_etags()
+                self._baseline_taken = True
+
+    async def _watch(self) -> None:
+        gap = self._gap
+        last_change = time.monotonic()
+        failing = False
+        # Watch while anyone waits, however long (a wait lasts until the backfill), and a
+        # while after the last wait ended: consumers alternate polls and waits.
+        while self._waiting or time.monotonic() - self._last_wait < _WATCH_GRACE_CHECKS * self._gap:
+            await asyncio.sleep(gap)
+            try:
+                etag = await self._root_etag()
+                quiet = etag == self._root
+                changed = set() if quiet else await self._changed_slots(etag)
+            except StoreError as exc:
+                # Transient, as a rule: check again, less often. Full polls go on meanwhile.
+                if not failing:
+                    logger.warning("change-signal check failed error=%s; retrying", exc)
+                failing = True
+                gap = min(gap * 2, self._idle_gap())
+                continue
+            if failing:
+                logger.info("change-signal checks work again")
+                failing = False
+            if quiet:
+                # Quiet: check less often, up to the idle interval (cheaper, slower).
+                if time.monotonic() - last_change > _BUSY_SECONDS:
+                    gap = min(gap * 1.5, self._idle_gap())
+                else:
+                    gap = self._gap
+                continue
+            gap, last_change = self._gap, time.monotonic()
+            for topic in self._recent | self.local.waited_on():
+                if layout.notify_slot_key(topic) in changed:
+                    self.local.changed(topic)
+
+    def _idle_gap(self) -> float:
+        return max(self._gap, self._config.idle_check_interval_seconds)
+
+    async def _changed_slots(self, root_etag: str | None) -> set[str]:
+        """The slot keys whose etag changed since the last look (the root changed)."""
+        current = await self._slot_etags()
+        changed = {k for k, v in current.items() if self._slots.get(k) != v}
+        self._root, self._slots = root_etag, current
+        return changed
+
+    async def _root_etag(self) -> str | None:
+        try:
+            return (await self._store.head(layout.NOTIFY_ROOT)).etag
+        except NotFound:
+            return None
+
+    async def _slot_etags(self) -> dict[str, str]:
+        metas = await self._store.list(layout.NOTIFY, limit=layout.NOTIFY_SLOTS + 1)
+        return {m.key: m.etag for m in metas}
+
+    async def close(self) -> None:
+        """Stop watching; give pending marks a last chance to go out."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        if self._marker is not None and not self._marker.done():
+            self._closing = True
+            self._close_requested.set()
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._marker, _CLOSE_SECONDS)

@@ -1,0 +1,132 @@
+"""The core's side of the observer hooks: internal, no stable API.
+
+:class:`Observers` calls each registered observer in turn and logs and skips one that
+raises; the public base class and the hooks' documentation are :mod:`pawn_queue.observe`.
+This module knows messages only as objects it passes on, so the core below
+:mod:`pawn_queue.message` can hold observers without importing it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+logger = logging.getLogger("pawn_queue.observe")
+
+Outcome = Literal["ack", "nack_requeue", "dead_letter"]
+"""How a message was settled: acked, requeued (``nack(requeue=True)``, a retry), or
+dead-lettered (``nack()``, a failed handler, ``max_receive_count``, retention)."""
+
+
+@dataclass(slots=True)
+class Publication:
+    """One ``publish`` or ``publish_batch`` call, seen by every hook of that call."""
+
+    topic: str
+    attributes: dict[str, str]
+    """The messages' attributes: :meth:`Observer.before_publish` may add str entries."""
+    count: int
+    """How many messages (1, or the batch's size)."""
+    message_ids: list[str] = field(default_factory=list)
+    """The published ids (filled once the write is durable)."""
+    state: dict[object, Any] = field(default_factory=dict)
+    """Room for an observer's own state between its hooks (key it by the observer)."""
+
+
+class Hooks(Protocol):
+    """What the core calls; :class:`pawn_queue.observe.Observer` has every hook."""
+
+    def before_publish(self, publication: Publication) -> None: ...
+    def published(self, publication: Publication) -> None: ...
+    def publish_failed(self, publication: Publication, error: BaseException) -> None: ...
+    def delivered(self, message: Any) -> None: ...
+    def handler_started(self, message: Any) -> None: ...
+    def handler_finished(
+        self, message: Any, seconds: float, error: BaseException | None
+    ) -> None: ...
+    def settled(self, message: Any, outcome: Outcome, reason: str | None) -> None: ...
+    def lease_lost(self, message: Any) -> None: ...
+    def quarantined(self, topic: str, key: str, error: str) -> None: ...
+
+
+class Observers:
+    """The observers of one queue, called in order; one that raises is logged and skipped.
+
+    False when empty: the core tests it before building anything for the hooks."""
+
+    __slots__ = ("_observers",)
+
+    def __init__(self, observers: Iterable[Hooks] = ()) -> None:
+        self._observers: list[Hooks] = list(observers)
+
+    def __bool__(self) -> bool:
+        return bool(self._observers)
+
+    def __len__(self) -> int:
+        return len(self._observers)
+
+    def __contains__(self, observer: object) -> bool:
+        return any(o is observer for o in self._observers)
+
+    def add(self, observer: Hooks) -> bool:
+        """Add ``observer`` unless it is there already; return whether it was added."""
+        if observer in self:
+            return False
+        self._observers.append(observer)
+        return True
+
+    def _failed(self, observer: Hooks, hook: str) -> None:
+        logger.exception("observer %r failed in %s; ignored", observer, hook)
+
+    def _each(self, hook: str, *args: object) -> None:
+        for o in self._observers:
+            try:
+                getattr(o, hook)(*args)
+            except Exception:
+                self._failed(o, hook)
+
+    def before_publish(self, publication: Publication) -> None:
+        for o in self._observers:
+            before = dict(publication.attributes)
+            try:
+                o.before_publish(publication)
+                _check_attributes(publication.attributes)
+            except Exception:
+                publication.attributes = before  # what a failed observer added is dropped
+                self._failed(o, "before_publish")
+
+    def published(self, publication: Publication) -> None:
+        self._each("published", publication)
+
+    def publish_failed(self, publication: Publication, error: BaseException) -> None:
+        self._each("publish_failed", publication, error)
+
+    def delivered(self, message: object) -> None:
+        self._each("delivered", message)
+
+    def handler_started(self, message: object) -> None:
+        self._each("handler_started", message)
+
+    def handler_finished(
+        self, message: object, seconds: float, error: BaseException | None
+    ) -> None:
+        self._each("handler_finished", message, seconds, error)
+
+    def settled(self, message: object, outcome: Outcome, reason: str | None = None) -> None:
+        self._each("settled", message, outcome, reason)
+
+    def lease_lost(self, message: object) -> None:
+        self._each("lease_lost", message)
+
+    def quarantined(self, topic: str, key: str, error: str) -> None:
+        self._each("quarantined", topic, key, error)
+
+
+def _check_attributes(attributes: object) -> None:
+    """Attributes an observer left must stay a dict of str to str."""
+    if not isinstance(attributes, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
+    ):
+        raise TypeError(f"attributes must map str to str, got {attributes!r}")

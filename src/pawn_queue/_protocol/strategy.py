@@ -1,0 +1,159 @@
+"""The lease strategy: which of the two protocols of :mod:`pawn_queue._protocol.lease_protocol` a
+store gets.
+
+``conditional_write`` where the store enforces create-only and if-match puts, else
+``csprng_verify`` (rule 7). The probe tests what the protocol uses, as it uses it
+(docs/protocol.md, strategy ``auto``): ``auto`` takes its answer, and an explicit
+``conditional_write`` on a store that does not enforce both is refused at setup.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.lease_protocol import ResolvedStrategy, nonce
+from pawn_queue.config import Strategy
+from pawn_queue.exceptions import (
+    AlreadyExists,
+    ConfigError,
+    PreconditionFailed,
+    StoreError,
+    StoreUnavailable,
+)
+from pawn_queue.store.base import IfMatch, Store
+from pawn_queue.store.memory import MemoryStore
+from pawn_queue.store.wrapper import StoreWrapper
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """One conditional write the probe tried: whether the store did what the protocol needs,
+    and what it did."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreProbe:
+    """What the probe saw: each capability it tested, in the order it tested them."""
+
+    capabilities: tuple[Capability, ...]
+
+    @property
+    def strategy(self) -> ResolvedStrategy:
+        """``conditional_write`` only if every capability holds."""
+        if all(c.ok for c in self.capabilities):
+            return "conditional_write"
+        return "csprng_verify"
+
+    @property
+    def missing(self) -> list[Capability]:
+        return [c for c in self.capabilities if not c.ok]
+
+
+async def resolve_strategy(store: Store, configured: Strategy) -> ResolvedStrategy:
+    """The strategy for ``store``: ``conditional_write`` for memory and a local directory
+    under ``auto`` (no request: both enforce it), the probe's answer for any other store.
+    A configured ``conditional_write`` is probed too, and refused (ConfigError naming what is
+    missing) where the store does not enforce it. ``csprng_verify`` is taken as configured
+    and logged at WARNING (rule 7)."""
+    if configured == "csprng_verify":
+        strategy: ResolvedStrategy = configured
+    elif known_conditional(store):
+        strategy = "conditional_write"
+    else:
+        probe = await probe_store(store)
+        strategy = probe.strategy
+        if configured == "conditional_write" and strategy != "conditional_write":
+            missing = "; ".join(f"{c.name}: {c.detail}" for c in probe.missing)
+            raise ConfigError(
+                f"concurrency.strategy is conditional_write, but {store!r} does not enforce "
+                f"it ({missing}); set concurrency.strategy to auto or csprng_verify"
+            )
+    if strategy == "csprng_verify":
+        logger.warning(
+            "strategy=csprng_verify: claims are probabilistic (write, wait, verify); "
+            "see docs/protocol.md"
+        )
+    return strategy
+
+
+def known_conditional(store: Store) -> bool:
+    """Whether ``store`` is memory or a local directory (both known to enforce create-only
+    and if-match puts), also inside StoreWrappers (counting, metrics), which keep the inner
+    store's semantics. Any other store or wrapper is probed."""
+    store = _innermost(store)
+    # Loaded whenever such a store exists (importing it needs fcntl, POSIX only).
+    filesystem = sys.modules.get("pawn_queue.store.filesystem")
+    if filesystem is not None and isinstance(store, filesystem.FilesystemStore):
+        return True
+    return isinstance(store, MemoryStore)
+
+
+async def probe_store(store: Store) -> StoreProbe:
+    """Try each conditional write the lease protocol relies on, on ``_probe/{uuid}.probe``:
+
+    1. an if-match write with the ETag exactly as the store returned it must be accepted;
+    2. an if-match write with that ETag, now stale, must be refused;
+    3. a create-only write on the existing key must be refused.
+
+    A condition the store ignores (the write went through) or answers with another error
+    (B2: 501) fails its check. A transient failure propagates. The key is deleted after.
+    """
+    key = layout.probe_key(str(uuid.uuid4()))
+    try:
+        first = await store.put(key, nonce().encode(), "overwrite")
+        current = await _attempt(store.put(key, nonce().encode(), IfMatch(first)))
+        if isinstance(current, str):
+            detail = "accepted"
+            if getattr(_innermost(store), "if_match_unquoted", False):
+                detail += " with the ETag sent without its quotes (refused quoted)"
+            accepts = Capability("if-match, current ETag", True, detail)
+        else:
+            accepts = Capability("if-match, current ETag", False, f"refused ({current})")
+        stale = await _attempt(store.put(key, nonce().encode(), IfMatch(first)))
+        refuses_stale = _refusal("if-match, stale ETag", stale, PreconditionFailed)
+        again = await _attempt(store.put(key, nonce().encode(), "create"))
+        refuses_create = _refusal("create-only, existing key", again, AlreadyExists)
+    finally:
+        await store.delete(key)
+    probe = StoreProbe((accepts, refuses_stale, refuses_create))
+    logger.info(
+        "strategy=%s (probe of conditional writes: %s)",
+        probe.strategy,
+        "; ".join(f"{c.name}: {c.detail}" for c in probe.capabilities),
+    )
+    return probe
+
+
+async def _attempt(put: Awaitable[str]) -> str | StoreError:
+    """The put's new etag, or the store's refusal (a transient failure propagates)."""
+    try:
+        return await put
+    except StoreUnavailable:
+        raise
+    except StoreError as exc:
+        return exc
+
+
+def _refusal(name: str, outcome: str | StoreError, expected: type[StoreError]) -> Capability:
+    if isinstance(outcome, expected):
+        return Capability(name, True, "refused")
+    if isinstance(outcome, str):
+        return Capability(name, False, "ignored: the write went through")
+    return Capability(name, False, f"not supported ({outcome})")
+
+
+def _innermost(store: Store) -> Store:
+    while isinstance(store, StoreWrapper):
+        store = store.inner
+    return store

@@ -1,0 +1,360 @@
+"""Request budgets: what each operation costs, counted at the store boundary (docs/protocol.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from pawn_queue import PawnQueue
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import LeaseBody
+from pawn_queue.config import load_config
+from pawn_queue.exceptions import NotFoundError
+from pawn_queue.store import open_store
+from pawn_queue.store.base import Store
+from pawn_queue.store.counting import CountingStore
+from pawn_queue.store.wrapper import StoreCall, StoreWrapper
+from tests.helpers.support import settled
+
+T = TypeVar("T")
+
+
+async def spent(pq: PawnQueue, store: CountingStore) -> Counter[str]:
+    """The requests counted since the last call, the lease deletes that follow acks included."""
+    await settled(pq)
+    return store.reset()
+
+
+@contextlib.asynccontextmanager
+async def counted_queue(
+    queue_config: dict[str, Any], wrap: Callable[[Store], Store] = lambda store: store
+) -> AsyncIterator[tuple[PawnQueue, CountingStore]]:
+    """A queue with topic ``t`` whose requests are counted (on the store ``wrap`` makes)."""
+    # Long leases: no background refresh may add requests while a budget is measured.
+    queue_config["polling"]["visibility_timeout_seconds"] = 60
+    queue_config["polling"]["lease_refresh_interval_seconds"] = 20
+    # Change signals are measured on their own (tests/protocol/test_notify.py).
+    queue_config["notify"] = {"enabled": False}
+    config = load_config(queue_config)
+    store = CountingStore(wrap(open_store(config)))
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("t")
+        yield pq, store
+
+
+@pytest.fixture
+async def counted(queue_config: dict[str, Any]) -> AsyncIterator[tuple[PawnQueue, CountingStore]]:
+    async with counted_queue(queue_config) as queue:
+        yield queue
+
+
+async def test_setup_probes_s3_only(backend: str, queue_config: dict[str, Any]) -> None:
+    """On S3: an access check and the strategy probe. Memory and a local directory are known
+    to enforce conditional writes: no request (a local directory is not even created)."""
+    config = load_config(queue_config)
+    store = CountingStore(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        assert pq.strategy == "conditional_write"
+        # The access check; the probe: a PUT, if-match current and stale, create, DELETE.
+        probe = Counter({"LIST": 1, "PUT": 1, "PUT create": 1, "PUT if-match": 2, "DELETE": 1})
+        assert store.reset() == (probe if backend == "s3" else Counter())
+
+
+async def test_publish_costs_one_put(counted: tuple[PawnQueue, CountingStore]) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    await spent(pq, store)
+    for n in range(5):
+        await producer.publish("t", {"n": n})
+    # Create-only: a lost answer is never resent blindly (docs/protocol.md, "Publish").
+    assert await spent(pq, store) == Counter({"PUT create": 5})
+
+
+async def test_poll_of_ten_is_one_list_plus_claims_and_reads(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    for n in range(30):
+        await producer.publish("t", {"n": n})
+    consumer = await pq.register_consumer("c", topics=["t"])
+    await spent(pq, store)
+    messages = await consumer.poll()
+    assert len(messages) == 10
+    # Never a GET to learn whether a message is leased: claims are create-only PUTs.
+    assert await spent(pq, store) == Counter({"LIST": 1, "PUT create": 10, "GET": 10})
+    for message in messages:
+        await message.ack()
+    # One delete per ack; the lease deletes follow in the background and may share a
+    # request with a later ack's (10 messages, up to 10 leases).
+    deletes = await spent(pq, store)
+    assert set(deletes) == {"DELETE"} and 11 <= deletes["DELETE"] <= 20
+    await messages[0].ack()  # idempotent and free
+    assert await spent(pq, store) == Counter()
+
+
+async def test_later_polls_claim_what_the_first_listing_found(
+    counted: tuple[PawnQueue, CountingStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slow machine must not outlast the memory between two polls of this test.
+    monkeypatch.setattr("pawn_queue._protocol.claiming._REMEMBER_SECONDS", 60.0)
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    published = [await producer.publish("t", {"n": n}) for n in range(25)]
+    consumer = await pq.register_consumer("c", topics=["t"])
+    await spent(pq, store)
+    received: list[str] = []
+    costs = []
+    for _ in range(4):
+        messages = await consumer.poll()
+        received += [m.id for m in messages]
+        costs.append(await spent(pq, store))
+        await asyncio.gather(*(m.ack() for m in messages))
+        await spent(pq, store)
+    assert received == published  # FIFO, each once
+    assert costs == [
+        Counter({"LIST": 1, "PUT create": 10, "GET": 10}),
+        Counter({"PUT create": 10, "GET": 10}),  # no LIST: the first one listed all 25
+        # The rest of what was listed, then a LIST for the 5 more it wants (finding none).
+        Counter({"PUT create": 5, "GET": 5, "LIST": 1}),
+        Counter({"LIST": 1}),
+    ]
+
+
+async def test_nack_costs_a_put_and_two_deletes(counted: tuple[PawnQueue, CountingStore]) -> None:
+    pq, store = counted
+    await (await pq.register_producer("p")).publish("t", {"n": 1})
+    [message] = await (await pq.register_consumer("c", topics=["t"])).poll()
+    await spent(pq, store)
+    await message.nack()
+    assert await spent(pq, store) == Counter({"PUT": 1, "DELETE": 2})
+
+
+async def test_idle_poll_costs_one_list(counted: tuple[PawnQueue, CountingStore]) -> None:
+    pq, store = counted
+    consumer = await pq.register_consumer("c", topics=["t"])
+    await spent(pq, store)
+    assert await consumer.poll() == []
+    assert await spent(pq, store) == Counter({"LIST": 1})
+
+
+async def test_batch_of_100_costs_a_lease_write_per_poll(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    await spent(pq, store)
+    await producer.publish_batch("t", [{"n": n} for n in range(100)])
+    polls = 0
+    received = 0
+    while received < 100:
+        messages = await consumer.poll()
+        polls += 1
+        # The acks of a poll, gathered, are made durable by one lease write.
+        await asyncio.gather(*(message.ack() for message in messages))
+        received += len(messages)
+    assert polls == 10  # polling.max_messages_per_poll: 10
+    # publish, LIST, claim, read, a lease write for each poll's acks but the last, whose
+    # acks delete the object (and then its lease); later polls are served locally.
+    assert await spent(pq, store) == Counter(
+        {"PUT create": 2, "LIST": 1, "GET": 1, "PUT if-match": polls - 1, "DELETE": 2}
+    )
+
+
+async def listen_until(
+    consumer: Any, count: int, handle: Any, concurrency: int | None = None
+) -> None:
+    """Run ``consumer.listen(handle)`` until ``handle`` was called ``count`` times."""
+    calls = 0
+    done = asyncio.Event()
+
+    async def counting(message: Any) -> None:
+        nonlocal calls
+        await handle(message)
+        calls += 1
+        if calls == count:
+            done.set()
+
+    listener = asyncio.create_task(consumer.listen(counting, concurrency=concurrency))
+    await asyncio.wait_for(done.wait(), 30)
+    listener.cancel()
+    await asyncio.gather(listener, return_exceptions=True)
+
+
+async def drain_batches(
+    counted: tuple[PawnQueue, CountingStore], sizes: list[int], concurrency: int | None
+) -> Counter[str]:
+    """Publish batch objects of ``sizes`` members, listen() until a handler acked each
+    member once, and return the requests the drain cost."""
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    total = 0
+    for size in sizes:
+        await producer.publish_batch("t", [{"n": n} for n in range(total, total + size)])
+        total += size
+    await spent(pq, store)
+    acked: list[int] = []
+
+    async def handle(message: Any) -> None:
+        await message.ack()
+        acked.append(message.payload["n"])
+
+    await listen_until(consumer, total, handle, concurrency)
+    assert sorted(acked) == list(range(total))
+    return await spent(pq, store)
+
+
+@pytest.mark.parametrize("concurrency", [None, 4])
+async def test_listen_writes_the_acks_of_a_batch_of_100_in_one_lease_write_at_most(
+    counted: tuple[PawnQueue, CountingStore], concurrency: int | None
+) -> None:
+    """listen() hands out the next poll (or fills a slot) while the acks of the last ones
+    wait for their write, and that write waits for the members still to be settled: the
+    object's delete makes them all durable. With a write per poll it took 9 lease writes
+    (about 25 with 4 slots)."""
+    counts = await drain_batches(counted, [100], concurrency)
+    assert counts["PUT if-match"] <= 1, counts
+    assert counts["DELETE"] == 2, counts  # the object, then its lease
+
+
+@pytest.mark.parametrize("concurrency", [None, 4])
+async def test_an_object_s_last_members_handed_out_with_a_claim_still_share_its_delete(
+    counted: tuple[PawnQueue, CountingStore], concurrency: int | None
+) -> None:
+    """Polls of 10 over two batch objects of 12: a poll hands out the first object's last
+    members and then claims (a request the loop waits for). The acks made before wait for
+    those members too, not only for the poll that takes them: each object's delete makes
+    its acks durable, with no lease write."""
+    counts = await drain_batches(counted, [12, 12], concurrency)
+    assert counts["PUT if-match"] == 0, counts
+
+
+class SlowListings(StoreWrapper):
+    """A store whose listings take 0.1 s, five times a member-ack write's longest wait."""
+
+    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
+        if call.operation == "list":
+            await asyncio.sleep(0.1)
+        return await run()
+
+
+async def test_a_slow_claim_does_not_cost_the_acks_of_the_object_before_it_a_lease_write(
+    queue_config: dict[str, Any],
+) -> None:
+    """listen() hands out an object's last members as a poll of their own, not with the
+    claim of the next object: the acks of its earlier members, which wait for those last
+    ones, would otherwise be written when the wait ends, however slow the claim is. Two
+    objects of 12 drained by polls of 10, on a store that lists slowly: no lease write."""
+    async with counted_queue(queue_config, SlowListings) as counted:
+        counts = await drain_batches(counted, [12, 12], None)
+    assert counts["PUT if-match"] == 0, counts
+
+
+async def test_consumers_of_one_queue_do_not_race_each_other_for_a_message(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
+    """A message another consumer of the same queue is claiming is skipped, not claimed a
+    second time: no create-only PUT (nor the GET that follows a lost one) is wasted."""
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    consumers = [await pq.register_consumer(f"c{n}", topics=["t"]) for n in range(2)]
+    published = await producer.publish("t", {"n": 1})
+    await spent(pq, store)
+    polls = await asyncio.gather(*(consumer.poll() for consumer in consumers))
+    assert sorted(len(messages) for messages in polls) == [0, 1]
+    assert [m.id for messages in polls for m in messages] == [published]
+    counts = await spent(pq, store)
+    assert (counts["PUT create"], counts["GET"]) == (1, 1), counts
+
+
+async def test_a_listener_s_member_ack_is_durable_when_it_returns(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
+    """Rule 13 holds while the write waits for the next polls' acks: once ``ack()`` returned,
+    the stored lease lists the member, or the object is gone."""
+    pq = counted[0]
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    await producer.publish_batch("t", [{"n": n} for n in range(35)])
+    durable: list[bool] = []
+
+    async def handle(message: Any) -> None:
+        await message.ack()
+        claimed = message._claimed
+        try:
+            lease = await pq.store.get(layout.lease_key("t", claimed.lease.message_id))
+            listed = message._index in LeaseBody.decode(lease.data).settled
+        except NotFoundError:
+            listed = False
+        try:
+            await pq.store.head(claimed.key)
+            durable.append(listed)
+        except NotFoundError:
+            durable.append(True)
+
+    await listen_until(consumer, 35, handle)
+    assert durable == [True] * 35
+
+
+async def test_each_ack_of_a_batch_member_is_durable_when_it_returns(
+    counted: tuple[PawnQueue, CountingStore],
+) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    await producer.publish_batch("t", ["a", "b", "c"])
+    await spent(pq, store)
+    first, *rest = await consumer.poll()
+    await first.ack()
+    assert await spent(pq, store) == Counter(
+        {"LIST": 1, "PUT create": 1, "GET": 1, "PUT if-match": 1}
+    )
+    lease = await pq.store.get(layout.lease_key("t", first._claimed.lease.message_id))
+    assert LeaseBody.decode(lease.data).settled == (0,)  # stored before ack() returned
+    for message in rest:
+        await message.ack()
+
+
+async def test_competing_consumer_stops_paying_for_held_messages(
+    counted: tuple[PawnQueue, CountingStore], queue_config: dict[str, Any]
+) -> None:
+    pq = counted[0]
+    producer = await pq.register_producer("p")
+    for n in range(10):
+        await producer.publish("t", {"n": n})
+    holder = await pq.register_consumer("holder", topics=["t"])
+    assert len(await holder.poll()) == 10
+    # Another process: it cannot know what this one holds.
+    config = load_config(queue_config)
+    other_store = CountingStore(open_store(config))
+    async with PawnQueue(config, store=other_store) as other:
+        rival = await other.register_consumer("rival", topics=["t"])
+        other_store.reset()
+        assert await rival.poll() == []
+        first = other_store.reset()
+        # It claims the head alone first (it just started), loses it and learns its expiry.
+        assert first["PUT create"] == 1 and first["GET"] == 1
+        assert await rival.poll() == []
+        second = other_store.reset()
+        assert second["PUT create"] == 0 and second["GET"] == 0
+        assert second["LIST"] <= 2
+
+
+async def test_concurrent_acks_share_two_deletes(counted: tuple[PawnQueue, CountingStore]) -> None:
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    for n in range(10):
+        await producer.publish("t", {"n": n})
+    messages = await (await pq.register_consumer("c", topics=["t"])).poll()
+    await spent(pq, store)
+    await asyncio.gather(*(m.ack() for m in messages))
+    # All messages in one delete_many, then all leases in another (messages before leases).
+    assert await spent(pq, store) == Counter({"DELETE": 2})
+    assert await pq.store.list("t/") == [await pq.store.head("t/.topic")]

@@ -1,0 +1,250 @@
+"""Change signals (vnotify): idle consumers wake on a publish from another process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import pytest
+
+from pawn_queue import Message, PawnQueue
+from pawn_queue._protocol import layout
+from pawn_queue.config import load_config
+from pawn_queue.exceptions import StoreError
+from pawn_queue.store import open_store
+from pawn_queue.store.counting import CountingStore
+from tests.helpers.faults import FaultyStore
+
+
+def slow_backfill(queue_config: dict[str, Any]) -> dict[str, Any]:
+    """A full poll only every 60 s: anything faster must come from a change signal."""
+    queue_config["polling"]["interval_seconds"] = 60
+    queue_config["notify"] = {"check_interval_seconds": 0.05, "backfill_interval_seconds": 60}
+    return queue_config
+
+
+async def test_listener_wakes_on_publish_from_another_instance(
+    queue_config: dict[str, Any],
+) -> None:
+    config = slow_backfill(queue_config)
+    async with (
+        await PawnQueue.from_config(config) as producer_side,
+        await PawnQueue.from_config(config) as consumer_side,
+    ):
+        await producer_side.create_topic("t")
+        producer = await producer_side.register_producer("p")
+        consumer = await consumer_side.register_consumer("c", topics=["t"])
+        received: asyncio.Queue[str] = asyncio.Queue()
+
+        async def handler(message: Message) -> None:
+            await message.ack()
+            await received.put(message.id)
+
+        task = asyncio.create_task(consumer.listen(handler))
+        try:
+            for _ in range(3):
+                mid = await producer.publish("t", {"x": 1})
+                assert await asyncio.wait_for(received.get(), 10) == mid
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_poll_wait_returns_when_a_message_arrives(queue_config: dict[str, Any]) -> None:
+    config = slow_backfill(queue_config)
+    async with (
+        await PawnQueue.from_config(config) as producer_side,
+        await PawnQueue.from_config(config) as consumer_side,
+    ):
+        await producer_side.create_topic("t")
+        producer = await producer_side.register_producer("p")
+        consumer = await consumer_side.register_consumer("c", topics=["t"])
+        assert await consumer.poll(wait=0.2) == []
+        waiting = asyncio.create_task(consumer.poll(wait=30))
+        mid = await producer.publish("t", {"x": 1})
+        messages = await asyncio.wait_for(waiting, 10)
+        assert [m.id for m in messages] == [mid]
+
+
+async def test_idle_listener_costs_one_head_per_check(queue_config: dict[str, Any]) -> None:
+    config = load_config(slow_backfill(queue_config))
+    counting = CountingStore(open_store(config))
+    heads = asyncio.Event()
+    seen_heads = 0
+
+    async def count_heads(operation: str, key: str) -> None:
+        nonlocal seen_heads
+        if operation == "head" and key == layout.NOTIFY_ROOT:
+            seen_heads += 1
+            if seen_heads >= 20:
+                heads.set()
+
+    observed = FaultyStore(counting, hooks=[count_heads])
+    async with PawnQueue(config, store=observed) as pq:
+        for n in range(10):
+            await pq.create_topic(f"topic-{n}")
+        consumer = await pq.register_consumer("idle", topics=[f"topic-{n}" for n in range(10)])
+        counting.reset()
+        task = asyncio.create_task(consumer.listen(lambda m: m.ack()))
+        await asyncio.wait_for(heads.wait(), 20)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        counts = counting.reset()
+    # To start: a full poll of the 10 topics, a look at the signals (LIST _notify/), and
+    # one more full poll for what landed in between. Then HEADs only.
+    assert counts["LIST"] == 21, counts
+    assert counts["HEAD"] >= 20
+    assert set(counts) == {"LIST", "HEAD"}, counts
+
+
+async def test_signals_can_be_turned_off(queue_config: dict[str, Any]) -> None:
+    queue_config["notify"] = {"enabled": False}
+    config = load_config(queue_config)
+    counting = CountingStore(open_store(config))
+    async with PawnQueue(config, store=counting) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        consumer = await pq.register_consumer("c", topics=["t"])
+        counting.reset()
+        await producer.publish("t", 1)
+        [message] = await consumer.poll(wait=1)
+        await message.ack()
+        counts = counting.reset()
+        assert await pq.store.list(layout.NOTIFY) == []
+    # The publish and the claim (both create-only), and no signal.
+    assert counts["HEAD"] == 0 and counts["PUT create"] == 2 and counts["PUT"] == 0
+
+
+async def test_signals_of_a_burst_are_coalesced(queue_config: dict[str, Any]) -> None:
+    # A long interval: the burst's first mark goes out at once, a second only much later.
+    queue_config["notify"] = {"check_interval_seconds": 30}
+    queue_config["producer"] = {"group_commit": False}  # a message object each
+    config = load_config(queue_config)
+    counting = CountingStore(open_store(config))
+    root_written = asyncio.Event()
+
+    async def on_put(operation: str, key: str) -> None:
+        if operation == "put" and key == layout.NOTIFY_ROOT:
+            root_written.set()
+
+    async with PawnQueue(config, store=FaultyStore(counting, observers=[on_put])) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        counting.reset()
+        await asyncio.gather(*(producer.publish("t", n) for n in range(100)))
+        await asyncio.wait_for(root_written.wait(), 10)
+        counts = counting.reset()
+        assert counts["PUT create"] == 100  # the messages (create-only)
+        assert counts["PUT"] == 2  # then one slot and the root
+        assert await pq.store.head(layout.notify_slot_key("t"))
+
+
+async def test_signal_checks_go_on_after_store_errors(queue_config: dict[str, Any]) -> None:
+    """A failing HEAD of the signal root does not stop the watch until the next backfill:
+    once the store answers again, a publish still wakes the listener at once."""
+    config = load_config(slow_backfill(queue_config))
+    store = FaultyStore(open_store(config))
+    failures, failed = 3, asyncio.Event()
+
+    async def fail_root_heads(operation: str, key: str) -> None:
+        nonlocal failures
+        if operation == "head" and key == layout.NOTIFY_ROOT and failures:
+            failures -= 1
+            if not failures:
+                failed.set()
+            raise StoreError("injected: HEAD failed")
+
+    async with (
+        await PawnQueue.from_config(slow_backfill(queue_config)) as producer_side,
+        PawnQueue(config, store=store) as consumer_side,
+    ):
+        await producer_side.create_topic("t")
+        producer = await producer_side.register_producer("p")
+        consumer = await consumer_side.register_consumer("c", topics=["t"])
+        assert await consumer.poll(wait=0.2) == []
+        waiting = asyncio.create_task(consumer.poll(wait=30))
+        store.hooks.append(fail_root_heads)
+        await asyncio.wait_for(failed.wait(), 10)
+        mid = await producer.publish("t", {"x": 1})
+        messages = await asyncio.wait_for(waiting, 10)
+        assert [m.id for m in messages] == [mid]
+
+
+async def test_idle_listener_hears_another_instance_however_long_it_waited(
+    queue_config: dict[str, Any],
+) -> None:
+    """The watch lasts as long as the wait: a listener idle for many times the watch's grace
+    (50 checks) still wakes on a signal, not at the 60 s backfill."""
+    config = slow_backfill(queue_config)
+    async with (
+        await PawnQueue.from_config(config) as producer_side,
+        await PawnQueue.from_config(config) as consumer_side,
+    ):
+        await producer_side.create_topic("t")
+        producer = await producer_side.register_producer("p")
+        consumer = await consumer_side.register_consumer("c", topics=["t"])
+        received: asyncio.Queue[str] = asyncio.Queue()
+
+        async def handler(message: Message) -> None:
+            await message.ack()
+            await received.put(message.id)
+
+        task = asyncio.create_task(consumer.listen(handler))
+        try:
+            for idle in (0.5, 3 * 50 * 0.05):  # the second gap outlasts the grace three times
+                await asyncio.sleep(idle)  # the idle gap under test, not a synchronisation
+                mid = await producer.publish("t", {"idle": idle})
+                assert await asyncio.wait_for(received.get(), 10) == mid
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+_PUBLISH_ONE = """
+import asyncio, json, sys
+from pawn_queue import PawnQueue
+
+async def main() -> None:
+    async with await PawnQueue.from_config(json.loads(sys.argv[1])) as pq:
+        producer = await pq.register_producer("other-process")
+        print(await producer.publish("t", {"from": "another process"}), flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("backend", ["filesystem", "s3"])
+async def test_idle_listener_hears_a_publish_from_another_process(
+    queue_config: dict[str, Any],
+) -> None:
+    """As users run it: the producer is another process, published after the listener has
+    been idle longer than the watch's grace; signals, not the backfill, deliver it."""
+    config = slow_backfill(queue_config)
+    async with await PawnQueue.from_config(config) as pq:
+        await pq.create_topic("t")
+        consumer = await pq.register_consumer("c", topics=["t"])
+        received: asyncio.Queue[str] = asyncio.Queue()
+
+        async def handler(message: Message) -> None:
+            await message.ack()
+            await received.put(message.id)
+
+        task = asyncio.create_task(consumer.listen(handler))
+        try:
+            await asyncio.sleep(3 * 50 * 0.05)  # the idle gap under test
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                _PUBLISH_ONE,
+                json.dumps(config),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            out, _ = await asyncio.wait_for(process.communicate(), 30)
+            assert process.returncode == 0
+            # The other process's start-up is not counted: the wait starts once it published.
+            assert await asyncio.wait_for(received.get(), 10) == out.decode().strip()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

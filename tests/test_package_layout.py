@@ -1,0 +1,148 @@
+"""The package's layout: no import cycle (type-only and function-level imports included),
+the internal packages never call the layers above them, and the imports users have work."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "pawn_queue"
+
+# What the internals may never import: the public API and everything built on it.
+ABOVE_THE_INTERNALS = (
+    "app",
+    "builder",
+    "cli",
+    "client",
+    "consumer",
+    "dashboard",
+    "metrics",
+    "producer",
+    "service",
+    "spark",
+    "sync",
+    "testing",
+    "tracing",
+)
+
+
+def import_graph(root: Path, name: str) -> dict[str, set[str]]:
+    """Every module of the package under ``root`` (named ``name``) and the package's
+    modules it imports anywhere: at the top, under TYPE_CHECKING, or inside a function."""
+    modules: dict[str, Path] = {}
+    for path in root.rglob("*.py"):
+        parts = [name, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+
+    def targets(module: str, node: ast.Import | ast.ImportFrom, is_package: bool) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        base = node.module or ""
+        if node.level:
+            here = module.split(".") if is_package else module.split(".")[:-1]
+            here = here[: len(here) - node.level + 1]
+            base = ".".join([*here, base] if base else here)
+        return [
+            f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+            for alias in node.names
+        ]
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        graph[module] = {
+            target
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for target in targets(module, node, path.name == "__init__.py")
+            if target in modules and target != module
+        }
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_finder_finds_a_type_only_cycle(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "inner").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "inner" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.inner import b\n")
+    (package / "inner" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..c import C\n"
+    )
+    (package / "c.py").write_text("def f():\n    import pkg.a\n")
+    assert cycles(import_graph(package, "pkg")) == [["pkg.a", "pkg.c", "pkg.inner.b"]]
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = import_graph(PACKAGE, "pawn_queue")
+    assert len(graph) > 90
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize("internal", ["pawn_queue._internal", "pawn_queue._protocol"])
+def test_the_internals_never_import_the_layers_above(internal: str) -> None:
+    graph = import_graph(PACKAGE, "pawn_queue")
+    above = tuple(f"pawn_queue.{name}" for name in ABOVE_THE_INTERNALS)
+    calls_up = {
+        module: sorted(t for t in targets if t == internal or t.startswith(above))
+        for module, targets in graph.items()
+        if module.startswith(internal)
+    }
+    assert len(calls_up) > 5
+    assert {module: up for module, up in calls_up.items() if up} == {}
+
+
+def test_the_imports_users_have_keep_working() -> None:
+    import pawn_queue
+
+    for name in pawn_queue.__all__:
+        assert getattr(pawn_queue, name).__module__.startswith("pawn_queue.")
+        assert not getattr(pawn_queue, name).__module__.startswith(
+            ("pawn_queue._internal", "pawn_queue._protocol")
+        ), name
+    from pawn_queue.config import PollingConfig, S3Config, load_config
+    from pawn_queue.consumer import Retry
+    from pawn_queue.observe import Observer, Outcome, Publication
+
+    assert Retry is pawn_queue.Retry
+    assert {S3Config.section_path, PollingConfig.section_path} == {"s3", "polling"}
+    assert callable(load_config) and Observer and Outcome and Publication
+    for module in ("pawn_queue.sync", "pawn_queue.testing", "pawn_queue.spark"):
+        assert importlib.import_module(module).__all__
