@@ -6,7 +6,7 @@ COMPAT_VENV := .venv-pq013
 VSQS_VENV := .venv-vsqs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-soak chromium clean
+.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck docs docs-check pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-soak chromium clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,17 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+# The documentation site (MkDocs Material, mkdocs.yml): `make docs` builds it into site/;
+# `make docs-check` builds it with --strict into a temporary directory, so a broken link,
+# a missing page or an API reference that does not resolve fails `make test`.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build --strict --site-dir site
+
+docs-check: $(STAMP)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+		$(MKDOCS) build --strict --site-dir "$$tmp"
 
 # Debian's Chromium for the dashboard's browser tests (Playwright drives it; it downloads
 # no browser of its own). Without apt-get those tests are skipped, saying why.
@@ -74,7 +85,7 @@ test-servers: ceph $(NPM_DIR)/node_modules/.installed
 pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium test-servers
 	PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck docs-check pytest
 
 # vsqs 0.3 from PyPI, in its own venv, for the local-directory comparison in bench/queue.py.
 $(VSQS_VENV)/.installed:
@@ -109,7 +120,17 @@ bench-worker: $(STAMP)
 bench-group-commit: $(STAMP) $(COMPAT_VENV)/.installed
 	$(PY) -m bench.group_commit
 
-bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit
+# Idle cost on SeaweedFS (not in `make bench`: ~25 min): requests a minute of 10/100/1,000 idle
+# listened topics, wake-up from another process, idle poll() LISTs, poll() vs listen() $/million.
+.PHONY: bench-idle
+bench-idle: $(STAMP)
+	$(PY) -m bench.idle
+
+# Batch handlers (listen(batch=100)) against per-message listen() on batch objects of 100, memory and SeaweedFS.
+bench-batch-handlers: $(STAMP)
+	$(PY) -m bench.batch_handlers
+
+bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers
 
 # Soak (not in `make bench` or `make test`): SOAK_MINUTES of producers and consumers on S3
 # through injected network faults, then a drain and an audit; fails if a message was lost.
@@ -118,4 +139,4 @@ bench-soak: $(STAMP)
 	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) --out bench/results/soak.json
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(VSQS_VENV) $(NPM_DIR)/node_modules .pytest_cache .mypy_cache .ruff_cache bench/results
+	rm -rf $(VENV) $(COMPAT_VENV) $(VSQS_VENV) $(NPM_DIR)/node_modules site .pytest_cache .mypy_cache .ruff_cache bench/results

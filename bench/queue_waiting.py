@@ -220,7 +220,7 @@ async def _wake_pair(config: dict[str, Any], gaps: tuple[float, ...]) -> dict[st
         await pq.create_topic(TOPIC)
         consumer = await pq.register_consumer("wake-consumer", topics=[TOPIC])
         settings = settings_of(pq)
-        async with _producer_process(config) as publish:
+        async with producer_process(config) as publish:
             listener = asyncio.create_task(consumer.listen(handler))
             try:
                 idle_since = time.monotonic()
@@ -238,11 +238,11 @@ async def _wake_pair(config: dict[str, Any], gaps: tuple[float, ...]) -> dict[st
 
 
 @contextlib.asynccontextmanager
-async def _producer_process(
-    config: dict[str, Any],
+async def producer_process(
+    config: dict[str, Any], topic: str = TOPIC
 ) -> AsyncIterator[Callable[[int], Awaitable[float]]]:
-    """``bench/wake_producer.py`` in a child process; yields ``publish(i)``, which returns
-    how long the child's publish took."""
+    """``bench/wake_producer.py`` in a child process publishing to ``topic``; yields
+    ``publish(i)``, which returns how long the child's publish took."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -267,7 +267,7 @@ async def _producer_process(
         return float(json.loads(await exchange(json.dumps({"i": i})))["publish_s"])
 
     try:
-        ready = await exchange(json.dumps({"queue": config, "topic": TOPIC}))
+        ready = await exchange(json.dumps({"queue": config, "topic": topic}))
         if ready.strip() != "ready":
             raise RuntimeError(f"wake_producer said {ready!r}")
         yield publish

@@ -93,6 +93,8 @@ PATH_SAMPLES: dict[str, tuple[str, Any]] = {
     "notify.check_interval_seconds": ("0.5", 0.5),
     "notify.idle_check_interval_seconds": ("5", 5.0),
     "notify.backfill_interval_seconds": ("120", 120.0),
+    "notify.sweep_interval_seconds": ("300", 300.0),
+    "notify.sweep_pace_seconds": ("2.5", 2.5),
     "producer.group_commit": ("no", False),
     "producer.linger_seconds": ("0.01", 0.01),
     "producer.max_batch_messages": ("50", 50),
@@ -339,9 +341,13 @@ def test_every_variable_the_project_reads_is_accepted() -> None:
     assert PawnQueueConfig.from_env(env).backend == "memory"
 
 
-def test_readme_names_only_variables_there_are() -> None:
-    readme = REPO / "README.md"
-    documented = set(re.findall(r"PAWNQUEUE_[A-Z0-9_]+", readme.read_text(encoding="utf-8")))
+def test_docs_name_only_variables_there_are() -> None:
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    documented = {
+        name
+        for page in pages
+        for name in re.findall(r"PAWNQUEUE_[A-Z0-9_]+", page.read_text(encoding="utf-8"))
+    }
     # Variables of the project's tools (the dashboard's token) are documented where used.
     assert documented - {*ENV_VARS, URL_ENV_VAR} - OTHER_ENV_VARS == set()
 
@@ -459,7 +465,8 @@ def test_from_url_values_beat_env() -> None:
 def test_credentials_in_urls_are_refused_and_not_echoed(url: str) -> None:
     message = config_error(PawnQueueConfig.from_url, url, environ={})
     assert SECRET not in message
-    assert "PAWNQUEUE_S3_ACCESS_KEY" in message and "PAWNQUEUE_S3_SECRET_KEY" in message
+    assert "PAWNQUEUE_S3_AWS_ACCESS_KEY_ID" in message
+    assert "PAWNQUEUE_S3_AWS_SECRET_ACCESS_KEY" in message
 
 
 @pytest.mark.parametrize(

@@ -239,3 +239,35 @@ def test_the_blocking_queue_takes_observers() -> None:
         message.ack()
     assert recorder.named("published") == [("published", "t", (message_id,))]
     assert ("settled", message_id, "ack", None) in recorder.calls
+
+
+def test_the_fan_out_calls_only_the_hooks_an_observer_implements() -> None:
+    """Hooks an observer keeps from the base class are skipped (they do nothing); one it
+    overrides, sets on the instance, or defines without subclassing is called."""
+    calls: list[str] = []
+
+    class OnlySettled(Observer):
+        def settled(self, message: Message, outcome: Outcome, reason: str | None) -> None:
+            calls.append(f"settled:{outcome}")
+
+        def __getattribute__(self, name: str) -> Any:
+            if name in ("delivered", "handler_started"):
+                calls.append(f"looked up {name}")
+            return super().__getattribute__(name)
+
+    class DuckTyped:
+        def delivered(self, message: object) -> None:
+            calls.append("duck delivered")
+
+    patched = Observer()
+    patched.delivered = lambda message: calls.append("patched delivered")  # type: ignore[method-assign]
+    only = OnlySettled()
+    observers = Observers([only, DuckTyped(), patched])  # type: ignore[list-item]
+    for _ in range(3):
+        observers.delivered("m")
+    observers.settled("m", "ack")
+    assert calls.count("duck delivered") == calls.count("patched delivered") == 3
+    assert calls.count("settled:ack") == 1
+    # The base class's no-op hook was looked up once, to learn it is a no-op: not per call.
+    assert calls.count("looked up delivered") == 1
+    assert "looked up handler_started" not in calls

@@ -48,14 +48,13 @@ def test_s3a_output_without_the_s3a_filesystem_fails_before_publishing(tmp_path:
     assert "Traceback" not in run.stderr
 
 
-def test_readme_cluster_example_says_what_the_driver_and_s3a_need() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("**On a cluster.**", 1)[1].split("\n## ", 1)[0]
+def test_cluster_page_says_what_the_driver_and_s3a_need() -> None:
+    section = (REPO / "docs" / "spark" / "cluster.md").read_text(encoding="utf-8")
     command = section.split("```bash", 1)[1].split("```", 1)[0]
     assert "--out s3a://" in command
     # The driver's own environment, not only the executors'.
-    assert "export PAWNQUEUE_S3_ACCESS_KEY" in command
-    assert "spark.executorEnv.PAWNQUEUE_S3_ACCESS_KEY" in command
+    assert "export PAWNQUEUE_S3_AWS_ACCESS_KEY_ID" in command
+    assert "spark.executorEnv.PAWNQUEUE_S3_AWS_ACCESS_KEY_ID" in command
     for needed in (
         "--packages org.apache.hadoop:hadoop-aws:",
         "spark.hadoop.fs.s3a.endpoint",

@@ -3,16 +3,22 @@ once, and nothing written by a one-shot publisher past its name's first entry.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+from typer.testing import CliRunner
+
 from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
+from pawn_queue.cli import app
 from pawn_queue.config import load_config
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
@@ -104,3 +110,78 @@ async def test_records_of_long_gone_processes_are_forgotten(queue_config: dict[s
         await pq.store.put(key, json.dumps(gone).encode())
         await pq.register_consumer("c", ["t"])  # the first record this process writes
         assert key not in [m.key for m in await pq.store.list(layout.INSTANCES)]
+
+
+# Registers a consumer, says so, and runs until its input ends: then it stops cleanly.
+_WORKER = """
+import asyncio, json, sys
+from pawn_queue import PawnQueue
+
+async def main() -> None:
+    async with await PawnQueue.from_config(json.loads(sys.argv[1])) as pq:
+        await pq.register_consumer(sys.argv[2], ["t"])
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.read)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("backend", ["filesystem", "s3"])
+async def test_pawn_queue_consumers_tells_a_killed_process_from_a_stopped_one(
+    queue_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """``pawn-queue consumers``, as an operator runs it, about two worker processes: both
+    alive; one stopped cleanly shows stopped (not alive) at once; one killed with SIGKILL
+    shows dead once the documented window (two heartbeats) passed since its last one."""
+    interval = 0.5
+    queue_config["registry"] = {"heartbeat_interval_seconds": interval}
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(json.dumps(queue_config))  # JSON is YAML
+    async with await PawnQueue.from_config(queue_config) as pq:
+        await pq.create_topic("t")
+
+    def consumers() -> dict[str, dict[str, Any]]:
+        result = CliRunner().invoke(app, ["--config", str(config_file), "consumers", "--json"])
+        assert result.exit_code == 0, (result.stdout, result.exception)
+        return {row["name"]: row for row in json.loads(result.stdout)}
+
+    workers = {}
+    for name in ("killed", "stopped"):
+        workers[name] = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _WORKER,
+            json.dumps(queue_config),
+            name,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+    try:
+        for worker in workers.values():
+            assert worker.stdout is not None
+            assert await asyncio.wait_for(worker.stdout.readline(), 60) == b"ready\n"
+        rows = await asyncio.to_thread(consumers)
+        assert {n: r["status"] for n, r in rows.items()} == {"killed": "alive", "stopped": "alive"}
+        assert {rows[n]["pid"] for n in workers} == {w.pid for w in workers.values()}
+
+        workers["killed"].kill()  # SIGKILL: no teardown, no last write
+        killed_at = time.monotonic()
+        stopping = workers["stopped"]
+        assert stopping.stdin is not None
+        stopping.stdin.close()
+        assert await asyncio.wait_for(stopping.wait(), 60) == 0
+        rows = await asyncio.to_thread(consumers)
+        assert rows["stopped"]["status"] == "stopped" and not rows["stopped"]["alive"]
+
+        # The window is the bound under test: two heartbeats after the last one, at most
+        # this long after the kill.
+        await asyncio.sleep(max(0.0, killed_at + 2 * interval - time.monotonic()) + 0.05)
+        rows = await asyncio.to_thread(consumers)
+        assert rows["killed"]["status"] == "dead" and not rows["killed"]["alive"]
+        assert rows["stopped"]["status"] == "stopped"
+    finally:
+        for worker in workers.values():
+            if worker.returncode is None:
+                worker.kill()
+            await worker.wait()

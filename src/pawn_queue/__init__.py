@@ -12,6 +12,7 @@ from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import (
     ArgumentError,
+    BatchFailureError,
     ConfigError,
     LeaseConflictError,
     LeaseLostError,
@@ -34,6 +35,7 @@ __version__ = "0.2.0"
 __all__ = [
     "App",
     "ArgumentError",
+    "BatchFailureError",
     "ConfigError",
     "Consumer",
     "DeadLetter",

@@ -16,6 +16,9 @@ result (when not None) is published to ``publish_to`` first; one that raises is 
 its :class:`~pawn_queue.retry.Retry` says, or dead-lettered; a payload its annotation
 refuses is dead-lettered at once (:mod:`pawn_queue._internal.binding`). Stopping lets running
 handlers finish within the grace period and gives every other message back at once.
+
+A batch subscriber (``batch=N``) calls its handler with lists of up to N messages or
+payloads (:mod:`pawn_queue._protocol.batching`); when it returns, the messages are acked together.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from pawn_queue._internal.binding import Binding, InvalidPayload, jsonable
 from pawn_queue._internal.daemon_pool import DaemonThreadPool
 from pawn_queue._internal.handlers import BlockingMessage
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.batching import check_batch
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer, check_concurrency
-from pawn_queue.exceptions import ArgumentError, PawnQueueError
+from pawn_queue.exceptions import ArgumentError, BatchFailureError, PawnQueueError
 from pawn_queue.message import Message
 from pawn_queue.observe import Observer
 from pawn_queue.producer import Producer
@@ -67,6 +71,8 @@ class Subscriber:
     visibility_timeout: float | None
     publish_to: str | None
     binding: Binding = field(repr=False)
+    batch: int | None = None  # a batch handler's most messages per call
+    batch_wait: float = 0.0
 
     @property
     def is_async(self) -> bool:
@@ -124,6 +130,8 @@ class App:
         visibility_timeout: float | None = None,
         publish_to: str | None = None,
         name: str | None = None,
+        batch: int | None = None,
+        batch_wait: float | None = None,
     ) -> Callable[[F], F]:
         """Decorate a handler (``async def`` or plain) of the messages of ``topics``.
 
@@ -133,6 +141,14 @@ class App:
         this subscriber's lease length. ``publish_to``: the topic a handler's result (when
         not None) is published to before its message is acked. ``name``: the consumer's
         name after the app's (default: the function's name).
+
+        ``batch=N``: the handler takes lists of up to N payloads (``list[Order]``) and/or
+        messages (``list[Message]``), what one poll brought or, with ``batch_wait`` seconds,
+        what polls brought within that time; ``concurrency`` then counts batches. A payload
+        its annotation refuses is dead-lettered alone; when the handler returns, the others
+        are acked together (a returned list is published one message per element first).
+        Raising :class:`~pawn_queue.exceptions.BatchFailureError` fails only the messages it
+        names (positions in the list, or messages).
         """
         names = [topics] if isinstance(topics, str) else list(topics)
         for topic in names + ([publish_to] if publish_to is not None else []):
@@ -140,6 +156,8 @@ class App:
         if not names:
             raise ArgumentError("a subscriber needs at least one topic")
         check_concurrency(concurrency)
+        if batch is not None or batch_wait is not None:
+            batch, batch_wait = check_batch(batch, batch_wait)
         if retry is not None and not isinstance(retry, Retry):
             raise ArgumentError(f"retry must be a Retry or None, got {type(retry).__name__}")
 
@@ -158,7 +176,9 @@ class App:
                 retry=retry,
                 visibility_timeout=visibility_timeout,
                 publish_to=publish_to,
-                binding=Binding.of(handler),
+                binding=Binding.of(handler, batch=batch is not None),
+                batch=batch,
+                batch_wait=batch_wait or 0.0,
             )
             return handler
 
@@ -325,6 +345,16 @@ class App:
         retry = sub.retry
         if retry is not None and self._instant_retries:
             retry = replace(retry, base_delay=0.0, max_delay=0.0)
+        if sub.batch is not None:
+            await consumer.listen(
+                self._batch_handler_of(sub),
+                retry=retry,
+                grace=grace,
+                concurrency=sub.concurrency,
+                batch=sub.batch,
+                batch_wait=sub.batch_wait,
+            )
+            return
         await consumer.listen(
             self._handler_of(sub),
             retry=retry,
@@ -363,6 +393,83 @@ class App:
             await message.ack()
 
         return handle
+
+    def _batch_handler_of(self, sub: Subscriber) -> handlers.AsyncBatchHandler:
+        """The batch handler ``listen()`` calls for ``sub``: validate each payload (one its
+        annotation refuses is dead-lettered alone), call with the others, publish the
+        result; the listener acks what is left unsettled."""
+        binding = sub.binding
+        validate = binding.payload_type is not None
+        wants_payloads = binding.payload_parameter is not None
+
+        async def handle(batch: list[Message]) -> None:
+            messages = batch
+            payloads = [m.payload for m in batch] if wants_payloads else []
+            if validate:
+                messages, payloads = await self._valid(sub, batch)
+                if not messages:
+                    return
+            try:
+                if sub.is_async:
+                    result = await binding.call_batch(sub.handler, messages, payloads)
+                else:
+
+                    def in_thread(blocking: list[BlockingMessage]) -> Any:
+                        return binding.call_batch(sub.handler, blocking, payloads)
+
+                    call = handlers.as_async_batch(in_thread, executor=self._executor)
+                    result = await call(messages)
+            except BatchFailureError as exc:
+                # Positions are in the list the handler got, which left invalid ones out.
+                raise BatchFailureError(
+                    {_position(messages, key): error for key, error in exc.failures.items()}
+                ) from exc
+            if result is None or sub.publish_to is None or all(m.settled for m in messages):
+                return
+            results = result if isinstance(result, list | tuple) else [result]
+            # Published together, so that group commit writes them as few objects.
+            await asyncio.gather(
+                *(
+                    self.producer.publish(sub.publish_to, jsonable(r))
+                    for r in results
+                    if r is not None
+                )
+            )
+
+        return handle
+
+    async def _valid(
+        self, sub: Subscriber, batch: list[Message]
+    ) -> tuple[list[Message], list[Any]]:
+        """The messages of ``batch`` whose payload ``sub``'s annotation takes, and those
+        payloads validated; the others are dead-lettered (reason ``invalid_payload``)."""
+        messages: list[Message] = []
+        payloads: list[Any] = []
+        invalid: list[tuple[Message, InvalidPayload]] = []
+        for message in batch:
+            try:
+                payloads.append(sub.binding.validated(message.payload))
+            except InvalidPayload as exc:
+                invalid.append((message, exc))
+            else:
+                messages.append(message)
+        results = await asyncio.gather(
+            *(m.dead_letter("invalid_payload", e.detail) for m, e in invalid if not m.settled),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                # Left unsettled: back after the visibility timeout, and refused again then.
+                logger.error("dead-lettering an invalid payload failed error=%s", result)
+        return messages, payloads
+
+
+def _position(messages: list[Message], key: Any) -> Any:
+    """A BatchFailureError's key as the listener reads it: a position in ``messages`` (the
+    handler's list) becomes that message; one out of range names no message."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return messages[key] if 0 <= key < len(messages) else f"position {key}"
+    return key
 
 
 async def _call_hook(hook: Hook) -> None:

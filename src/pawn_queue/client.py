@@ -114,6 +114,7 @@ class PawnQueue:
             keep_tombstones=strategy == "conditional_write" and not known_conditional(store),
         )
         signals = ChangeSignals(store, self.config.notify)
+        leases.on_freed = signals.published  # a message given back wakes its consumers
         runtime = self._runtime = Runtime(
             config=self.config,
             store=store,

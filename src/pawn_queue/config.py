@@ -6,8 +6,8 @@ ValidationError) with the key path, the bad value (never a secret) and what is a
 - :meth:`PawnQueueConfig.from_dict` / :meth:`~PawnQueueConfig.from_yaml`: that input only.
 - :meth:`PawnQueueConfig.from_env`: ``PAWNQUEUE_*`` variables over (or under) a base config.
 - :meth:`PawnQueueConfig.from_url`: a store URL; keyword sections and then the environment
-  fill the rest (credentials come from the config or ``PAWNQUEUE_S3_ACCESS_KEY`` /
-  ``PAWNQUEUE_S3_SECRET_KEY`` / ``PAWNQUEUE_AZURE_ACCOUNT_KEY``, never from the URL).
+  fill the rest (credentials come from the config or ``PAWNQUEUE_S3_AWS_ACCESS_KEY_ID`` /
+  ``PAWNQUEUE_S3_AWS_SECRET_ACCESS_KEY`` / ``PAWNQUEUE_AZURE_ACCOUNT_KEY``, never from the URL).
 - :func:`load_config`: what ``PawnQueue.from_config`` takes; a YAML path or a dict gets the
   environment applied on top (the README's "Environment variables"), a
   :class:`PawnQueueConfig` is used as it is.

@@ -12,6 +12,7 @@ from typing import Any
 from pawn_queue._internal import handlers
 from pawn_queue._internal.aio import IO_CONCURRENCY, gather_limited
 from pawn_queue._internal.handlers import Handler
+from pawn_queue._protocol.batching import BatchListener, BatchSource, check_batch
 from pawn_queue._protocol.claiming import Claimer
 from pawn_queue._protocol.handout import Handout
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
@@ -92,6 +93,7 @@ class Consumer:
         )
         self._next_topic = 0
         self._stopping = False  # listen() was cancelled and waits for its handlers
+        runtime.signals.watch(self._topics)
 
     @property
     def id(self) -> str:
@@ -114,11 +116,14 @@ class Consumer:
     async def poll(self, wait: float | None = None) -> list[Message]:
         """Claim and return up to ``polling.max_messages_per_poll`` messages, FIFO per topic.
 
-        With ``wait`` (seconds), an empty poll waits for messages: it returns as soon as a
-        change signal says one arrived (or a full poll finds one: every
-        ``notify.backfill_interval_seconds``, or ``polling.interval_seconds`` with signals
-        off), or ``[]`` when ``wait`` has passed. Messages of a batch object beyond the
-        maximum stay leased here and come first in the next poll.
+        With change signals on, a topic is listed only if it may have changed since this
+        consumer's last listing of it (a signal, something coming due, the sweep), so ``[]``
+        may come back while another process's message waits, until this process saw its
+        signal (about ``notify.idle_check_interval_seconds``; bounds in
+        docs/protocol.md, rule 14). With ``wait`` (seconds), an empty poll waits on the
+        signals as ``listen()`` does: it returns as soon as a poll finds a message, or ``[]``
+        when ``wait`` has passed. Messages of a batch object beyond the maximum stay leased
+        here and come first in the next poll.
         """
         deadline = time.monotonic() + (wait or 0.0)
         while True:
@@ -138,7 +143,15 @@ class Consumer:
         idle = self._signals.idle_wait(self._polling.interval_seconds)
         if self._claimer.candidates_left:
             return min(idle, _RETRY_SOON)
-        due = [t for t in (self._claimer.next_due, self._leases.next_expiry()) if t is not None]
+        due = [
+            t
+            for t in (
+                self._claimer.next_due,
+                self._leases.next_expiry(),
+                self._claimer.memory.next_due(self._topics),  # seen by listings before
+            )
+            if t is not None
+        ]
         if due:
             idle = min(idle, max(0.0, (min(due) - self._clock()).total_seconds()) + _DUE_SLACK)
         return idle
@@ -150,6 +163,9 @@ class Consumer:
         (:mod:`pawn_queue._protocol.listings`)."""
         wanted = wanted or self._polling.max_messages_per_poll
         self._claimer.start_poll()
+        # Watched signals tell which topics may have changed since their last listing: the
+        # others are not listed (pawn_queue._protocol.freshness; docs/protocol.md, rule 14).
+        watched = await self._signals.refresh()
         count = len(self._topics)
         start, self._next_topic = self._next_topic, (self._next_topic + 1) % max(count, 1)
         order = [self._topics[(start + i) % count] for i in range(count)]
@@ -167,7 +183,7 @@ class Consumer:
                 if topic in waiting:
                     messages += self._claimer.buffered(room, topic)
                 else:
-                    claimed = await self._claimer.claim(topic, room, listening)
+                    claimed = await self._claimer.claim(topic, room, listening, watched)
                     if len(claimed) < room:
                         dry.add(topic)
                     messages += claimed
@@ -178,7 +194,9 @@ class Consumer:
             if len(messages) >= wanted:
                 break
             if topic not in dry:
-                messages += await self._claimer.claim(topic, wanted - len(messages), listening)
+                messages += await self._claimer.claim(
+                    topic, wanted - len(messages), listening, watched
+                )
         self._claimer.keep(messages[wanted:])
         return await self._still_held(messages[:wanted])
 
@@ -216,6 +234,8 @@ class Consumer:
         grace: float | None = None,
         executor: Executor | None = None,
         concurrency: int | None = None,
+        batch: int | None = None,
+        batch_wait: float | None = None,
     ) -> None:
         """Poll and call ``handler`` for each message until cancelled.
 
@@ -235,15 +255,28 @@ class Consumer:
         ``grace`` seconds (default ``polling.shutdown_grace_seconds``), cancels those still
         running, then releases every lease still held so others take those messages at
         once, without counting a receive. A second cancel cuts the grace short.
+
+        With ``batch=N``, ``handler`` takes a list of up to N messages (what one poll
+        returned; with ``batch_wait`` seconds, what polls brought within that time, until
+        N) and ``concurrency`` counts batches; when it returns, the messages it left
+        unsettled are acked together (:mod:`pawn_queue._protocol.batching`).
         """
         if concurrency is not None:
             check_concurrency(concurrency)
+        batches: BatchListener | None = None
+        if batch is not None or batch_wait is not None:
+            size, wait = check_batch(batch, batch_wait)
+            call_batch = handlers.as_async_batch(handler, executor=executor)
+            batches = BatchListener(self._batch_source(retry), call_batch, size, wait)
         call = handlers.as_async(handler, executor=executor)
         grace = self._polling.shutdown_grace_seconds if grace is None else grace
         running: set[asyncio.Task[None]] = set()
         try:
             try:
-                await self._serve(call, retry, running, concurrency)
+                if batches is not None:
+                    await batches.serve(running, concurrency)
+                else:
+                    await self._serve(call, retry, running, concurrency)
             except asyncio.CancelledError:
                 self._stopping = True
                 self._handout.stop()
@@ -352,6 +385,23 @@ class Consumer:
             message.abandon()
         # Stopping: the lease stays held until the stop releases it, for redelivery at once.
 
+    def _batch_source(self, retry: Retry | None) -> BatchSource:
+        async def fail(message: Message, exc: Exception) -> None:
+            await self._settle_failed(message, exc, retry)
+
+        return BatchSource(
+            poll=lambda wanted: self._poll_once(wanted, listening=True),
+            snapshot=lambda: self._signals.snapshot(self._topics),
+            idle=self._idle,
+            wait=lambda seen, seconds: self._signals.wait(
+                self._topics, max(0.0, min(seconds, self._idle_seconds())), seen
+            ),
+            handout=self._handout,
+            observers=self._observers,
+            fail=fail,
+            name=self.name,
+        )
+
     async def _failed(self, message: Message, exc: Exception, retry: Retry | None) -> None:
         """The handler raised ``exc``: retry or dead-letter the message it left unsettled."""
         logger.error(
@@ -362,6 +412,9 @@ class Consumer:
             exc,
             exc_info=exc,
         )
+        await self._settle_failed(message, exc, retry)
+
+    async def _settle_failed(self, message: Message, exc: Exception, retry: Retry | None) -> None:
         if message.settled:
             return
         try:

@@ -21,7 +21,8 @@ One root, so ``except PawnQueueError`` catches everything the library raises::
     │                                JSON-serialisable, NaN...)
     ├── LeaseConflictError           another consumer holds the lease
     ├── LeaseLostError               the lease expired and was taken over; nothing was deleted
-    └── DataLossError                (Spark) a message of a replayed micro-batch is gone
+    ├── DataLossError                (Spark) a message of a replayed micro-batch is gone
+    └── BatchFailureError            raised by a batch handler: these messages failed, ack the rest
 
 ``ConfigError`` is for configuration: the config (file, mapping, URL, environment variables,
 builder), the store it selects, topic settings (``create_topic``, ``update_topic``), a
@@ -42,6 +43,9 @@ never reach users; the original is kept as ``__cause__``. Messages never contain
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 
 class PawnQueueError(Exception):
@@ -150,3 +154,17 @@ class LeaseLostError(PawnQueueError):
 
 class DataLossError(PawnQueueError):
     """A message listed in a Spark micro-batch's manifest is gone (see option failOnDataLoss)."""
+
+
+class BatchFailureError(PawnQueueError):
+    """Raised by a batch handler (``listen(handler, batch=N)``, ``App.subscriber(batch=N)``)
+    to fail some of its messages and have the others acked.
+
+    ``failures`` maps each failed message (the message itself, or its position in the list
+    the handler got) to its error: each is retried or dead-lettered as a handler failure of
+    its own would be (the listener's ``Retry`` decides, from that error).
+    """
+
+    def __init__(self, failures: Mapping[Any, BaseException]) -> None:
+        self.failures = dict(failures)
+        super().__init__(f"{len(self.failures)} message(s) of the batch failed")

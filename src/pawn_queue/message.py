@@ -157,14 +157,32 @@ class ClaimedObject:
         await self._leases.settle(self.lease, self.key, lease_later=self._own_lease, acked=acked)
         self._on_done(self.lease)
 
-    async def _awaiting_write(self, index: int, write: Awaitable[None]) -> None:
-        """Wait for ``write``, known meanwhile as a member that waits only for it."""
-        self._awaiting.add(index)
+    async def settle_acked(self, indices: list[int]) -> None:
+        """Members ``indices`` (distinct, unsettled) are acked together: one lease write
+        lists them all, or the object's delete when they are its last ones."""
+        if self.size == 1:
+            await self.settle(indices[0], acked=True)
+            return
+        self.lease.settled.update(indices)
+        if len(self.lease.settled) < self.size:
+            await self._awaiting_write(indices, self._record_settled())
+        elif self._own_lease:
+            self._on_done(self.lease)
+            self._finishing = asyncio.ensure_future(self._finish_batch())
+            await self._awaiting_write(indices, asyncio.shield(self._finishing))
+        else:
+            await self._leases.settle(self.lease, self.key, lease_later=False, acked=True)
+            self._on_done(self.lease)
+
+    async def _awaiting_write(self, index: int | list[int], write: Awaitable[None]) -> None:
+        """Wait for ``write``, known meanwhile as member(s) that wait only for it."""
+        indices = [index] if isinstance(index, int) else index
+        self._awaiting.update(indices)
         self._handout.progressed()
         try:
             await write
         finally:
-            self._awaiting.discard(index)
+            self._awaiting.difference_update(indices)
 
     def _record_settled(self) -> asyncio.Future[None]:
         """A future done once the lease in the store lists every member settled so far
@@ -347,6 +365,66 @@ class Message:
             await self._claimed.settle(self._index)
             self._settled = True
             self._observed("dead_letter", reason)
+
+
+async def ack_together(messages: list[Message]) -> None:
+    """Ack ``messages`` (distinct) at once, as ``ack()`` each would, in as few writes as the
+    store allows: the members of one batch object share one lease write (or its delete), and
+    no task, lock wait or future is spent per message. A message being settled meanwhile is
+    acked on its own. Raises the first error once all are tried; the others stay acked."""
+    objects: dict[ClaimedObject, list[Message]] = {}
+    alone: list[Message] = []
+    try:
+        for message in messages:
+            lock = message._lock
+            if message._settled:
+                continue
+            if lock.locked():
+                alone.append(message)
+                continue
+            await lock.acquire()  # free: returns at once
+            if message._settled:
+                lock.release()
+                continue
+            members = objects.get(message._claimed)
+            if members is None:
+                objects[message._claimed] = [message]
+            else:
+                members.append(message)
+    except BaseException:  # cancelled while a lock had waiters: give back what was taken
+        for members in objects.values():
+            for message in members:
+                message._lock.release()
+        raise
+    work = [_ack_members(claimed, members) for claimed, members in objects.items()]
+    work += [m.ack() for m in alone]
+    if len(work) == 1:
+        await work[0]
+        return
+    for result in await asyncio.gather(*work, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result
+
+
+async def _ack_members(claimed: ClaimedObject, members: list[Message]) -> None:
+    """Ack ``members`` of ``claimed``, whose locks the caller took."""
+    try:
+        await claimed.ensure_held()
+        await claimed.settle_acked([m._index for m in members])
+    except BaseException as exc:
+        for message in members:  # as _Settling does after a failed settlement
+            claimed.abandon(message._index)
+            if isinstance(exc, LeaseLostError) and claimed.observers:
+                claimed.observers.lease_lost(message)
+            message._lock.release()
+        raise
+    for message in members:
+        message._settled = True
+        message._lock.release()
+    observers = claimed.observers
+    if observers:
+        for message in members:
+            observers.settled(message, "ack", None)
 
 
 class _Settling:

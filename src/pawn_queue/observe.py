@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pawn_queue._protocol.observers import Observers, Outcome, Publication
+from pawn_queue._protocol.observers import Observers, Outcome, Publication, no_op
 
 if TYPE_CHECKING:
     from pawn_queue.message import Message
@@ -23,33 +23,42 @@ __all__ = ["Observer", "Observers", "Outcome", "Publication"]
 class Observer:
     """Base class of observers: override the hooks you need (each is a no-op here)."""
 
+    @no_op
     def before_publish(self, publication: Publication) -> None:
         """Before the write: may add attributes (``publication.attributes``) to the messages."""
 
+    @no_op
     def published(self, publication: Publication) -> None:
         """After the store acknowledged the write (a dedup repeat too: nothing new written)."""
 
+    @no_op
     def publish_failed(self, publication: Publication, error: BaseException) -> None:
         """The publish raised ``error`` after :meth:`before_publish` (nothing published)."""
 
+    @no_op
     def delivered(self, message: Message) -> None:
         """``poll()`` returns the message, or ``listen()`` is about to hand it to a handler."""
 
+    @no_op
     def handler_started(self, message: Message) -> None:
         """``listen()`` calls its handler with the message (in the task that runs it)."""
 
+    @no_op
     def handler_finished(
         self, message: Message, seconds: float, error: BaseException | None
     ) -> None:
         """The handler returned (``error`` None) or raised ``error`` after ``seconds``."""
 
+    @no_op
     def settled(self, message: Message, outcome: Outcome, reason: str | None) -> None:
         """The settlement succeeded; ``reason`` is a dead letter's (``"nack"``,
         ``"handler_error"``, ``"max_receive_count"``, ``"retention"``), else None."""
 
+    @no_op
     def lease_lost(self, message: Message) -> None:
         """Settling the message found its lease lost (another consumer has it now)."""
 
+    @no_op
     def quarantined(self, topic: str, key: str, error: str) -> None:
         """An unreadable object at ``key`` was moved to dead letter (reason ``corrupt``):
         it never became a message, so no other hook saw it."""

@@ -24,6 +24,7 @@ from pawn_queue._internal import handlers
 from pawn_queue._internal.daemon_pool import DaemonThreadPool
 from pawn_queue._internal.handlers import Forwarded
 from pawn_queue._internal.loop_thread import CLOSED, Call, LoopThread
+from pawn_queue._protocol.batching import check_batch
 from pawn_queue._protocol.layout import Role
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy
 from pawn_queue.config import PawnQueueConfig, load_config
@@ -344,6 +345,8 @@ class Consumer:
         retry: consumer.Retry | None = None,
         workers: int | None = None,
         grace: float | None = None,
+        batch: int | None = None,
+        batch_wait: float | None = None,
     ) -> None:
         """Poll and call ``handler(message)`` for each message until ``stop`` is set, Ctrl-C
         or SIGTERM.
@@ -358,7 +361,13 @@ class Consumer:
         seconds (default ``polling.shutdown_grace_seconds``), and releases every other lease
         at once without counting a receive. A second Ctrl-C or SIGTERM stops at once. A
         closed queue raises :class:`PawnQueueError` here.
+
+        With ``batch=N`` (and ``batch_wait`` seconds), ``handler`` takes a list of up to N
+        messages, and those it left unsettled are acked together when it returns, as in
+        the async API (:mod:`pawn_queue._protocol.batching`).
         """
+        if batch is not None or batch_wait is not None:
+            check_batch(batch, batch_wait)
         runner = self._runner
         pool = DaemonThreadPool(workers or self._workers, f"pawn-queue-{self.name}")
         listening: list[Call[None]] = []
@@ -380,6 +389,8 @@ class Consumer:
                 handlers.as_async(handler, executor=pool, runner=runner, wrap=in_handler_context),
                 retry=retry,
                 grace=grace,
+                batch=batch,
+                batch_wait=batch_wait,
             )
         )
         listening.append(call)

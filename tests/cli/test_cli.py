@@ -752,7 +752,7 @@ def test_metrics_exporter_subprocess(url: str) -> None:
 # -- one rule for exit codes ------------------------------------------------------------------
 
 # Exit 2: the command refused a value before doing anything; 1: it ran and failed, or did
-# not do all it was asked (README, "Command line").
+# not do all it was asked (docs/operations/cli.md, "Exit codes").
 REFUSED = [
     (["dlq", "list", "orders", "--limit", "-1"], 2, "--limit"),
     (["dlq", "list", "orders", "--limit", "0"], 2, "--limit"),

@@ -1,4 +1,4 @@
-"""The configuration's documentation: every key in the README's table and in
+"""The configuration's documentation: every key in the configuration reference and in
 config.example.yaml exists, every key is documented, and keys that apply only sometimes say so."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pawn_queue.config import PawnQueueConfig
 from tests.helpers.config_support import README_YAML
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text(encoding="utf-8")
+REFERENCE = (REPO / "docs" / "configuration" / "reference.md").read_text(encoding="utf-8")
 EXAMPLE = (REPO / "config.example.yaml").read_text(encoding="utf-8")
 
 
@@ -29,18 +29,13 @@ def model_paths(model: type[BaseModel] = PawnQueueConfig, prefix: str = "") -> s
     return paths
 
 
-def readme_table() -> dict[str, str]:
-    """Key path -> the meaning column, from the README's configuration table."""
-    section = README.split("## Configuration", 1)[1].split("### Environment variables", 1)[0]
+def reference_table() -> dict[str, str]:
+    """Key path -> what the docs say of it, from the generated configuration reference
+    (docs/configuration/reference.md: a ``### `key` { #key }`` heading per key)."""
     rows: dict[str, str] = {}
-    for line in section.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if not line.startswith("| `") or len(cells) < 3:
-            continue
-        for key in re.findall(r"`([a-z0-9_.*]+)`", cells[0]):
-            if "." not in key and "." in cells[0] and key not in model_paths():
-                key = cells[0].split("`")[1].rsplit(".", 1)[0] + "." + key  # `a.b` / `c`
-            rows[key] = " | ".join(cells[1:])
+    for entry in REFERENCE.split("\n### `")[1:]:
+        key, _, text = entry.partition("`")
+        rows[key] = text.split("\n## ", 1)[0]
     return rows
 
 
@@ -78,14 +73,14 @@ def example_entries() -> dict[str, str]:
     return entries
 
 
-def test_readme_table_documents_exactly_the_keys_there_are() -> None:
-    table = readme_table()
+def test_reference_documents_exactly_the_keys_there_are() -> None:
+    table = reference_table()
     for key in table:
         assert key in model_paths() or (
             key.endswith(".*") and any(p.startswith(key[:-1]) for p in model_paths())
-        ), f"the README documents {key}, which is no key"
+        ), f"the reference documents {key}, which is no key"
     missing = [path for path in sorted(model_paths()) if documented(path, table) is None]
-    assert missing == [], "keys missing from the README's configuration table"
+    assert missing == [], "keys missing from the configuration reference"
 
 
 def test_example_file_names_only_real_keys_and_every_section() -> None:
@@ -109,14 +104,15 @@ def test_example_file_names_only_real_keys_and_every_section() -> None:
     assert "notify.backfill_interval_seconds" in leaves
 
 
-def test_readme_yaml_is_the_one_the_tests_load() -> None:
-    assert README_YAML in README
+def test_documented_yaml_is_the_one_the_tests_load() -> None:
+    page = (REPO / "docs" / "configuration" / "index.md").read_text(encoding="utf-8")
+    assert README_YAML in page
     example = yaml.safe_load(EXAMPLE)
     assert example == yaml.safe_load(README_YAML)
 
 
 def test_keys_that_apply_only_sometimes_say_when() -> None:
-    table, example = readme_table(), example_entries()
+    table, example = reference_table(), example_entries()
     for text in (table["polling.interval_seconds"], example["polling.interval_seconds"]):
         assert "notify" in text, text  # with change signals on, the backfill interval rules
     for text in (table["polling.jitter_max_ms"], example["polling.jitter_max_ms"]):

@@ -18,7 +18,7 @@ S3_BASE = {"s3": {"bucket_name": "base-bucket"}}
 # An Azure account key is base64; this one holds SECRET.
 AZURE_KEY = base64.b64encode(SECRET.encode()).decode()
 
-# Word for word from the README's "Configuration" section.
+# Word for word from docs/configuration/index.md, "A configuration file".
 README_YAML = """\
 s3:
   endpoint_url: "https://fsn1.your-objectstorage.com"   # Hetzner FSN1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
 from pawn_queue.store.counting import CountingStore
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
+from tests.helpers.faults import FaultyStore
 from tests.helpers.support import settled
 
 T = TypeVar("T")
@@ -358,3 +360,127 @@ async def test_concurrent_acks_share_two_deletes(counted: tuple[PawnQueue, Count
     # All messages in one delete_many, then all leases in another (messages before leases).
     assert await spent(pq, store) == Counter({"DELETE": 2})
     assert await pq.store.list("t/") == [await pq.store.head("t/.topic")]
+
+
+# -- idle topics with change signals on (docs/protocol.md, rule 14) ----------------------------
+
+
+class ListCounter:
+    """Counts LISTs by prefix, and wakes waiters once ``_notify/`` was looked at again."""
+
+    def __init__(self) -> None:
+        self.lists: Counter[str] = Counter()
+        self._look = asyncio.Event()  # set, and replaced, at each look
+
+    async def hook(self, operation: str, key: str) -> None:
+        if operation == "list":
+            self.lists[key] += 1
+        if operation in ("list", "head") and key.startswith(layout.NOTIFY):
+            look, self._look = self._look, asyncio.Event()
+            look.set()
+
+    async def next_look(self) -> None:
+        """Wait for the next look at the signals (HEAD of the root or LIST of slots)."""
+        await asyncio.wait_for(self._look.wait(), 10)
+
+
+@contextlib.asynccontextmanager
+async def watched_queue(
+    queue_config: dict[str, Any], topics: int, **notify: float
+) -> AsyncIterator[tuple[PawnQueue, CountingStore, ListCounter]]:
+    """A queue with topics ``t0``.. and change signals on, its requests counted."""
+    queue_config["polling"]["visibility_timeout_seconds"] = 60
+    queue_config["polling"]["lease_refresh_interval_seconds"] = 20
+    queue_config["notify"] = {
+        "check_interval_seconds": 0.02,
+        "idle_check_interval_seconds": 0.02,
+        "backfill_interval_seconds": 60,
+        "sweep_interval_seconds": 600,
+        "sweep_pace_seconds": 60,
+        **notify,
+    }
+    config = load_config(queue_config)
+    counter = ListCounter()
+    store = CountingStore(open_store(config))
+    async with PawnQueue(config, store=FaultyStore(store, hooks=[counter.hook])) as pq:
+        for n in range(topics):
+            await pq.create_topic(f"t{n}")
+        counter.lists.clear()  # what creating the topics listed
+        yield pq, store, counter
+
+
+def topic_lists(counter: ListCounter) -> int:
+    """The LISTs of topics' messages counted."""
+    return sum(n for key, n in counter.lists.items() if key.endswith("/messages/"))
+
+
+async def test_poll_of_an_idle_topic_lists_nothing_between_sweeps(
+    queue_config: dict[str, Any],
+) -> None:
+    """poll() answers from what the queue knows: after its first listing, a poll of a topic
+    nobody signalled sends no LIST (the watch's one HEAD per check serves every topic)."""
+    async with watched_queue(queue_config, 1) as (pq, store, counter):
+        consumer = await pq.register_consumer("c", topics=["t0"])
+        store.reset()
+        assert await consumer.poll() == []
+        # The first look at the signals, then the topic's listing.
+        assert store.reset() == Counter({"HEAD": 1, "LIST": 2})
+        for _ in range(10):
+            await counter.next_look()  # the watch keeps looking while polls go on
+            assert await consumer.poll() == []
+        spent_idle = store.reset()
+        assert spent_idle["LIST"] == 0 and set(spent_idle) <= {"HEAD"}, spent_idle
+        producer = await pq.register_producer("p")
+        mid = await producer.publish("t0", {"n": 1})
+        store.reset()
+        [message] = await consumer.poll()  # a publish here: one listing, then the claim
+        assert message.id == mid and store.reset()["LIST"] == 1
+        await message.ack()
+
+
+async def test_idle_listeners_cost_one_slot_list_per_backfill_not_one_each(
+    queue_config: dict[str, Any],
+) -> None:
+    """Five idle listeners of five topics: each backfill interval the process lists the
+    signal slots once, and no topic (a full poll per listener and interval before)."""
+    async with watched_queue(queue_config, 5, backfill_interval_seconds=0.2) as queue:
+        pq, _, counter = queue
+        consumers = [await pq.register_consumer(f"c{n}", topics=[f"t{n}"]) for n in range(5)]
+        tasks = [asyncio.create_task(c.listen(lambda m: m.ack())) for c in consumers]
+        try:
+            while topic_lists(counter) < 5:  # the listeners' first listings
+                await counter.next_look()
+            counter.lists.clear()
+            while counter.lists[layout.NOTIFY] < 5:
+                await counter.next_look()
+            assert topic_lists(counter) == 0, counter.lists
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_sweep_lists_one_topic_per_pace_whatever_the_number_of_topics(
+    queue_config: dict[str, Any],
+) -> None:
+    """Every topic is overdue for the sweep at once (a tiny interval): still, at most one
+    topic is listed per pace, and each of them in turn."""
+    pace = 0.1
+    notify = {"sweep_interval_seconds": 0.01, "sweep_pace_seconds": pace}
+    async with watched_queue(queue_config, 8, **notify) as (pq, _, counter):
+        consumers = [await pq.register_consumer(f"c{n}", topics=[f"t{n}"]) for n in range(8)]
+        tasks = [asyncio.create_task(c.listen(lambda m: m.ack())) for c in consumers]
+        try:
+            while topic_lists(counter) < 8:
+                await counter.next_look()
+            counter.lists.clear()
+            started = time.monotonic()
+            while topic_lists(counter) < 8:  # each topic swept once
+                await counter.next_look()
+            elapsed = time.monotonic() - started
+            # One topic per pace: the count bounds the time, however long the wait took.
+            assert topic_lists(counter) <= elapsed / pace + 1, (counter.lists, elapsed)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

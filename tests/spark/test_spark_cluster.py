@@ -1,5 +1,5 @@
 """examples/orders_pipeline.py on a Spark standalone cluster (a master and two one-core
-workers) with the S3 store, submitted the way the README's cluster section says: the same
+workers) with the S3 store, submitted the way docs/spark/cluster.md says: the same
 script as on local Spark, exactly once, with its tasks on both workers."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_orders_pipeline_runs_unchanged_on_a_standalone_cluster(
     url = f"s3://{s3_config.bucket_name}?endpoint_url={s3_config.endpoint_url}"
     events = tmp_path / "events"
     events.mkdir()
-    # Credentials only as the README says: the driver's environment and spark.executorEnv
+    # Credentials only as docs/spark/cluster.md says: the driver's environment and spark.executorEnv
     # (the workers themselves start without any; see standalone_cluster).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PAWNQUEUE_", "AWS_"))}
     env.update(PAWNQUEUE_S3_ACCESS_KEY=key, PAWNQUEUE_S3_SECRET_KEY=secret)

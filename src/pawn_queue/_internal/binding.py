@@ -12,6 +12,11 @@ A handler takes the payload, the message, or both, by annotation:
 
 A payload that fails validation raises :class:`InvalidPayload`: the app dead-letters it at
 once with reason ``invalid_payload``, since a retry would fail the same way.
+
+A batch handler (``App.subscriber(batch=N)``) takes lists: a parameter annotated
+``list[Message]`` receives the messages, the other one the payloads (``list[Order]``: each
+validated as an ``Order``; ``list``, ``list[Any]`` or no annotation: as decoded), in the same
+order.
 """
 
 from __future__ import annotations
@@ -50,11 +55,12 @@ class Binding:
     payload_type: pydantic.TypeAdapter[Any] | None  # None: the payload as decoded
     positional: bool  # pass the payload by position (a positional-only parameter)
     payload_annotation: str | None = None  # the payload parameter's annotation, as written
+    batch: bool = False  # lists of messages and payloads (a batch handler)
 
     @classmethod
-    def of(cls, handler: Callable[..., Any]) -> Binding:
+    def of(cls, handler: Callable[..., Any], *, batch: bool = False) -> Binding:
         """Read ``handler``'s signature; raise ArgumentError when it cannot be called with a
-        payload and a message."""
+        payload and a message (with ``batch``: lists of them)."""
         name = getattr(handler, "__qualname__", repr(handler))
         try:
             signature = inspect.signature(handler)
@@ -67,7 +73,12 @@ class Binding:
             if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
                 continue
             hint = hints.get(parameter.name)
-            if isinstance(hint, type) and issubclass(hint, _MESSAGE_TYPES):
+            if _is_message_type(hint) and batch:
+                raise ArgumentError(
+                    f"batch handler {name}: parameter {parameter.name!r} gets a list of "
+                    "messages: annotate it list[Message]"
+                )
+            if _is_message_type(hint) or (batch and _is_message_list(hint)):
                 message_parameter = parameter.name
             elif payload is None:
                 payload = parameter
@@ -77,8 +88,10 @@ class Binding:
                     f"{parameter.name!r} would get nothing"
                 )
         if payload is None:
-            return cls(message_parameter, None, None, False)
+            return cls(message_parameter, None, None, False, batch=batch)
         hint = hints.get(payload.name, Any)
+        if batch:
+            hint = _element_of(hint, name, payload.name)
         try:
             adapter = None if hint is Any else pydantic.TypeAdapter(hint)
         except pydantic.PydanticUserError as exc:  # a type pydantic cannot validate
@@ -86,13 +99,24 @@ class Binding:
             raise ArgumentError(f"handler {name}: parameter {payload.name!r}: {first}") from None
         shown = hint.__name__ if isinstance(hint, type) else repr(hint)
         positional = payload.kind is payload.POSITIONAL_ONLY
-        return cls(message_parameter, payload.name, adapter, positional, shown)
+        return cls(message_parameter, payload.name, adapter, positional, shown, batch)
 
     def describe(self) -> str:
         """What each parameter receives, for the worker's start-up log: a function written
         for ``listen()`` (``def handle(msg)``, unannotated) gets the payload, not the
         message, and says so here rather than failing on every message."""
         parts = []
+        if self.batch:
+            if self.payload_parameter is not None:
+                how = (
+                    "as decoded"
+                    if self.payload_type is None
+                    else f"each validated as {self.payload_annotation}"
+                )
+                parts.append(f"{self.payload_parameter}=the list of payloads, {how}")
+            if self.message_parameter is not None:
+                parts.append(f"{self.message_parameter}=the list of messages")
+            return ", ".join(parts) or "nothing (no parameter)"
         if self.payload_parameter is not None:
             if self.payload_type is None:
                 parts.append(
@@ -121,6 +145,25 @@ class Binding:
                 kwargs[self.payload_parameter] = payload
         return handler(*args, **kwargs)
 
+    def call_batch(
+        self,
+        handler: Callable[..., Any],
+        messages: list[Message] | list[BlockingMessage],
+        payloads: list[Any],
+    ) -> Any:
+        """``handler`` called with the lists it takes: ``payloads`` validated already
+        (:meth:`validated`, one by one), of ``messages`` in the same order."""
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        if self.message_parameter is not None:
+            kwargs[self.message_parameter] = messages
+        if self.payload_parameter is not None:
+            if self.positional:
+                args.append(payloads)
+            else:
+                kwargs[self.payload_parameter] = payloads
+        return handler(*args, **kwargs)
+
     def validated(self, payload: Any) -> Any:
         """``payload`` as the handler's annotation wants it; raises InvalidPayload."""
         if self.payload_type is None:
@@ -129,6 +172,31 @@ class Binding:
             return self.payload_type.validate_python(payload)
         except pydantic.ValidationError as exc:
             raise InvalidPayload(_describe(exc)) from None
+
+
+def _is_message_type(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, _MESSAGE_TYPES)
+
+
+def _is_message_list(hint: Any) -> bool:
+    args = typing.get_args(hint)
+    return typing.get_origin(hint) is list and len(args) == 1 and _is_message_type(args[0])
+
+
+def _element_of(hint: Any, name: str, parameter: str) -> Any:
+    """What each payload of a batch handler's payload parameter (``list[X]``) is validated
+    as: ``X`` (``Any`` for a bare ``list`` or no annotation); ArgumentError for a type that
+    is not a list."""
+    if hint is Any or hint is list:
+        return Any
+    if typing.get_origin(hint) is list:
+        args = typing.get_args(hint)
+        return args[0] if args else Any
+    shown = hint.__name__ if isinstance(hint, type) else repr(hint)
+    raise ArgumentError(
+        f"batch handler {name}: parameter {parameter!r} gets a list of payloads: annotate it "
+        f"list[...], not {shown}"
+    )
 
 
 def _hints(handler: Callable[..., Any]) -> dict[str, Any]:

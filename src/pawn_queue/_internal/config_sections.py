@@ -436,10 +436,16 @@ class RegistryConfig(Section):
 class NotifyConfig(Section):
     """Change signals: how idle consumers learn of new messages without listing (vnotify).
 
-    Producers mark ``_notify/{slot}`` and ``_notify/_`` after publishing; an idle consumer
-    checks ``_notify/_`` with one HEAD every ``check_interval_seconds``, slowing down to
-    ``idle_check_interval_seconds`` after 10 s without a change. A full poll every
-    ``backfill_interval_seconds`` still runs, so nothing depends on a signal arriving.
+    Producers mark ``_notify/{slot}`` and ``_notify/_`` after publishing; a process whose
+    consumers are idle checks ``_notify/_`` with one HEAD every ``check_interval_seconds``,
+    slowing down to ``idle_check_interval_seconds`` after 10 s without a change, and lists
+    a topic only when its slot changed (or something it saw comes due). Nothing depends on a
+    signal arriving: the process lists ``_notify/`` every ``backfill_interval_seconds`` even
+    when the root did not change, and sweeps: each topic its consumers consume is listed at
+    least every ``sweep_interval_seconds``, one topic at most every ``sweep_pace_seconds``
+    (so at most ``60 / sweep_pace_seconds`` sweep LISTs a minute, whatever the number of
+    topics; a topic waits at most ``max(sweep_interval_seconds, topics *
+    sweep_pace_seconds) + sweep_pace_seconds``). docs/protocol.md, rule 14.
     """
 
     section_path: ClassVar[str] = "notify"
@@ -448,6 +454,8 @@ class NotifyConfig(Section):
     check_interval_seconds: float = Field(default=0.1, gt=0)
     idle_check_interval_seconds: float = Field(default=1.0, gt=0)
     backfill_interval_seconds: float = Field(default=60.0, gt=0)
+    sweep_interval_seconds: float = Field(default=600.0, gt=0)
+    sweep_pace_seconds: float = Field(default=10.0, gt=0)
 
 
 class ProducerConfig(Section):

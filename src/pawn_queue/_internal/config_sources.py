@@ -30,7 +30,7 @@ URL_BACKENDS = {"s3": "s3", "az": "azure"}
 """The store of each scheme whose URL takes query parameters (its config section's keys)."""
 CREDENTIALS_HINT = (
     "put credentials in the config (s3.aws_access_key_id, s3.aws_secret_access_key) "
-    "or in PAWNQUEUE_S3_ACCESS_KEY / PAWNQUEUE_S3_SECRET_KEY"
+    "or in PAWNQUEUE_S3_AWS_ACCESS_KEY_ID / PAWNQUEUE_S3_AWS_SECRET_ACCESS_KEY"
 )
 AZURE_CREDENTIALS_HINT = (
     "put the account key in the config (azure.account_key) or in PAWNQUEUE_AZURE_ACCOUNT_KEY"

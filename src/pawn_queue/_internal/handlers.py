@@ -23,6 +23,8 @@ T = TypeVar("T")
 
 Handler = Callable[[Any], Any]  # async def handler(message) or def handler(message)
 AsyncHandler = Callable[[message.Message], Awaitable[Any]]
+# A batch handler's: it takes a list of messages (``listen(handler, batch=N)``).
+AsyncBatchHandler = Callable[[list[message.Message]], Awaitable[Any]]
 
 
 class LoopCaller(Protocol):
@@ -128,13 +130,38 @@ def as_async(
     :class:`BlockingMessage` whose methods reach the loop through ``runner`` (default: the
     running loop); ``wrap`` may wrap the call in that thread. What it returns is returned
     (an awaitable is awaited on the loop first)."""
-    if is_coroutine_handler(handler):
-        coroutine_handler = cast(AsyncHandler, handler)
-        return coroutine_handler
+    return cast(AsyncHandler, _on_loop(handler, executor, runner, wrap))
 
-    async def in_thread(inner: message.Message) -> Any:
+
+def as_async_batch(
+    handler: Handler,
+    *,
+    executor: Executor | None = None,
+    runner: LoopCaller | None = None,
+    wrap: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
+) -> AsyncBatchHandler:
+    """As :func:`as_async`, for a handler of a list of messages: a plain function gets a
+    list of :class:`BlockingMessage`."""
+    return cast(AsyncBatchHandler, _on_loop(handler, executor, runner, wrap))
+
+
+def _on_loop(
+    handler: Handler,
+    executor: Executor | None,
+    runner: LoopCaller | None,
+    wrap: Callable[[Callable[[], Any]], Callable[[], Any]] | None,
+) -> Callable[[Any], Awaitable[Any]]:
+    if is_coroutine_handler(handler):
+        return cast(Callable[[Any], Awaitable[Any]], handler)
+
+    async def in_thread(inner: message.Message | list[message.Message]) -> Any:
         loop = asyncio.get_running_loop()
-        blocking = BlockingMessage(inner, runner or _LoopBridge(loop))
+        bridge = runner or _LoopBridge(loop)
+        blocking: BlockingMessage | list[BlockingMessage] = (
+            [BlockingMessage(m, bridge) for m in inner]
+            if isinstance(inner, list)
+            else BlockingMessage(inner, bridge)
+        )
         call: Callable[[], Any] = functools.partial(handler, blocking)
         if wrap is not None:
             call = wrap(call)

@@ -32,6 +32,7 @@ from pawn_queue._protocol.envelope import (
     decode_pending,
     encode_unreadable,
 )
+from pawn_queue._protocol.freshness import ListingMemory
 from pawn_queue._protocol.handout import Handout
 from pawn_queue._protocol.lanes import LANE_WIDTH, LANES, Lanes
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
@@ -134,6 +135,7 @@ class Claimer:
         self.candidates_left = False
         self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
         self.lanes = Lanes(runtime, visibility)
+        self.memory = ListingMemory(runtime.signals, runtime.leases, runtime.clock)
         # topic -> candidates left by the last listing, and until when to trust them
         self._remembered: dict[str, tuple[list[tuple[layout.PendingKey, str]], float]] = {}
         self._sweep_after: dict[str, float] = {}
@@ -185,11 +187,14 @@ class Claimer:
         await asyncio.gather(*self._background, return_exceptions=True)
         self._buffer.clear()
 
-    async def claim(self, topic: str, wanted: int, shared: bool = False) -> list[Message]:
+    async def claim(
+        self, topic: str, wanted: int, shared: bool = False, watched: bool = False
+    ) -> list[Message]:
         """Claim and read up to ``wanted`` messages of ``topic``, FIFO (within a lane when
         other consumers compete). With ``shared``, a listing may be one another consumer of
-        this queue began (:mod:`pawn_queue._protocol.listings`); else it begins in this call."""
-        self._maybe_sweep(topic)
+        this queue began (:mod:`pawn_queue._protocol.listings`); else it begins in this call.
+        With ``watched`` (the change signals are watched), no LIST is sent when the last one
+        could show nothing new (:mod:`pawn_queue._protocol.freshness`)."""
         claimed: list[Message] = []
         remembered, until = self._remembered.pop(topic, ([], 0.0))
         if remembered and time.monotonic() < until:
@@ -210,6 +215,19 @@ class Claimer:
                 self._remembered[topic] = (rest, until)
             if len(claimed) >= wanted or conflicts:
                 return claimed
+        if watched and self.memory.may_skip(topic):
+            return claimed
+        return claimed + await self._list_and_claim(topic, wanted - len(claimed), shared, watched)
+
+    async def _list_and_claim(
+        self, topic: str, wanted: int, shared: bool, watched: bool
+    ) -> list[Message]:
+        """Claim up to ``wanted`` messages from a listing of ``topic`` (paged as needed)."""
+        claimed: list[Message] = []
+        generation = self.memory.begin(topic)
+        pages: list[list[ObjectMeta]] = []
+        complete = lost = False
+        next_due: datetime | None = None
         contended = self.lanes.contended(topic)
         start_after: str | None = None
         groups_seen: set[str] = set()
@@ -219,10 +237,14 @@ class Claimer:
         page_size = min(layout.LIST_PAGE, max(_MIN_PAGE, wanted * width))
         while len(claimed) < wanted:
             page = await self._listings.page(topic, start_after, page_size, join=shared)
+            pages.append(page)
+            if page:
+                self._maybe_sweep(topic)  # orphan leases: a topic without messages has none
             scanned = scan_page(page, self._clock(), self._leases.margin, groups_seen)
             if scanned.next_due is not None:
                 due = scanned.next_due
                 self._next_due = due if self._next_due is None else min(self._next_due, due)
+                next_due = due if next_due is None else min(next_due, due)
             candidates = [
                 (pending, meta.key)
                 for pending, meta in scanned.found
@@ -243,6 +265,7 @@ class Claimer:
             )
             claimed += won
             self.candidates_left |= bool(rest or conflicts)
+            lost |= bool(conflicts)
             if conflicts:
                 self._met_competitor(topic)
             elif rest:
@@ -250,8 +273,12 @@ class Claimer:
                 # found by a later listing, once the one before it is settled.
                 self._remembered[topic] = (rest, time.monotonic() + _REMEMBER_SECONDS)
             if scanned.ends or len(page) < page_size:
+                complete = True
                 break
             start_after = page[-1].key
+        # After a race lost, a competitor drains the topic: what it leaves needs a listing.
+        # Unwatched, a signal may land unseen before the watch's first look: list again.
+        self.memory.end(topic, generation, pages, complete and not lost and watched, next_due)
         return claimed
 
     async def _claim_candidates(

@@ -167,7 +167,8 @@ def decode_batch(data: bytes) -> list[Envelope]:
     for member in members:
         if not isinstance(member, dict):
             raise CorruptObject("batch member is not a JSON object")
-        if not member.keys() <= _PLAIN_MEMBER or not isinstance(member.get("id"), str):
+        plain = len(member) == 2 or (len(member) == 3 and "attributes" in member)
+        if not (plain and "payload" in member and isinstance(member.get("id"), str)):
             # Fields beyond the ones encode_batch writes override the shared ones.
             out.append(Envelope.from_dict({**shared, **member}, "batch member"))
             continue
@@ -176,13 +177,12 @@ def decode_batch(data: bytes) -> list[Envelope]:
     return out
 
 
-_PLAIN_MEMBER = frozenset(("id", "payload", "attributes"))
-
-
 def _payload_and_attributes(obj: dict[str, Any], what: str) -> tuple[Any, dict[str, str]]:
     if "payload" not in obj:
         raise CorruptObject(f"{what} has no field 'payload'")
-    attributes = obj.get("attributes") or {}
+    attributes = obj.get("attributes")
+    if not attributes:  # the common case, checked without a generator: it is per message
+        return obj["payload"], {}
     if not isinstance(attributes, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
     ):

@@ -72,6 +72,13 @@ class LeaseManager(LeaseProtocol):
         self._held_here: set[str] = set()
         self._claiming_here: set[str] = set()
         self._settled_here: dict[str, float] = {}
+        # Told when a message is given back (a requeue, a stop): consumers that looked at
+        # its topic and found nothing else must look again (the queue's change signals).
+        self.on_freed: Callable[[str], None] | None = None
+
+    def _freed(self, topic: str) -> None:
+        if self.on_freed is not None:
+            self.on_freed(topic)
 
     # -- claiming ---------------------------------------------------------------------------
 
@@ -103,13 +110,18 @@ class LeaseManager(LeaseProtocol):
         guess from when it was written, decides)."""
         return layout.lease_key(topic, lease_id) in self._busy_until
 
-    def next_expiry(self) -> datetime | None:
-        """The earliest time a lease known to be held elsewhere may be taken over."""
+    def next_expiry(self, topic: str | None = None) -> datetime | None:
+        """The earliest time a lease known to be held elsewhere (of ``topic``, if given) may
+        be taken over."""
         now = self.clock()
         if len(self._busy_until) > _SETTLED_MEMORY:
             stale = now - timedelta(seconds=_SETTLED_SECONDS)
             self._busy_until = {k: t for k, t in self._busy_until.items() if t > stale}
-        return min((t for t in self._busy_until.values() if t > now), default=None)
+        prefix = layout.leases_prefix(topic) if topic is not None else ""
+        return min(
+            (t for k, t in self._busy_until.items() if t > now and k.startswith(prefix)),
+            default=None,
+        )
 
     def _note_settled(self, message_key: str) -> None:
         now = time.monotonic()
@@ -174,6 +186,7 @@ class LeaseManager(LeaseProtocol):
         process's consumers may take it over once it expired, as any other may (rule 10)."""
         self._held_here.discard(lease.key)
         self._busy_until[lease.key] = lease.expires + self.margin
+        self._freed(lease.topic)  # consumers here and elsewhere learn when it frees up
 
     def comfortably_held(self, lease: Lease) -> bool:
         """Whether :meth:`ensure_held` would pass without a request."""
@@ -217,6 +230,7 @@ class LeaseManager(LeaseProtocol):
                     await self._renew(lease, delay, released=True, receives=receives)
                     # We know when it frees up: consumers here need not look it up.
                     self._busy_until[lease.key] = lease.expires
+                    self._freed(lease.topic)
                 lease.released = True
                 return
             if not self._safe_for(lease, windows=1):
@@ -227,6 +241,8 @@ class LeaseManager(LeaseProtocol):
                     return
             lease.released = True
             await self._deleter.delete(lease.key)
+            if not message_gone:
+                self._freed(lease.topic)
 
     async def settle(
         self, lease: Lease, object_key: str, *, lease_later: bool = False, acked: bool = False

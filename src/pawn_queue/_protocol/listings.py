@@ -6,8 +6,8 @@ has seen for the topic shows it every message a listing of its own would (listin
 strongly consistent, and a publish signals once its write is durable): a listening consumer
 joins that listing instead of sending another. One LIST then serves them all, and the lease
 reservations of :class:`~pawn_queue._protocol.leases.LeaseManager` split its candidates among them.
-``poll()`` lists on its own: its caller may know of a message from elsewhere before any
-signal says so.
+``poll()`` lists on its own when it lists (which, like a listening consumer, it does only for
+a topic that may have changed: :mod:`pawn_queue._protocol.freshness`).
 """
 
 from __future__ import annotations

@@ -2,15 +2,21 @@
 
 The vnotify scheme: a topic maps to one of 1,000 slot objects ``_notify/000..999``.
 After publishing, a producer overwrites its topic's slot and then ``_notify/_`` (coalesced
-per topic, off the publish's critical path). An idle consumer HEADs ``_notify/_`` every
-``notify.check_interval_seconds`` (slowing down to ``idle_check_interval_seconds`` after
-10 s without a change); only when its etag changed does it LIST ``_notify/`` (one page) to
-see which slots changed, and wake the consumers of those topics.
+per topic, off the publish's critical path). A process whose consumers are idle HEADs
+``_notify/_`` every ``notify.check_interval_seconds`` (slowing down to
+``idle_check_interval_seconds`` after 10 s without a change); only when its etag changed
+does it LIST ``_notify/`` (one page) to see which slots changed, and wake the consumers of
+those topics. Within one process, a publish (or a lease given back) wakes the idle
+consumers of its topic at once, with no request.
 
-Within one process, a publish wakes the idle consumers of its topic at once, with no
-request. Idle consumers still run a full poll every ``notify.backfill_interval_seconds``
-(``polling.interval_seconds`` when signals are off), so correctness never depends on a
-signal.
+Each topic has a generation here that every change bumps; a consumer lists a topic only
+when its generation moved since the consumer's last listing, or when that listing said
+something comes due (:mod:`pawn_queue._protocol.freshness`). Correctness never depends on a
+signal: the watch LISTs ``_notify/`` every ``notify.backfill_interval_seconds`` even when
+the root did not change (a root write lost), and a sweep bumps each topic consumed here at
+least every ``notify.sweep_interval_seconds``, at most one topic every
+``notify.sweep_pace_seconds`` (a producer killed before its signal), so idle topics cost a
+bounded number of LISTs a minute whatever their number (docs/protocol.md, rule 14).
 """
 
 from __future__ import annotations
@@ -92,20 +98,27 @@ class ChangeSignals:
         self._last_marked: dict[str, float] = {}
         self._marker: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._look_lock = asyncio.Lock()
         self._baseline_taken = False
-        self._baseline_lock = asyncio.Lock()
         self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
         self._slots: dict[str, str] = {}
-        self._recent: set[str] = set()
+        self._slots_listed = 0.0  # when _notify/ was last listed (monotonic)
+        self._checked = 0.0  # when the last look at the store succeeded
+        self._look_began = -1.0  # when the last look that succeeded began (monotonic)
+        # The topics consumed here, and when a consumer here last began to list each: the
+        # sweep bumps the one looked at longest ago.
+        self._watched: dict[str, float] = {}
+        self._swept = time.monotonic()
         self._waiting = 0  # waits in progress: the watch runs as long as any lasts
-        self._last_wait = 0.0  # when the last wait ended
+        self._last_wait = 0.0  # when the last wait (or poll) ended
         self._closing = False
         self._close_requested = asyncio.Event()
 
     # -- producer side ----------------------------------------------------------------------
 
     def published(self, topic: str) -> None:
-        """A message was written to ``topic``: wake local consumers, signal other processes."""
+        """A message was written to ``topic`` (or given back): wake local consumers, signal
+        other processes."""
         self.local.changed(topic)
         if not self._config.enabled:
             return
@@ -132,7 +145,7 @@ class ChangeSignals:
                 await asyncio.gather(*(self._touch(slot) for slot in slots))
                 await self._touch(layout.NOTIFY_ROOT)
             except StoreError as exc:
-                # A lost signal only delays delivery until the next full poll.
+                # A lost signal only delays delivery until the backfill or the sweep.
                 logger.warning("change signal failed topics=%s error=%s", sorted(due), exc)
             for topic in due:
                 self._last_marked[topic] = now
@@ -149,9 +162,45 @@ class ChangeSignals:
     def snapshot(self, topics: Iterable[str]) -> dict[str, int]:
         return self.local.snapshot(topics)
 
+    def generation(self, topic: str) -> int:
+        """The topic's change count here: it moves with every change seen for it."""
+        return self.local.snapshot([topic])[topic]
+
     def idle_wait(self, poll_interval: float) -> float:
-        """How long an idle consumer waits before a full poll anyway (the backfill)."""
+        """How long an idle consumer waits at most before it looks again (with signals on,
+        a look that finds nothing changed lists nothing)."""
         return self._config.backfill_interval_seconds if self._config.enabled else poll_interval
+
+    def watch(self, topics: Iterable[str]) -> None:
+        """Consumers here consume ``topics``: wake them on their slots' changes, sweep them."""
+        now = time.monotonic()
+        for topic in topics:
+            self._watched.setdefault(topic, now)
+
+    def listed(self, topic: str) -> None:
+        """A consumer here begins a listing of ``topic``: the sweep need not bump it soon."""
+        self._watched[topic] = time.monotonic()
+
+    async def refresh(self) -> bool:
+        """Bring the topics' generations up to every signal in the store now, give or take
+        one check of a running watch (then nothing is sent; else a HEAD, and a LIST if the
+        root changed). False when signals are off or the store did not answer: only a
+        listing tells then."""
+        if not self._config.enabled:
+            return False
+        self._last_wait = time.monotonic()  # a poll keeps the watch going, as a wait does
+        running = self._watcher is not None and not self._watcher.done()
+        # A watch that failed its last checks knows nothing new: look here, or list.
+        asked = time.monotonic()
+        if running and asked - self._checked <= 2 * self._idle_gap() + 1.0:
+            return True
+        try:
+            await self._look(since=asked)
+        except StoreError as exc:
+            logger.warning("change-signal look failed error=%s", exc)
+            return False
+        self._start_watcher()
+        return True
 
     async def wait(
         self, topics: Iterable[str], within: float, since: dict[str, int] | None = None
@@ -161,20 +210,15 @@ class ChangeSignals:
         self._waiting += 1
         try:
             if self._config.enabled:
-                new = [topic for topic in names if topic not in self._recent]
+                new = [topic for topic in names if topic not in self._watched]
+                self.watch(new)
+                if not await self.refresh():
+                    # Transient: the caller polls on (listing), and the next wait looks again.
+                    return await self.local.wait(names, min(within, self._gap), since)
                 if new:
-                    # A signal between the caller's poll and our first look at the signals
-                    # would go unseen: look now, and have the caller poll once more.
-                    try:
-                        await self._take_baseline()
-                    except StoreError as exc:
-                        # Transient: the caller polls on, and the next wait looks again.
-                        logger.warning("change-signal look failed error=%s", exc)
-                        return await self.local.wait(names, min(within, self._gap), since)
-                    self._recent.update(new)
-                    self._start_watcher()
+                    # A caller that listed before these topics were watched would miss a
+                    # signal between its listing and the first look: have it poll once more.
                     return True
-                self._start_watcher()
             return await self.local.wait(names, within, since)
         finally:
             self._waiting -= 1
@@ -182,29 +226,63 @@ class ChangeSignals:
 
     def _start_watcher(self) -> None:
         if self._watcher is None or self._watcher.done():
+            self._swept = time.monotonic()  # the sweep's pace counts from here
             self._watcher = asyncio.create_task(self._watch())
 
-    async def _take_baseline(self) -> None:
-        async with self._baseline_lock:
-            if not self._baseline_taken:
-                self._root = await self._root_etag()
-                self._slots = await self._slot_etags()
+    async def _look(self, since: float | None = None) -> bool:
+        """HEAD the root; LIST the slots if it changed, or at the backfill interval; wake
+        the topics whose slot changed. True if the root changed. With ``since``, a look that
+        began after that time (polls asking together) is enough."""
+        async with self._look_lock:
+            if since is not None and self._look_began >= since:
+                return False
+            began = time.monotonic()
+            etag = await self._root_etag()
+            now = time.monotonic()
+            moved = etag != self._root
+            backfill = now - self._slots_listed >= self._config.backfill_interval_seconds
+            if moved or backfill or not self._baseline_taken:
+                current = await self._slot_etags()
+                changed = {k for k, v in current.items() if self._slots.get(k) != v}
+                if self._baseline_taken:  # the first look only learns where things stand
+                    for topic in set(self._watched) | self.local.waited_on():
+                        if layout.notify_slot_key(topic) in changed:
+                            self.local.changed(topic)
+                self._root, self._slots, self._slots_listed = etag, current, now
                 self._baseline_taken = True
+            self._checked, self._look_began = now, began
+            return moved
+
+    def _sweep(self) -> None:
+        """Bump the topics looked at longest ago, one per pace, once they waited a sweep
+        interval: their consumers list them, whatever the signals said."""
+        pace = self._config.sweep_pace_seconds
+        now = time.monotonic()
+        # Whole paces since the last step, never more than one check's worth: no burst
+        # after a pause (the remainder is dropped, so the rate stays at most 1 per pace).
+        steps = min(int((now - self._swept) / pace), max(1, int(self._idle_gap() / pace)))
+        if not steps:
+            return
+        self._swept = now
+        oldest = sorted(self._watched.items(), key=lambda item: item[1])[:steps]
+        for topic, looked in oldest:
+            if now - looked >= self._config.sweep_interval_seconds:
+                self._watched[topic] = now
+                self.local.changed(topic)
 
     async def _watch(self) -> None:
         gap = self._gap
         last_change = time.monotonic()
         failing = False
-        # Watch while anyone waits, however long (a wait lasts until the backfill), and a
-        # while after the last wait ended: consumers alternate polls and waits.
+        # Watch while anyone waits, however long, and a while after the last wait or poll
+        # ended: consumers alternate polls and waits.
         while self._waiting or time.monotonic() - self._last_wait < _WATCH_GRACE_CHECKS * self._gap:
             await asyncio.sleep(gap)
+            self._sweep()
             try:
-                etag = await self._root_etag()
-                quiet = etag == self._root
-                changed = set() if quiet else await self._changed_slots(etag)
+                moved = await self._look()
             except StoreError as exc:
-                # Transient, as a rule: check again, less often. Full polls go on meanwhile.
+                # Transient, as a rule: check again, less often. Polls list meanwhile.
                 if not failing:
                     logger.warning("change-signal check failed error=%s; retrying", exc)
                 failing = True
@@ -213,27 +291,16 @@ class ChangeSignals:
             if failing:
                 logger.info("change-signal checks work again")
                 failing = False
-            if quiet:
+            if moved:
+                gap, last_change = self._gap, time.monotonic()
+            elif time.monotonic() - last_change > _BUSY_SECONDS:
                 # Quiet: check less often, up to the idle interval (cheaper, slower).
-                if time.monotonic() - last_change > _BUSY_SECONDS:
-                    gap = min(gap * 1.5, self._idle_gap())
-                else:
-                    gap = self._gap
-                continue
-            gap, last_change = self._gap, time.monotonic()
-            for topic in self._recent | self.local.waited_on():
-                if layout.notify_slot_key(topic) in changed:
-                    self.local.changed(topic)
+                gap = min(gap * 1.5, self._idle_gap())
+            else:
+                gap = self._gap
 
     def _idle_gap(self) -> float:
         return max(self._gap, self._config.idle_check_interval_seconds)
-
-    async def _changed_slots(self, root_etag: str | None) -> set[str]:
-        """The slot keys whose etag changed since the last look (the root changed)."""
-        current = await self._slot_etags()
-        changed = {k for k, v in current.items() if self._slots.get(k) != v}
-        self._root, self._slots = root_etag, current
-        return changed
 
     async def _root_etag(self) -> str | None:
         try:

@@ -11,9 +11,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 logger = logging.getLogger("pawn_queue.observe")
+
+_F = TypeVar("_F")
+_NO_OP = "__pawn_queue_no_op__"
+
+
+def no_op(hook: _F) -> _F:
+    """Mark a base-class hook that does nothing: observers that keep it are not called for
+    it (a hook per message and observer is most of what observers cost)."""
+    setattr(hook, _NO_OP, True)
+    return hook
+
+
+def _overrides(observer: object, hook: str) -> bool:
+    method = getattr(observer, hook, None)
+    return method is not None and not getattr(getattr(method, "__func__", method), _NO_OP, False)
+
 
 Outcome = Literal["ack", "nack_requeue", "dead_letter"]
 """How a message was settled: acked, requeued (``nack(requeue=True)``, a retry), or
@@ -56,10 +72,11 @@ class Observers:
 
     False when empty: the core tests it before building anything for the hooks."""
 
-    __slots__ = ("_observers",)
+    __slots__ = ("_calls", "_observers")
 
     def __init__(self, observers: Iterable[Hooks] = ()) -> None:
         self._observers: list[Hooks] = list(observers)
+        self._calls: dict[str, list[Hooks]] = {}  # hook -> the observers that implement it
 
     def __bool__(self) -> bool:
         return bool(self._observers)
@@ -75,20 +92,27 @@ class Observers:
         if observer in self:
             return False
         self._observers.append(observer)
+        self._calls.clear()
         return True
 
     def _failed(self, observer: Hooks, hook: str) -> None:
         logger.exception("observer %r failed in %s; ignored", observer, hook)
 
+    def _implementing(self, hook: str) -> list[Hooks]:
+        called = self._calls.get(hook)
+        if called is None:
+            called = self._calls[hook] = [o for o in self._observers if _overrides(o, hook)]
+        return called
+
     def _each(self, hook: str, *args: object) -> None:
-        for o in self._observers:
+        for o in self._implementing(hook):
             try:
                 getattr(o, hook)(*args)
             except Exception:
                 self._failed(o, hook)
 
     def before_publish(self, publication: Publication) -> None:
-        for o in self._observers:
+        for o in self._implementing("before_publish"):
             before = dict(publication.attributes)
             try:
                 o.before_publish(publication)

@@ -1,10 +1,10 @@
 """The ``pawn-queue`` command line (Typer + Rich, the ``cli`` extra).
 
 The store comes from ``--url``, ``--config FILE`` or the ``PAWNQUEUE_*`` environment
-(``PAWNQUEUE_URL`` and the credentials in ``PAWNQUEUE_S3_ACCESS_KEY`` /
-``PAWNQUEUE_S3_SECRET_KEY``). The global options go before or after the command. Errors are
-one line on stderr and exit code 1 (2 for a usage error); ``--debug`` adds the traceback.
-Listings take ``--json``.
+(``PAWNQUEUE_URL`` and the credentials in ``PAWNQUEUE_S3_AWS_ACCESS_KEY_ID`` /
+``PAWNQUEUE_S3_AWS_SECRET_ACCESS_KEY``). The global options go before or after the command.
+Errors are one line on stderr and exit code 1 (2 for a usage error); ``--debug`` adds the
+traceback. Listings take ``--json``.
 """
 
 from __future__ import annotations

@@ -38,6 +38,22 @@ def worker(
         int | None,
         typer.Option(min=1, help="Handlers running at a time, per subscriber and process."),
     ] = None,
+    batch: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="A module:function handler takes lists of up to this many payloads or "
+            "messages (an App declares it with @app.subscriber(batch=...)).",
+        ),
+    ] = None,
+    batch_wait: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="With --batch: seconds to collect messages from further polls, until a batch "
+            "is full (default 0: what one poll brought).",
+        ),
+    ] = None,
     processes: Annotated[
         int, typer.Option(min=1, help="Worker processes (restarted if one dies).")
     ] = 1,
@@ -83,7 +99,7 @@ def worker(
         fail(f"--log-format: choose one of {', '.join(LOG_FORMATS)}", EXIT_USAGE)
     fmt: LogFormat = "json" if log_format == "json" else "text"
     try:
-        app = _load(target, topic or [], publish_to, opts)
+        app = _load(target, topic or [], publish_to, opts, batch, batch_wait)
     except CliError as exc:
         fail(str(exc), exc.code)
     if metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
@@ -112,9 +128,17 @@ def worker(
     raise typer.Exit(run_worker(app, worker_options))
 
 
-def _load(target: str, topics: list[str], publish_to: str | None, opts: Options) -> App:
+def _load(
+    target: str,
+    topics: list[str],
+    publish_to: str | None,
+    opts: Options,
+    batch: int | None = None,
+    batch_wait: float | None = None,
+) -> App:
     """The app ``target`` names (``module:attribute``); a function becomes an app of one
-    subscriber. ``--url``/``--config`` replace the app's own store."""
+    subscriber (a batch subscriber with ``batch``). ``--url``/``--config`` replace the app's
+    own store."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise CliError(f"expected module:app or module:function, got {target!r}", EXIT_USAGE)
@@ -132,8 +156,11 @@ def _load(target: str, topics: list[str], publish_to: str | None, opts: Options)
     given = build_config(opts) if opts.url or opts.config else None
     try:
         if isinstance(found, App):
-            if topics or publish_to:
-                raise CliError("--topic and --publish-to are for module:function", EXIT_USAGE)
+            if topics or publish_to or batch is not None or batch_wait is not None:
+                raise CliError(
+                    "--topic, --publish-to, --batch and --batch-wait are for module:function",
+                    EXIT_USAGE,
+                )
             if given is not None:
                 found.source = given
             return found
@@ -141,8 +168,10 @@ def _load(target: str, topics: list[str], publish_to: str | None, opts: Options)
             raise CliError(f"{target} is neither an App nor a function", EXIT_USAGE)
         if not topics:
             raise CliError(f"{target} is a function: give its topics with --topic", EXIT_USAGE)
+        if batch_wait is not None and batch is None:
+            raise CliError("--batch-wait needs --batch", EXIT_USAGE)
         app = App(given, name="worker")
-        app.subscriber(topics, publish_to=publish_to)(found)
+        app.subscriber(topics, publish_to=publish_to, batch=batch, batch_wait=batch_wait)(found)
         return app
     except PawnQueueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
@@ -173,7 +202,7 @@ def _own_arguments(ctx: typer.Context) -> list[str]:
     for name in ("topic",):
         for value in params.get(name) or []:
             line += [f"--{name}", str(value)]
-    for name in ("publish_to", "concurrency", "grace", "metrics_host"):
+    for name in ("publish_to", "concurrency", "batch", "batch_wait", "grace", "metrics_host"):
         if params.get(name) is not None:
             line += [f"--{name.replace('_', '-')}", str(params[name])]
     if params.get("create_topics"):

@@ -56,7 +56,7 @@ _METADATA_REQUEST = re.compile(r"https?://[^\s/]+/latest/(?:api/token|meta-data/
 
 CREDENTIAL_CHAIN = (
     "the config (s3.aws_access_key_id, s3.aws_secret_access_key), "
-    "PAWNQUEUE_S3_ACCESS_KEY / PAWNQUEUE_S3_SECRET_KEY, "
+    "PAWNQUEUE_S3_AWS_ACCESS_KEY_ID / PAWNQUEUE_S3_AWS_SECRET_ACCESS_KEY, "
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
     "AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, "
     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI, "
