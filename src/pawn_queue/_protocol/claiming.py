@@ -139,6 +139,7 @@ class Claimer:
         # topic -> candidates left by the last listing, and until when to trust them
         self._remembered: dict[str, tuple[list[tuple[layout.PendingKey, str]], float]] = {}
         self._sweep_after: dict[str, float] = {}
+        self._with_messages: set[str] = set()  # topics whose last listing found any
         self._flowing: set[str] = set()  # topics whose last listing found candidates
         self._io_slots = asyncio.Semaphore(IO_CONCURRENCY)
         # Moving average of a claim's latency; csprng_verify claims wait on purpose (jitter,
@@ -216,6 +217,8 @@ class Claimer:
             if len(claimed) >= wanted or conflicts:
                 return claimed
         if watched and self.memory.may_skip(topic):
+            if topic in self._with_messages:
+                self._maybe_sweep(topic)  # orphan leases go on being swept, listed or not
             return claimed
         return claimed + await self._list_and_claim(topic, wanted - len(claimed), shared, watched)
 
@@ -239,7 +242,10 @@ class Claimer:
             page = await self._listings.page(topic, start_after, page_size, join=shared)
             pages.append(page)
             if page:
+                self._with_messages.add(topic)
                 self._maybe_sweep(topic)  # orphan leases: a topic without messages has none
+            elif start_after is None:
+                self._with_messages.discard(topic)
             scanned = scan_page(page, self._clock(), self._leases.margin, groups_seen)
             if scanned.next_due is not None:
                 due = scanned.next_due

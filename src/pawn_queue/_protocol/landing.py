@@ -106,6 +106,10 @@ async def _write_new(runtime: Runtime, key: str, body: bytes) -> None:
         except StoreUnavailable as exc:
             if not answer_lost(exc):
                 raise  # an answer (a 5xx), after the client's own resends
+            if not attempt:
+                # The write may have landed: say so now, not once the looks are over (a
+                # consumer may be what the look waits for; a signal is only a hint).
+                runtime.signals.published(layout.topic_of(key))
             if attempt:
                 # At once the first time: the sooner the look, the less a consumer can have
                 # done with the message meanwhile.
