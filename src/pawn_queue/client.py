@@ -7,13 +7,14 @@ import contextlib
 import logging
 import os
 import reprlib
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import datetime
-from types import TracebackType
+from types import EllipsisType, TracebackType
 from typing import Any
 
 from pawn_queue._internal.aio import Background
 from pawn_queue._internal.durations import seconds_argument
+from pawn_queue._protocol import layout
 from pawn_queue._protocol.dedup import MarkerSweeper
 from pawn_queue._protocol.envelope import now_utc
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy
@@ -32,6 +33,7 @@ from pawn_queue.registry import Registry
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
 from pawn_queue.store.coalesce import DeleteCoalescer
+from pawn_queue.subscriptions import Subscription, Subscriptions
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_RETENTION_ACTION,
@@ -114,12 +116,14 @@ class PawnQueue:
             keep_tombstones=strategy == "conditional_write" and not known_conditional(store),
         )
         signals = ChangeSignals(store, self.config.notify)
+        topics = Topics(store)
         leases.on_freed = signals.published  # a message given back wakes its consumers
         runtime = self._runtime = Runtime(
             config=self.config,
             store=store,
             leases=leases,
-            topics=Topics(store),
+            topics=topics,
+            subscriptions=Subscriptions(store, topics),
             registry=Registry(store),
             signals=signals,
             listings=SharedListings(store, signals),
@@ -223,14 +227,14 @@ class PawnQueue:
 
     async def topic_settings(self, name: str) -> TopicSettings:
         """The topic's stored settings (read now); raises TopicNotFoundError if it is missing."""
-        return await self._ready().topics.settings(name, fresh=True)
+        return await self._ready().topics.settings(_queue(name, None), fresh=True)
 
     async def purge_topic(self, name: str) -> int:
         """Delete the topic's messages (pending, in flight and delayed) and their leases, like
         SQS's PurgeQueue; return the number of message objects deleted (a batch counts once).
         Dead letters stay. A consumer holding a purged message learns it when it next writes
         its lease: see docs/protocol.md."""
-        return await self._ready().topics.purge(name)
+        return await self._ready().topics.purge(_queue(name, None))
 
     async def list_topics(self) -> list[str]:
         """All topics in the store, sorted."""
@@ -238,14 +242,16 @@ class PawnQueue:
 
     async def delete_topic(self, name: str) -> None:
         """Delete a topic with its messages, leases and dead letters."""
-        await self._ready().topics.delete(name)
+        await self._ready().topics.delete(_queue(name, None))
 
-    async def topic_stats(self, name: str) -> TopicStats:
+    async def topic_stats(self, name: str, *, subscription: str | None = None) -> TopicStats:
         """Approximate pending, in-flight, delayed and dead-letter counts and the age of the
-        oldest pending message. Costs one LIST per 1,000 objects of each kind."""
-        await self._ready().topics.settings(name)
+        oldest pending message, of the topic or of one of its subscriptions. Costs one LIST
+        per 1,000 objects of each kind."""
+        queue = _queue(name, subscription)
+        await self._ready().topics.settings(queue)
         return await topic_stats(
-            self._ready().store, name, self.config.polling.visibility_timeout_seconds
+            self._ready().store, queue, self.config.polling.visibility_timeout_seconds
         )
 
     async def peek(self, topic: str, limit: int = 10) -> list[PeekedMessage]:
@@ -253,34 +259,113 @@ class PawnQueue:
         ``in_flight`` or ``delayed``), read without claiming them. Costs two LISTs and a GET
         per message object shown."""
         visibility = self.config.polling.visibility_timeout_seconds
-        return await self._ready().topics.peek(topic, limit, visibility)
+        return await self._ready().topics.peek(_queue(topic, None), limit, visibility)
+
+    # -- subscriptions ----------------------------------------------------------------------
+
+    async def create_subscription(
+        self,
+        topic: str,
+        name: str,
+        *,
+        filter: Mapping[str, Any] | None = None,
+        start: str = "latest",
+        max_receive_count: int | NotGiven | None = NO_LIMIT,
+        retention_seconds: float | NotGiven | None = NO_LIMIT,
+        retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
+    ) -> Subscription:
+        """Create a subscription of ``topic``, or make sure it exists with this filter.
+
+        From then on every message published to the topic is also delivered to the
+        subscription, whatever its other subscriptions and its own consumers do; consumers
+        registered with ``subscription=name`` compete for them. Once a topic has
+        subscriptions, its messages go to them only (each takes those its filter matches).
+
+        ``filter`` maps attribute names to a string (equals), a list of strings (any of),
+        ``{"exists": bool}`` or ``{"prefix": str}``, all of which must hold. The settings
+        are a topic's (see :meth:`create_topic`); like there, those given are compared with
+        an existing subscription's: a difference raises SubscriptionConflictError.
+        ``start``: ``"latest"`` (the messages published after this call returns).
+
+        Returns once every publish that starts afterwards, in any process, copies to it:
+        about 2 s after the subscription was first created.
+        """
+        given = given_settings(
+            max_receive_count=max_receive_count,
+            retention_seconds=retention_seconds,
+            retention_action=retention_action,
+        )
+        return await self._ready().subscriptions.create(topic, name, filter, start, given)
+
+    async def list_subscriptions(self, topic: str) -> list[Subscription]:
+        """The topic's subscriptions, by name."""
+        return await self._ready().subscriptions.list(topic)
+
+    async def subscription(self, topic: str, name: str) -> Subscription:
+        """One subscription; raises SubscriptionNotFoundError."""
+        return await self._ready().subscriptions.get(topic, name)
+
+    async def update_subscription(
+        self,
+        topic: str,
+        name: str,
+        *,
+        filter: Mapping[str, Any] | EllipsisType | None = ...,
+        max_receive_count: int | NotGiven | None = NO_LIMIT,
+        retention_seconds: float | NotGiven | None = NO_LIMIT,
+        retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
+    ) -> Subscription:
+        """Change what is passed (``filter=None`` takes every message again) and keep the
+        rest. A new filter applies to messages published from about 2 s on."""
+        given = given_settings(
+            max_receive_count=max_receive_count,
+            retention_seconds=retention_seconds,
+            retention_action=retention_action,
+        )
+        return await self._ready().subscriptions.update(topic, name, filter, given)
+
+    async def delete_subscription(self, topic: str, name: str) -> None:
+        """Delete a subscription with the messages and dead letters waiting in it."""
+        await self._ready().subscriptions.delete(topic, name)
+
+    async def subscription_stats(self, topic: str, name: str) -> TopicStats:
+        """The counts of :meth:`topic_stats` for one subscription (its lag: the age of its
+        oldest pending message)."""
+        return await self.topic_stats(topic, subscription=name)
 
     # -- dead letters -----------------------------------------------------------------------
 
-    async def dead_letters(self, topic: str, *, limit: int | None = None) -> list[DeadLetter]:
-        """The topic's dead letters with why they ended there, oldest first."""
-        return await self._dead_letters().list(topic, limit=limit)
+    async def dead_letters(
+        self, topic: str, *, subscription: str | None = None, limit: int | None = None
+    ) -> list[DeadLetter]:
+        """The dead letters of the topic (or of one of its subscriptions), oldest first,
+        with why they ended there."""
+        return await self._dead_letters().list(_queue(topic, subscription), limit=limit)
 
-    async def dead_letter(self, topic: str, message_id: str) -> DeadLetter | None:
+    async def dead_letter(
+        self, topic: str, message_id: str, *, subscription: str | None = None
+    ) -> DeadLetter | None:
         """One dead letter by its message id (one GET); None if the topic has none by that id."""
-        return await self._dead_letters().get(topic, message_id)
+        return await self._dead_letters().get(_queue(topic, subscription), message_id)
 
     async def redrive(
         self,
         topic: str,
         *,
+        subscription: str | None = None,
         ids: Collection[str] | None = None,
         limit: int | None = None,
         per_second: float | None = None,
     ) -> int:
-        """Move dead letters back to the topic (same id, payload, attributes); returns how many."""
+        """Move dead letters back to the topic, or to the subscription they came from (same
+        id, payload, attributes); returns how many."""
         return await self._dead_letters().redrive(
-            topic, ids=ids, limit=limit, per_second=per_second
+            _queue(topic, subscription), ids=ids, limit=limit, per_second=per_second
         )
 
-    async def purge_dead_letters(self, topic: str) -> int:
-        """Delete the topic's dead letters; returns how many."""
-        return await self._dead_letters().purge(topic)
+    async def purge_dead_letters(self, topic: str, *, subscription: str | None = None) -> int:
+        """Delete the dead letters of the topic (or of one subscription); returns how many."""
+        return await self._dead_letters().purge(_queue(topic, subscription))
 
     def _dead_letters(self) -> DeadLetters:
         return DeadLetters(self._ready())
@@ -293,10 +378,17 @@ class PawnQueue:
         return Producer(entry, self._ready())
 
     async def register_consumer(
-        self, name: str, topics: list[str], *, visibility_timeout: float | None = None
+        self,
+        name: str,
+        topics: list[str],
+        *,
+        visibility_timeout: float | None = None,
+        subscription: str | None = None,
     ) -> Consumer:
         """Register a consumer of ``topics``; the same name always gets the same id.
 
+        ``subscription``: read that subscription of each topic (it must exist) instead of
+        competing for the topic's own messages.
         ``visibility_timeout`` (seconds) overrides ``polling.visibility_timeout_seconds`` for
         this consumer's leases; it must exceed the clock-skew margin and a lease refresh
         interval that was set (one that was not follows it: see ``consumer_polling``).
@@ -309,10 +401,15 @@ class PawnQueue:
         if visibility_timeout is not None:
             visibility = seconds_argument("visibility_timeout", visibility_timeout)
             polling = self.config.consumer_polling(visibility)
-        for topic in topics:
-            await self._ready().topics.settings(topic)
+        runtime = self._ready()
+        queues = [_queue(topic, subscription) for topic in topics]
+        for topic, queue in zip(topics, queues, strict=True):
+            if subscription is None:
+                await runtime.topics.settings(queue)
+            else:
+                await runtime.subscriptions.get(topic, subscription)
         entry = await self.registry.register("consumers", name)
-        consumer = Consumer(entry, topics, self._ready(), polling)
+        consumer = Consumer(entry, queues, runtime, polling)
         self._consumers.append(consumer)
         return consumer
 
@@ -340,6 +437,14 @@ class PawnQueue:
         if self._runtime is None:
             raise _not_set_up()
         return self._runtime
+
+
+def _queue(topic: str, subscription: str | None) -> str:
+    """The queue a public call means: the topic's own, or one of its subscriptions'."""
+    layout.validate_name(topic, "topic name")
+    if subscription is None:
+        return topic
+    return layout.subscription_queue(topic, layout.validate_name(subscription, "subscription name"))
 
 
 def _not_set_up() -> PawnQueueError:

@@ -12,6 +12,7 @@ from typing import Any
 from pawn_queue._internal import handlers
 from pawn_queue._internal.aio import IO_CONCURRENCY, gather_limited
 from pawn_queue._internal.handlers import Handler
+from pawn_queue._protocol import layout
 from pawn_queue._protocol.batching import BatchListener, BatchSource, check_batch
 from pawn_queue._protocol.claiming import Claimer
 from pawn_queue._protocol.handout import Handout
@@ -106,10 +107,16 @@ class Consumer:
 
     @property
     def topics(self) -> list[str]:
-        return list(self._topics)
+        return [layout.split_queue(queue)[0] for queue in self._topics]
+
+    @property
+    def subscription(self) -> str | None:
+        """The subscription it reads of each topic; None when it competes on the topics."""
+        return layout.split_queue(self._topics[0])[1]
 
     def __repr__(self) -> str:
-        return f"Consumer(name={self.name!r}, id={self.id!r}, topics={self._topics!r})"
+        shown = f", subscription={self.subscription!r}" if self.subscription else ""
+        return f"Consumer(name={self.name!r}, id={self.id!r}, topics={self.topics!r}{shown})"
 
     # -- pull -------------------------------------------------------------------------------
 
@@ -419,7 +426,7 @@ class Consumer:
             return
         try:
             if retry is not None and retry.retries(
-                exc, message.receive_count, await self._receive_limit(message.topic)
+                exc, message.receive_count, await self._receive_limit(message.queue)
             ):
                 await message.nack(requeue=True, delay=retry.delay(message.receive_count))
             else:

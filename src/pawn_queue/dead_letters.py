@@ -41,6 +41,8 @@ class DeadLetter:
     dead_lettered_at: str
     receive_count: int
     key: str
+    subscription: str | None = None
+    """The subscription whose consumers dead-lettered it; None for the topic's own."""
 
     @property
     def redrivable(self) -> bool:
@@ -94,16 +96,19 @@ class DeadLetters:
         except NotFound:
             return None  # redriven or purged meanwhile
         message_id = key.rsplit("/", 1)[-1].removesuffix(".json")
+        topic, subscription = layout.split_queue(layout.queue_of(key))
         try:
             envelope, info = decode_dead_letter(data)
             if not layout.is_uuid(envelope.id):
                 # A redrive writes the message under this id: it must make a message key.
                 raise CorruptObject(f"dead letter id {envelope.id[:40]!r} is not a UUID")
         except CorruptObject as exc:
-            return DeadLetter(message_id, "", "", "", None, {}, "corrupt", str(exc), "", 0, key)
+            return DeadLetter(
+                message_id, topic, "", "", None, {}, "corrupt", str(exc), "", 0, key, subscription
+            )
         return DeadLetter(
             id=envelope.id,
-            topic=envelope.topic,
+            topic=topic,
             producer_id=envelope.producer_id,
             created_at=envelope.created_at,
             payload=envelope.payload,
@@ -113,6 +118,7 @@ class DeadLetters:
             dead_lettered_at=info.dead_lettered_at if info else "",
             receive_count=info.receive_count if info else 0,
             key=key,
+            subscription=subscription,
         )
 
     async def redrive(

@@ -113,6 +113,10 @@ class TopicNotFoundError(PawnQueueError):
     """The topic has not been created."""
 
 
+class SubscriptionNotFoundError(TopicNotFoundError):
+    """The subscription has not been created (or was deleted)."""
+
+
 class TopicSettingsConflictError(PawnQueueError, ValueError):
     """``create_topic`` was given settings that differ from the topic's stored ones.
 
@@ -129,6 +133,27 @@ class TopicSettingsConflictError(PawnQueueError, ValueError):
         )
         super().__init__(
             f"topic {topic!r} exists with other settings: {shown} (use update_topic to change them)"
+        )
+
+
+class SubscriptionConflictError(TopicSettingsConflictError):
+    """``create_subscription`` was given a filter or settings that differ from the stored
+    ones. Nothing was written; change them with ``update_subscription``."""
+
+    def __init__(
+        self, topic: str, name: str, differences: dict[str, tuple[object, object]]
+    ) -> None:
+        self.topic = topic
+        self.subscription = name
+        self.differences = differences
+        shown = ", ".join(
+            f"{setting} is {stored!r}, asked {asked!r}"
+            for setting, (stored, asked) in differences.items()
+        )
+        PawnQueueError.__init__(
+            self,
+            f"subscription {name!r} of topic {topic!r} exists with other settings: {shown} "
+            "(use update_subscription to change them)",
         )
 
 

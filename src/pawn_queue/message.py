@@ -45,8 +45,9 @@ async def write_message(
         await write_new(runtime, key, body)
     except StoreError as exc:
         raise publish_failed(envelope.topic, exc) from exc
-    runtime.signals.published(envelope.topic)
-    logger.debug("published message=%s topic=%s", envelope.id, envelope.topic)
+    queue = layout.queue_of(key)
+    runtime.signals.published(queue)
+    logger.debug("published message=%s queue=%s", envelope.id, queue)
     return envelope.id
 
 
@@ -264,6 +265,17 @@ class Message:
 
     @property
     def topic(self) -> str:
+        """The topic it was published to."""
+        return layout.split_queue(self._envelope.topic)[0]
+
+    @property
+    def subscription(self) -> str | None:
+        """The subscription it was delivered through; None when read from the topic itself."""
+        return layout.split_queue(self._envelope.topic)[1]
+
+    @property
+    def queue(self) -> str:
+        """Where it waited: the topic's name, or ``{topic}/subscriptions/{name}``."""
         return self._envelope.topic
 
     @property

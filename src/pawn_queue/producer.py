@@ -44,6 +44,7 @@ class Producer:
         self._room: dict[str, tuple[float, int]] = {}  # topic -> (checked at, pending count)
         self._store = runtime.store
         self._topics = runtime.topics
+        self._subscriptions = runtime.subscriptions
         self._clock = runtime.clock
         self._observers = runtime.observers
         config = runtime.config.producer
@@ -159,23 +160,53 @@ class Producer:
             key = layout.message_key(topic, envelope.id, due, delayed=delayed)
         else:
             key = layout.group_message_key(topic, envelope.id, due, group, delayed=delayed)
-        if settings.max_pending:
+        queues = await self._queues(topic, attributes)
+        if settings.max_pending and topic in queues:
             await self._wait_for_room(topic, settings.max_pending, wait_for_room)
-        if dedup_id is None:
-            if (
-                self._group_commit is not None
-                and group is None
-                and not delayed
-                and not isinstance(payload, bytes)  # batch objects hold JSON payloads only
-                and len(body) <= self._batch_bytes
-            ):
-                return await self._group_commit.publish(envelope, key, body)
-            return await write_message(self._runtime, envelope, key, body)
-        marker = dedup.Marker(dedup_id, envelope.id, key, now.isoformat())
-        return await self._publish_once(envelope, body, marker, settings.dedup_window_seconds)
+        if dedup_id is not None:
+            marker = dedup.Marker(dedup_id, envelope.id, key, now.isoformat())
+            return await self._publish_once(
+                envelope, body, marker, settings.dedup_window_seconds, queues
+            )
+        if (
+            self._group_commit is not None
+            and group is None
+            and not delayed
+            and not isinstance(payload, bytes)  # batch objects hold JSON payloads only
+            and len(body) <= self._batch_bytes
+        ):
+            commit = self._group_commit
+            await _each(commit.publish(envelope, layout.in_queue(key, q), body) for q in queues)
+        else:
+            await self._write_copies(envelope, key, body, queues)
+        return envelope.id
+
+    async def _queues(self, topic: str, attributes: Mapping[str, str]) -> list[str]:
+        """Where a message to ``topic`` goes: the topic's own queue while it has no
+        subscriptions, else each subscription whose filter its ``attributes`` match (maybe
+        none: then it is written nowhere, as in every fan-out system)."""
+        try:
+            destinations = await self._subscriptions.destinations(topic)
+        except StoreError as exc:
+            raise publish_failed(topic, exc) from exc
+        if not destinations:
+            return [topic]
+        return [d.queue for d in destinations if d.filter.matches(attributes)]
+
+    async def _write_copies(
+        self, envelope: Envelope, key: str, body: bytes, queues: list[str]
+    ) -> None:
+        """Write the message at ``key`` into each of ``queues``, concurrently."""
+        runtime = self._runtime
+        await _each(write_message(runtime, envelope, layout.in_queue(key, q), body) for q in queues)
 
     async def _publish_once(
-        self, envelope: Envelope, body: bytes, proposal: dedup.Marker, window: float
+        self,
+        envelope: Envelope,
+        body: bytes,
+        proposal: dedup.Marker,
+        window: float,
+        queues: list[str],
     ) -> str:
         """Publish unless the marker's dedup id was published within ``window`` seconds."""
         marker_key = layout.dedup_key(envelope.topic, proposal.dedup_id)
@@ -190,7 +221,7 @@ class Producer:
             if marker.message_id != envelope.id:  # an earlier attempt's id: encode it anew
                 envelope = replace(envelope, id=marker.message_id)
                 body = envelope.encode()
-            await write_message(self._runtime, envelope, marker.message_key, body)
+            await self._write_copies(envelope, marker.message_key, body, queues)
             await dedup.mark_written(self._store, marker_key, decision)
         except StoreError as exc:
             raise publish_failed(envelope.topic, exc) from exc
@@ -256,13 +287,29 @@ class Producer:
         ]
         body = encode_batch(batch_id, members)
         key = layout.message_key(topic, batch_id, now, batch=True)
+
+        async def write(queue: str) -> None:
+            await write_new(self._runtime, layout.in_queue(key, queue), body)
+            self._signals.published(queue)
+
         try:
-            await write_new(self._runtime, key, body)
+            await _each(write(queue) for queue in await self._queues(topic, checked))
         except StoreError as exc:
             raise publish_failed(topic, exc, "a batch ") from exc
-        self._signals.published(topic)
         logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))
         return [m.id for m in members]
+
+
+async def _each(calls: Iterable[Awaitable[object]]) -> None:
+    """Run ``calls`` concurrently to their end; then raise the first error, if any (a write
+    still in flight when its caller gives up would land unbeknown to it)."""
+    pending = list(calls)
+    if len(pending) == 1:
+        await pending[0]
+        return
+    for outcome in await asyncio.gather(*pending, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _uuid4s(count: int) -> list[str]:

@@ -25,6 +25,7 @@ from pawn_queue.exceptions import (
     NotFound,
     PreconditionFailed,
     StoreError,
+    SubscriptionNotFoundError,
     TopicNotFoundError,
     TopicSettingsConflictError,
 )
@@ -140,8 +141,9 @@ class Topics:
     async def create(self, name: str, given: Mapping[str, Any]) -> TopicSettings:
         """Create the topic with the defaults and the ``given`` settings; return the stored
         settings. If it exists, only the given settings are compared with the stored ones:
-        any difference raises TopicSettingsConflictError and nothing is written."""
-        layout.validate_name(name, "topic name")
+        any difference raises TopicSettingsConflictError and nothing is written. ``name``
+        may be a subscription's queue (:mod:`pawn_queue.subscriptions` creates those)."""
+        layout.validate_queue(name)
         settings = replace(TopicSettings(), **given)  # invalid settings fail before any I/O
         key = layout.topic_marker_key(name)
         for _ in range(_MARKER_ATTEMPTS):
@@ -179,7 +181,7 @@ class Topics:
         """Change the ``given`` settings of an existing topic (None clears a limit), keep the
         others; return the new settings. An if-match write: a concurrent change is read
         again and the update applied on top of it."""
-        layout.validate_name(name, "topic name")
+        layout.validate_queue(name)
         replace(TopicSettings(), **given)  # invalid settings fail before any I/O
         key = layout.topic_marker_key(name)
         for _ in range(_MARKER_ATTEMPTS):
@@ -187,7 +189,7 @@ class Topics:
                 current = await self._store.get(key)
             except NotFound:
                 self._cache.pop(name, None)
-                raise TopicNotFoundError(f"topic {name!r} does not exist") from None
+                raise not_found(name) from None
             created_at, stored = _read_marker(current.data)
             settings = replace(stored or TopicSettings(), **given)
             if settings == stored and created_at is not None:
@@ -208,7 +210,7 @@ class Topics:
     async def settings(self, name: str, *, fresh: bool = False) -> TopicSettings:
         """The topic's settings (``fresh``: read now, not from the cache); raise
         TopicNotFoundError if it does not exist."""
-        layout.validate_name(name, "topic name")  # first: a name may not even be hashable
+        layout.validate_queue(name)  # first: a name may not even be hashable
         cached = self._cache.get(name)
         if cached and cached[0] > time.monotonic() and not fresh:
             return cached[1]
@@ -216,7 +218,7 @@ class Topics:
             marker = await self._store.get(layout.topic_marker_key(name))
         except NotFound:
             self._cache.pop(name, None)
-            raise TopicNotFoundError(f"topic {name!r} does not exist") from None
+            raise not_found(name) from None
         return self._remember(name, TopicSettings.from_marker(marker.data))
 
     async def peek(self, name: str, limit: int, visibility_seconds: float) -> list[PeekedMessage]:
@@ -285,13 +287,14 @@ class Topics:
         return deleted
 
     async def delete(self, name: str) -> int:
-        """Delete the topic and everything in it; returns the number of objects deleted."""
-        layout.validate_name(name, "topic name")
+        """Delete the topic (or a subscription's queue) and everything in it; returns the
+        number of objects deleted."""
+        layout.validate_queue(name)
         marker = layout.topic_marker_key(name)
         try:
             await self._store.head(marker)
         except NotFound:
-            raise TopicNotFoundError(f"topic {name!r} does not exist") from None
+            raise not_found(name) from None
         # Marker first: publishers stop seeing the topic before its messages go.
         await self._store.delete(marker)
         self._cache.pop(name, None)
@@ -302,6 +305,16 @@ class Topics:
             deleted += len(page)
         logger.info("topic deleted topic=%s objects=%d", name, deleted)
         return deleted
+
+
+def not_found(queue: str) -> TopicNotFoundError:
+    """The error for a missing topic, or a missing subscription when ``queue`` is one's."""
+    topic, subscription = layout.split_queue(queue)
+    if subscription is None:
+        return TopicNotFoundError(f"topic {topic!r} does not exist")
+    return SubscriptionNotFoundError(
+        f"subscription {subscription!r} of topic {topic!r} does not exist"
+    )
 
 
 def _marker(name: str, created_at: str | None, settings: TopicSettings) -> bytes:

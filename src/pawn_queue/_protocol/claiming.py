@@ -180,7 +180,7 @@ class Claimer:
     def keep(self, messages: Iterable[Message]) -> None:
         """Hand ``messages`` out with the next polls."""
         for message in messages:
-            self._buffer.setdefault(message.topic, deque()).append(message)
+            self._buffer.setdefault(message.queue, deque()).append(message)
 
     async def close(self) -> None:
         """Let claims still in flight finish (their leases are then held) and drop what was

@@ -51,8 +51,9 @@ class GroupCommit:
 
     async def publish(self, envelope: Envelope, key: str, body: bytes) -> str:
         """Write ``envelope`` (encoded as ``body``; alone at ``key``, or with others in a
-        batch object); return its id once durable."""
-        topic = envelope.topic
+        batch object); return its id once durable. The queue is ``key``'s (a topic's own or
+        a subscription's)."""
+        topic = layout.queue_of(key)
         alone = topic not in self._writers and not self._config.linger_seconds
         if alone and await self._write_alone(envelope, key, body):
             return envelope.id
@@ -76,7 +77,7 @@ class GroupCommit:
         task, no hand-over, so a lone publish costs what it costs without group commit.
         Unless other calls arrived in the same turn of the loop: then it writes nothing and
         returns False, to go out with them. Calls arriving while it writes wait for it."""
-        topic = envelope.topic
+        topic = layout.queue_of(key)
         self._writers[topic] = None
         alone = False
         try:

@@ -109,7 +109,7 @@ async def _write_new(runtime: Runtime, key: str, body: bytes) -> None:
             if not attempt:
                 # The write may have landed: say so now, not once the looks are over (a
                 # consumer may be what the look waits for; a signal is only a hint).
-                runtime.signals.published(layout.topic_of(key))
+                runtime.signals.published(layout.queue_of(key))
             if attempt:
                 # At once the first time: the sooner the look, the less a consumer can have
                 # done with the message meanwhile.
@@ -136,7 +136,7 @@ async def landed(store: Store, key: str) -> bool:
     if pending is None:
         return False
     try:
-        stored = await store.get(layout.lease_key(layout.topic_of(key), pending.lease_id()))
+        stored = await store.get(layout.lease_key(layout.queue_of(key), pending.lease_id()))
         return LeaseBody.decode(stored.data).message_key == key
     except (NotFound, CorruptObject):
         return False

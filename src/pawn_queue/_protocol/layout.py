@@ -11,6 +11,9 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     {topic}/leases/{uuid}.lease                 claim of the message {uuid}
     {topic}/dead-letter/{uuid}.json             dead letter
     {topic}/dedup/{sha256(dedup_id)}.json       a dedup_id seen recently, and its message
+    {topic}/.subscriptions                      the topic's subscriptions (JSON: name -> filter)
+    {topic}/subscriptions/{name}/...            a subscription's queue: .topic, messages/,
+                                                leases/, dead-letter/ as a topic's own
     _registry/{producers|consumers}/{uuid}.json registry entry
     _registry/names/{producers|consumers}/{name}.json  name -> uuid index (create-only)
     _registry/instances/{uuid}.json             a process: host, pid, heartbeat, members
@@ -30,6 +33,10 @@ characters (such as the right-to-left override U+202E), overlay marks and blank 
 (Hangul fillers) are refused. Letters of different scripts that look alike (Latin and
 Cyrillic "o") still make different names. Names starting with ``_`` or ``.`` are reserved
 for the library.
+
+A *queue* is where messages wait for consumers: a topic's own (named as the topic), or a
+subscription's, named ``{topic}/subscriptions/{name}`` (:func:`subscription_queue`). Every
+``{topic}`` above is a queue; the key functions take either.
 """
 
 from __future__ import annotations
@@ -143,6 +150,54 @@ def topic_of(key: str) -> str:
     return key.partition("/")[0]
 
 
+SUBSCRIPTIONS = "subscriptions/"
+SUBSCRIPTION_INDEX = ".subscriptions"
+
+
+def subscription_queue(topic: str, subscription: str) -> str:
+    """The queue of a subscription: its keys lie under ``{topic}/subscriptions/{name}/``."""
+    return f"{topic}/{SUBSCRIPTIONS}{subscription}"
+
+
+def subscription_index_key(topic: str) -> str:
+    """The topic's subscriptions and their filters, read by every producer of the topic."""
+    return f"{topic}/{SUBSCRIPTION_INDEX}"
+
+
+def subscriptions_prefix(topic: str) -> str:
+    return f"{topic}/{SUBSCRIPTIONS}"
+
+
+def split_queue(queue: str) -> tuple[str, str | None]:
+    """``(topic, subscription)`` of a queue; the subscription is None for a topic's own."""
+    topic, sep, rest = queue.partition(f"/{SUBSCRIPTIONS}")
+    return (topic, rest) if sep else (queue, None)
+
+
+def validate_queue(queue: object, what: str = "topic name") -> str:
+    """Return ``queue`` if it is a topic name or a subscription's queue, else raise."""
+    if isinstance(queue, str) and f"/{SUBSCRIPTIONS}" in queue:
+        topic, subscription = split_queue(queue)
+        validate_name(topic, what)
+        validate_name(subscription, "subscription name")
+        return queue
+    return validate_name(queue, what)
+
+
+def queue_of(key: str) -> str:
+    """The queue a key under ``{queue}/`` belongs to (a message, lease, dead letter...)."""
+    topic, _, rest = key.partition("/")
+    if rest.startswith(SUBSCRIPTIONS):
+        name = rest[len(SUBSCRIPTIONS) :].partition("/")[0]
+        return subscription_queue(topic, name)
+    return topic
+
+
+def in_queue(key: str, queue: str) -> str:
+    """``key`` (a key of some queue) as the same object of ``queue``: a message's copy."""
+    return f"{queue}/{key[len(queue_of(key)) + 1 :]}"
+
+
 def topic_marker_key(topic: str) -> str:
     return f"{topic}/{TOPIC_MARKER}"
 
@@ -221,8 +276,7 @@ def parse_pending_key(key: str) -> PendingKey | None:
     """The message, batch or group message at ``key``; None for anything else (including
     keys nested deeper than ``{topic}/messages/``, which listings also return)."""
     parent, _, name = key.rpartition("/")
-    topic, _, kind_dir = parent.partition("/")
-    if not topic or f"{kind_dir}/" != MESSAGES:
+    if f"{parent}/" != messages_prefix(queue_of(key)) or not parent.partition("/")[0]:
         return None
     if name.endswith(MESSAGE_SUFFIX):
         kind, stem, group_hash = "message", name[: -len(MESSAGE_SUFFIX)], ""

@@ -16,6 +16,7 @@ from pawn_queue._protocol.observers import Observers
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.registry import Registry
 from pawn_queue.store.base import Store
+from pawn_queue.subscriptions import Subscriptions
 from pawn_queue.topics import Topics
 
 
@@ -27,6 +28,7 @@ class Runtime:
     store: Store
     leases: LeaseManager
     topics: Topics
+    subscriptions: Subscriptions
     registry: Registry
     signals: ChangeSignals
     listings: SharedListings

@@ -49,7 +49,7 @@ def _lease_key(ref: ObjectRef) -> str:
     pending = layout.parse_pending_key(ref.key)
     if pending is None:
         raise PawnQueueError(f"manifest names {ref.key!r}, which is not a message key")
-    return layout.lease_key(layout.topic_of(ref.key), pending.lease_id())
+    return layout.lease_key(layout.queue_of(ref.key), pending.lease_id())
 
 
 class StreamDriver:
@@ -341,7 +341,7 @@ class StreamDriver:
         if lease is not None and not lease.lost:
             return lease
         lease = await self._leases.adopt(
-            layout.topic_of(ref.key), ref.key, self.consumer_id, self._timeout
+            layout.queue_of(ref.key), ref.key, self.consumer_id, self._timeout
         )
         if lease is not None:
             self._keeper.hold(lease)

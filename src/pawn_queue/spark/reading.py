@@ -184,7 +184,7 @@ async def _fetch(options: SourceOptions, ref: ObjectRef) -> Fetched:
     if ref.leased:
         pending = layout.parse_pending_key(ref.key)
         if pending is not None:
-            topic = layout.topic_of(ref.key)
+            topic = layout.queue_of(ref.key)
             try:
                 lease = LeaseBody.decode(
                     (await store.get(layout.lease_key(topic, pending.lease_id()))).data
@@ -200,7 +200,7 @@ async def _dead_letter_corrupt(options: SourceOptions, key: str, data: bytes, er
     pending = layout.parse_pending_key(key)
     if pending is None:
         return
-    topic = layout.topic_of(key)
+    topic = layout.queue_of(key)
     info = DeadLetterInfo("corrupt", error, now_utc().isoformat(), key)
     store = await runtime.shared_store(options)
     await store.put(

@@ -1,0 +1,297 @@
+"""Subscriptions: each receives every message published to its topic after it was created.
+
+A subscription is a queue of its own under its topic (``{topic}/subscriptions/{name}/``:
+its marker, messages, leases and dead letters, exactly as a topic's), so everything a topic
+does per message a subscription does on its own. Producers copy each message into every
+subscription whose filter it matches: they learn the subscriptions from the topic's index
+object ``{topic}/.subscriptions``, which they read again at most every
+:data:`INDEX_CACHE_SECONDS`. A topic without subscriptions is a plain work queue, as in
+pawn-queue 0.1. docs/protocol.md, "Subscriptions": the objects, the requests and the rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pawn_queue._protocol import codec, layout
+from pawn_queue._protocol.envelope import encode_json, now_utc
+from pawn_queue._protocol.filters import EVERYTHING, Filter, parse_filter
+from pawn_queue.exceptions import (
+    AlreadyExists,
+    ArgumentError,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+    SubscriptionConflictError,
+    SubscriptionNotFoundError,
+    TopicSettingsConflictError,
+)
+from pawn_queue.store.base import IfMatch, PutMode, Store
+from pawn_queue.topics import Topics, TopicSettings, not_found
+
+logger = logging.getLogger(__name__)
+
+INDEX_CACHE_SECONDS = 2.0
+"""How long a producer trusts the index it read. Creating, changing or deleting a
+subscription waits this long (and a little more) before it returns, so that every publish
+that starts afterwards sees the change (docs/protocol.md, rule 15)."""
+_CHANGE_MARGIN_SECONDS = 0.1  # a timer firing early, on top of the producers' cache time
+_RECENT_SECONDS = 60.0  # created longer ago than this (by its creator's clock): known to all
+_INDEX_ATTEMPTS = 20  # concurrent changes to one topic's index, each retried on a 412
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A subscription of a topic: its filter and its settings (those of a topic)."""
+
+    topic: str
+    name: str
+    filter: dict[str, Any] | None
+    created_at: str
+    settings: TopicSettings
+
+    @property
+    def queue(self) -> str:
+        """Where its messages wait: ``{topic}/subscriptions/{name}``."""
+        return layout.subscription_queue(self.topic, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """A subscription as a producer sees it: where to copy, and which messages."""
+
+    queue: str
+    filter: Filter
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    filter: Filter
+    created_at: str
+
+
+def _decode_index(data: bytes, topic: str) -> dict[str, _Entry]:
+    """The subscriptions an index holds. An unreadable index is an error, never "none":
+    publishing as if there were no subscriptions would lose their messages."""
+    try:
+        body = codec.loads(data)
+        entries = body["subscriptions"]
+        return {
+            layout.validate_name(name, "subscription name"): _Entry(
+                parse_filter(entry.get("filter")), str(entry["created_at"])
+            )
+            for name, entry in entries.items()
+        }
+    except Exception as exc:  # any shape: the error says where
+        raise StoreError(f"the subscription index of topic {topic!r} is unreadable: {exc}") from exc
+
+
+def _encode_index(entries: Mapping[str, _Entry]) -> bytes:
+    return encode_json(
+        {
+            "subscriptions": {
+                name: {"filter": entry.filter.to_json(), "created_at": entry.created_at}
+                for name, entry in sorted(entries.items())
+            }
+        }
+    )
+
+
+class Subscriptions:
+    """Create, list, change and delete subscriptions; tell producers where a topic's
+    messages go (:meth:`destinations`, cached :data:`INDEX_CACHE_SECONDS`)."""
+
+    def __init__(self, store: Store, topics: Topics) -> None:
+        self._store = store
+        self._topics = topics
+        # topic -> (monotonic time the read started, its destinations)
+        self._cache: dict[str, tuple[float, tuple[Destination, ...]]] = {}
+
+    async def destinations(self, topic: str) -> tuple[Destination, ...]:
+        """The subscriptions a message published to ``topic`` now is copied to; empty when
+        the topic has none (its messages stay in the topic's own queue)."""
+        cached = self._cache.get(topic)
+        started = time.monotonic()
+        if cached is not None and started - cached[0] < INDEX_CACHE_SECONDS:
+            return cached[1]
+        # Counted from before the read: what it returns was current at some time after.
+        entries = (await self._read(topic))[0]
+        found = tuple(
+            Destination(layout.subscription_queue(topic, name), entry.filter)
+            for name, entry in sorted(entries.items())
+        )
+        self._cache[topic] = (started, found)
+        return found
+
+    async def create(
+        self, topic: str, name: str, given_filter: object, start: object, given: dict[str, Any]
+    ) -> Subscription:
+        """Create the subscription, or make sure it exists with this filter and the given
+        settings (SubscriptionConflictError, nothing written, if not). Returns once every
+        publish that starts afterwards copies to it."""
+        layout.validate_name(topic, "topic name")
+        layout.validate_name(name, "subscription name")
+        wanted = parse_filter(given_filter)
+        if start != "latest":
+            raise ArgumentError(
+                f"start: got {start!r}; only 'latest' is supported: a subscription receives "
+                "what is published after it was created"
+            )
+        await self._topics.settings(topic, fresh=True)  # TopicNotFoundError
+        queue = layout.subscription_queue(topic, name)
+        # The queue first: a producer that sees the index entry writes into a queue that
+        # exists, and a consumer that finds the marker finds it in the index too.
+        try:
+            settings = await self._topics.create(queue, given)
+        except TopicSettingsConflictError as exc:
+            raise SubscriptionConflictError(topic, name, exc.differences) from None
+        created_at = now_utc().isoformat()
+
+        def add(entries: dict[str, _Entry]) -> bool:
+            current = entries.get(name)
+            if current is not None:
+                if current.filter != wanted:
+                    stored = current.filter.to_json()
+                    raise SubscriptionConflictError(
+                        topic, name, {"filter": (stored, wanted.to_json())}
+                    )
+                return False
+            entries[name] = _Entry(wanted, created_at)
+            return True
+
+        entries, changed = await self._change(topic, add)
+        entry = entries[name]
+        if changed or _recent(entry.created_at):
+            # Maybe created by another call just now, whose wait is not over either.
+            await _wait_for_producers()
+        logger.info("subscription ready topic=%s subscription=%s", topic, name)
+        return Subscription(topic, name, entry.filter.to_json(), entry.created_at, settings)
+
+    async def get(self, topic: str, name: str) -> Subscription:
+        """The subscription (read now); SubscriptionNotFoundError if there is none."""
+        layout.validate_name(topic, "topic name")
+        layout.validate_name(name, "subscription name")
+        entry = (await self._read(topic))[0].get(name)
+        if entry is None:
+            raise not_found(layout.subscription_queue(topic, name))
+        settings = await self._topics.settings(layout.subscription_queue(topic, name), fresh=True)
+        return Subscription(topic, name, entry.filter.to_json(), entry.created_at, settings)
+
+    async def list(self, topic: str) -> list[Subscription]:
+        """The topic's subscriptions, by name. One GET for the index, one per subscription."""
+        await self._topics.settings(topic, fresh=True)
+        entries = (await self._read(topic))[0]
+
+        async def one(name: str, entry: _Entry) -> Subscription | None:
+            queue = layout.subscription_queue(topic, name)
+            try:
+                settings = await self._topics.settings(queue, fresh=True)
+            except SubscriptionNotFoundError:
+                return None  # being deleted
+            return Subscription(topic, name, entry.filter.to_json(), entry.created_at, settings)
+
+        found = await asyncio.gather(*(one(n, e) for n, e in sorted(entries.items())))
+        return [s for s in found if s is not None]
+
+    async def update(
+        self, topic: str, name: str, given_filter: object, given: dict[str, Any]
+    ) -> Subscription:
+        """Change the filter (unless ``given_filter`` is ``...``) and the given settings."""
+        layout.validate_name(topic, "topic name")
+        layout.validate_name(name, "subscription name")
+        wanted = None if given_filter is ... else parse_filter(given_filter)
+        queue = layout.subscription_queue(topic, name)
+        await self.get(topic, name)  # SubscriptionNotFoundError
+        settings = await self._topics.update(queue, given) if given else None
+
+        def change(entries: dict[str, _Entry]) -> bool:
+            current = entries.get(name)
+            if current is None:
+                raise not_found(queue)
+            if wanted is None or current.filter == wanted:
+                return False
+            entries[name] = _Entry(wanted, current.created_at)
+            return True
+
+        entries, changed = await self._change(topic, change)
+        if changed:
+            await _wait_for_producers()
+        if settings is None:
+            settings = await self._topics.settings(queue, fresh=True)
+        entry = entries[name]
+        return Subscription(topic, name, entry.filter.to_json(), entry.created_at, settings)
+
+    async def delete(self, topic: str, name: str) -> int:
+        """Delete the subscription and every message waiting in it; return how many
+        objects were deleted. Producers stop copying to it first."""
+        layout.validate_name(topic, "topic name")
+        layout.validate_name(name, "subscription name")
+        queue = layout.subscription_queue(topic, name)
+
+        def remove(entries: dict[str, _Entry]) -> bool:
+            return entries.pop(name, None) is not None
+
+        await self._change(topic, remove)
+        # Also when another call removed it: no producer may still copy into the queue once
+        # its objects are deleted (a delete that stopped half-way is finished here too).
+        await _wait_for_producers()
+        try:
+            deleted = await self._topics.delete(queue)
+        except SubscriptionNotFoundError:
+            raise not_found(queue) from None
+        logger.info(
+            "subscription deleted topic=%s subscription=%s objects=%d", topic, name, deleted
+        )
+        return deleted
+
+    async def _read(self, topic: str) -> tuple[dict[str, _Entry], str | None]:
+        """The index and its ETag (None: there is no index)."""
+        try:
+            stored = await self._store.get(layout.subscription_index_key(topic))
+        except NotFound:
+            return {}, None
+        return _decode_index(stored.data, topic), stored.meta.etag
+
+    async def _change(
+        self, topic: str, change: Callable[[dict[str, _Entry]], bool]
+    ) -> tuple[dict[str, _Entry], bool]:
+        """Apply ``change(entries) -> changed`` to the index with a conditional write (a
+        concurrent change, or our own write retried, is read again and ``change`` applied
+        on top of it); return the entries and whether this call wrote them."""
+        key = layout.subscription_index_key(topic)
+        for _ in range(_INDEX_ATTEMPTS):
+            entries, etag = await self._read(topic)
+            if not change(entries):
+                return entries, False
+            mode: PutMode = "create" if etag is None else IfMatch(etag)
+            try:
+                await self._store.put(key, _encode_index(entries), mode)
+            except (AlreadyExists, PreconditionFailed):
+                continue
+            self._cache.pop(topic, None)
+            return entries, True
+        raise StoreError(f"the subscription index of topic {topic!r} kept changing")
+
+
+def _recent(created_at: str) -> bool:
+    """Whether a subscription was created so lately that producers may not know it yet
+    (with room for clocks that disagree)."""
+    try:
+        age = (now_utc() - datetime.fromisoformat(created_at)).total_seconds()
+    except (ValueError, TypeError):
+        return True
+    return age < _RECENT_SECONDS
+
+
+async def _wait_for_producers() -> None:
+    """Wait until every producer's copy of the index is younger than the change."""
+    await asyncio.sleep(INDEX_CACHE_SECONDS + _CHANGE_MARGIN_SECONDS)
+
+
+__all__ = ["EVERYTHING", "Destination", "Subscription", "Subscriptions"]
