@@ -1,11 +1,16 @@
 """A Spark pipeline on pawn-queue: orders in, revenue per item per minute and alerts out.
 
-1. Producers publish orders to the topic ``orders`` (single messages and batch objects).
-2. A structured-streaming query reads ``orders`` (format ``pawnqueue``), parses them, and in
-   each micro-batch writes the revenue per item per minute to Parquet and the high-value
-   orders to the topic ``alerts``. Its checkpoint makes it exactly-once: both writes are
-   idempotent per micro-batch (Parquet by directory, the topic by ``writeId``/``batchId``).
-3. A consumer prints the alerts; the revenue table is read back and checked.
+1. The topic ``orders`` has two subscriptions, ``service`` and ``revenue``: each receives
+   every order, whatever the other does with it.
+2. Producers publish orders to ``orders`` (single messages and batch objects).
+3. The order service (plain consumers, in this process) takes every order of ``service``.
+4. A structured-streaming query reads ``revenue`` (format ``pawnqueue``, option
+   ``subscription``), parses the orders, and in each micro-batch writes the revenue per item
+   per minute and the order ids to Parquet and the high-value orders to the topic ``alerts``.
+   Its checkpoint makes it exactly-once: every write is idempotent per micro-batch (Parquet
+   by directory, the topic by ``writeId``/``batchId``).
+5. A consumer prints the alerts; the revenue table is read back and checked, and so is that
+   the service and the query each got every order exactly once.
 
 The query runs with Trigger.AvailableNow: it processes what is there and stops. With
 ``--rounds 2`` (the default) it runs twice on the same checkpoint, with new orders in between.
@@ -15,10 +20,11 @@ The query runs with Trigger.AvailableNow: it processes what is there and stops. 
     spark-submit --master spark://host:7077 examples/orders_pipeline.py --url s3://... --out s3a://...
 
 On a cluster, every node needs this package with the ``spark`` extra, the driver and the
-executors need the store's credentials (``PAWNQUEUE_S3_ACCESS_KEY``/``PAWNQUEUE_S3_SECRET_KEY``:
-the driver in its environment, executors e.g. via spark.executorEnv.*), and ``--out`` must be a
-path every node can reach; an ``s3a://`` one needs Hadoop's S3A filesystem (``--packages
-org.apache.hadoop:hadoop-aws:<Hadoop version>`` and ``spark.hadoop.fs.s3a.*``; see the README).
+executors need the store's credentials (``PAWNQUEUE_S3_AWS_ACCESS_KEY_ID`` and
+``PAWNQUEUE_S3_AWS_SECRET_ACCESS_KEY``: the driver in its environment, executors e.g. via
+spark.executorEnv.*), and ``--out`` must be a path every node can reach; an ``s3a://``
+one needs Hadoop's S3A filesystem (``--packages org.apache.hadoop:hadoop-aws:<Hadoop
+version>`` and ``spark.hadoop.fs.s3a.*``; see docs/spark/cluster.md).
 The script checks that Spark can write ``--out`` before it publishes anything.
 """
 
@@ -30,6 +36,8 @@ import json
 import os
 import random
 import sys
+import threading
+from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -37,12 +45,22 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pawn_queue import PawnQueue
+from pawn_queue import Consumer, PawnQueue
 from pawn_queue.cli.demo_dirs import claim_directory
 from pawn_queue.spark import register
 
 ITEMS = {"widget": 4.5, "gadget": 19.0, "gizmo": 7.25, "sprocket": 2.0, "flux-capacitor": 121.0}
 ORDER_SCHEMA = "order_id long, customer string, item string, quantity int, price double"
+SUBSCRIPTIONS = ("service", "revenue")  # of the topic orders: the service's, the query's
+
+
+async def set_up(url: str) -> None:
+    """The topics, and the subscriptions of ``orders`` (before any order is published: a
+    subscription receives what is published after it was created)."""
+    async with PawnQueue.from_url(url) as pq:
+        await pq.create_topic("orders")
+        await pq.create_topic("alerts")
+        await asyncio.gather(*(pq.create_subscription("orders", name) for name in SUBSCRIPTIONS))
 
 
 async def publish_orders(url: str, first: int, count: int, seed: int) -> float:
@@ -71,6 +89,60 @@ async def publish_orders(url: str, first: int, count: int, seed: int) -> float:
         for start in range(half, len(orders), 250):
             await partner.publish_batch("orders", orders[start : start + 250])
     return sum(o["quantity"] * o["price"] for o in orders)
+
+
+class OrderService(threading.Thread):
+    """The order service: consumers of the subscription ``service`` of ``orders``, running
+    beside the Spark query in a thread of their own; each order it takes is acked and
+    counted by id."""
+
+    def __init__(self, url: str, workers: int = 2) -> None:
+        super().__init__(name="order-service", daemon=True)
+        self._url, self._workers = url, workers
+        self.orders: Counter[int] = Counter()
+        self.error: BaseException | None = None
+        self._changed = threading.Condition()
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            with self._changed:
+                self._changed.notify_all()
+
+    async def _serve(self) -> None:
+        async with PawnQueue.from_url(self._url) as pq:
+            consumers = [
+                await pq.register_consumer(f"order-service-{i}", ["orders"], subscription="service")
+                for i in range(self._workers)
+            ]
+            await asyncio.gather(*(self._work(consumer) for consumer in consumers))
+
+    async def _work(self, consumer: Consumer) -> None:
+        while not self._stopping.is_set():
+            for message in await consumer.poll(wait=0.5):
+                await message.ack()  # the order is handled: shipped, say
+                with self._changed:
+                    self.orders[message.payload["order_id"]] += 1
+                    self._changed.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 300) -> None:
+        """Until it has taken ``count`` orders (raises on its error or the timeout)."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self.orders.total() >= count or not self.is_alive(), timeout
+            )
+        if self.error is not None:
+            raise SystemExit(f"the order service failed: {self.error!r}")
+        if self.orders.total() < count:
+            raise SystemExit(f"the order service took {self.orders.total()} of {count} orders")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join()
 
 
 async def print_alerts(url: str) -> int:
@@ -150,6 +222,7 @@ def run_query(spark: SparkSession, url: str, out: str, threshold: float) -> None
         spark.readStream.format("pawnqueue")
         .option("url", url)
         .option("topic", "orders")
+        .option("subscription", "revenue")
         .option("maxMessagesPerTrigger", "2000")
         .load()
         .select(F.from_json("payload", ORDER_SCHEMA).alias("o"), "created_at")
@@ -162,8 +235,9 @@ def run_query(spark: SparkSession, url: str, out: str, threshold: float) -> None
         revenue = batch.groupBy(F.date_trunc("minute", "created_at").alias("minute"), "item").agg(
             F.sum("total").alias("revenue"), F.count("*").alias("orders")
         )
-        # A micro-batch run again (after a failure) overwrites its own directory...
+        # A micro-batch run again (after a failure) overwrites its own directories...
         revenue.write.mode("overwrite").parquet(f"{out}/revenue/batch={batch_id}")
+        batch.select("order_id").write.mode("overwrite").parquet(f"{out}/orders/batch={batch_id}")
         alerts = batch.where(F.col("total") >= threshold).select(
             F.to_json(F.struct("order_id", "customer", "item", "quantity", "total")).alias(
                 "payload"
@@ -198,7 +272,9 @@ def reset(url: str, out: str) -> None:
         raise SystemExit("--reset only deletes local directories (a file:// URL and a local --out)")
     queue = ("orders", "alerts", "_registry", "_notify", "_spark", "_probe", ".pawnqueue")
     claim_directory(Path(parts.netloc + parts.path).expanduser(), queue, "orders_pipeline.py")
-    claim_directory(Path(out).expanduser(), ("revenue", "checkpoint"), "orders_pipeline.py")
+    claim_directory(
+        Path(out).expanduser(), ("revenue", "orders", "checkpoint"), "orders_pipeline.py"
+    )
 
 
 def main() -> None:
@@ -216,13 +292,21 @@ def main() -> None:
 
     spark = spark_session(args.master)
     check_output(spark, args.out)
+    asyncio.run(set_up(args.url))
+    service = OrderService(args.url)
+    service.start()
     published, value, alerts = 0, 0.0, 0
-    for round_ in range(1, args.rounds + 1):
-        value += asyncio.run(publish_orders(args.url, published, args.orders, seed=round_))
-        published += args.orders
-        print(f"round {round_}: published {args.orders} orders ({published} in all)")
-        run_query(spark, args.url, args.out, args.threshold)
-        alerts += asyncio.run(print_alerts(args.url))
+    try:
+        for round_ in range(1, args.rounds + 1):
+            value += asyncio.run(publish_orders(args.url, published, args.orders, seed=round_))
+            published += args.orders
+            print(f"round {round_}: published {args.orders} orders ({published} in all)")
+            run_query(spark, args.url, args.out, args.threshold)
+            service.wait_for(published)
+            print(f"round {round_}: the order service took {service.orders.total()} orders")
+            alerts += asyncio.run(print_alerts(args.url))
+    finally:
+        service.stop()
 
     revenue = (
         spark.read.parquet(f"{args.out}/revenue")
@@ -234,6 +318,23 @@ def main() -> None:
     totals = revenue.agg(F.sum("orders"), F.sum("revenue")).first()
     assert totals is not None
     counted, summed = int(totals[0] or 0), float(totals[1] or 0.0)
+    # Which orders each subscription delivered, and how often: the ids the query wrote, and
+    # the ones the service took.
+    ids = spark.read.parquet(f"{args.out}/orders").agg(
+        F.count("*"), F.countDistinct("order_id"), F.min("order_id"), F.max("order_id")
+    )
+    row = ids.first()
+    assert row is not None
+    every = {"orders": published, "distinct": published, "first": 0, "last": published - 1}
+    received = {
+        "service": {
+            "orders": service.orders.total(),
+            "distinct": len(service.orders),
+            "first": min(service.orders, default=None),
+            "last": max(service.orders, default=None),
+        },
+        "revenue": dict(zip(("orders", "distinct", "first", "last"), row, strict=True)),
+    }
     print(
         json.dumps(
             {
@@ -242,13 +343,22 @@ def main() -> None:
                 "revenue": round(summed, 2),
                 "expected_revenue": round(value, 2),
                 "alerts_received": alerts,
+                "subscriptions": received,
             }
         )
     )
     spark.stop()
     if counted != published or abs(summed - value) > 0.01:
         raise SystemExit("the revenue table does not match what was published")
+    for name, got in received.items():
+        if got != every:
+            raise SystemExit(f"subscription {name!r} did not get every order exactly once: {got}")
     print("exactly once: every order counted once")
+    print(
+        "checked: each subscription of orders got every order exactly once ("
+        + ", ".join(f"{name}: {got['distinct']} of {published}" for name, got in received.items())
+        + ")"
+    )
 
 
 if __name__ == "__main__":

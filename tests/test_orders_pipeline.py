@@ -1,7 +1,10 @@
-"""examples/orders_pipeline.py refuses an output Spark cannot write before publishing anything."""
+"""examples/orders_pipeline.py: the order service and the Spark query each get every order
+through their own subscription, exactly once; an output Spark cannot write is refused before
+anything is published; --reset deletes nothing the pipeline did not make."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -91,3 +94,45 @@ def test_reset_never_deletes_a_directory_the_pipeline_did_not_make(tmp_path: Pat
     assert run.returncode != 0
     assert "was not made by orders_pipeline.py" in run.stderr
     assert (mine / "thesis.txt").read_text() == "years of work"
+
+
+def test_the_service_and_the_query_each_get_every_order_once(tmp_path: Path) -> None:
+    """What ``make demo`` runs, smaller: the order service and the Spark query each take
+    every order of ``orders`` through their own subscription, exactly once, and say so."""
+    store, out = tmp_path / "queue", tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAWNQUEUE_", "AWS_"))}
+    env["PYSPARK_PYTHON"] = sys.executable
+    orders, rounds = 120, 2
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "orders_pipeline.py"),
+            *("--reset", "--url", f"file://{store}", "--out", str(out)),
+            *("--orders", str(orders), "--rounds", str(rounds), "--master", "local[2]"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
+    published = orders * rounds
+    [summary] = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    every = {"orders": published, "distinct": published, "first": 0, "last": published - 1}
+    assert summary["subscriptions"] == {"service": every, "revenue": every}
+    assert summary["orders_in_revenue_table"] == summary["orders_published"] == published
+    assert summary["revenue"] == summary["expected_revenue"]
+    assert (
+        "checked: each subscription of orders got every order exactly once "
+        f"(service: {published} of {published}, revenue: {published} of {published})"
+    ) in run.stdout
+    # Every order went to the subscriptions only, and both took (and acked) all of them.
+    assert sorted(p.name for p in (store / "orders" / "subscriptions").iterdir()) == [
+        "revenue",
+        "service",
+    ]
+    for queue in (store / "orders", *(store / "orders" / "subscriptions").iterdir()):
+        assert not any((queue / "messages").glob("*.*")), queue
+        assert not any((queue / "dead-letter").glob("*")), queue

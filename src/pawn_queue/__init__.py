@@ -21,6 +21,8 @@ from pawn_queue.exceptions import (
     PublishError,
     QueueFullError,
     StoreError,
+    SubscriptionConflictError,
+    SubscriptionNotFoundError,
     TopicNotFoundError,
     TopicSettingsConflictError,
 )
@@ -28,6 +30,7 @@ from pawn_queue.message import Message
 from pawn_queue.producer import Producer
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.retry import Retry
+from pawn_queue.subscriptions import Subscription
 from pawn_queue.topics import PeekedMessage, TopicSettings, TopicStats
 
 __version__ = "0.2.0"
@@ -54,6 +57,9 @@ __all__ = [
     "RegistryEntry",
     "Retry",
     "StoreError",
+    "Subscription",
+    "SubscriptionConflictError",
+    "SubscriptionNotFoundError",
     "TopicNotFoundError",
     "TopicSettings",
     "TopicSettingsConflictError",

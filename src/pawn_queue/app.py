@@ -11,11 +11,13 @@
     asyncio.run(app.run())          # or: pawn-queue worker mymodule:app
 
 Each subscriber is a consumer (named ``<app>.<handler>``) that calls its handler for each
-message, up to ``concurrency`` at a time. A handler that returns acks its message, and its
-result (when not None) is published to ``publish_to`` first; one that raises is retried as
-its :class:`~pawn_queue.retry.Retry` says, or dead-lettered; a payload its annotation
-refuses is dead-lettered at once (:mod:`pawn_queue._internal.binding`). Stopping lets running
-handlers finish within the grace period and gives every other message back at once.
+message, up to ``concurrency`` at a time: its topics' own messages, or with
+``subscription=`` a subscription of each topic (:mod:`pawn_queue._app_subscriptions`). A
+handler that returns acks its message, and its result (when not None) is published to
+``publish_to`` first; one that raises is retried as its :class:`~pawn_queue.retry.Retry`
+says, or dead-lettered; a payload its annotation refuses is dead-lettered at once
+(:mod:`pawn_queue._internal.binding`). Stopping lets running handlers finish within the
+grace period and gives every other message back at once.
 
 A batch subscriber (``batch=N``) calls its handler with lists of up to N messages or
 payloads (:mod:`pawn_queue._protocol.batching`); when it returns, the messages are acked together.
@@ -32,6 +34,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from pawn_queue._app_subscriptions import (
+    declared_filter,
+    ensure_subscriptions,
+    warn_of_subscriptions,
+)
 from pawn_queue._internal import handlers
 from pawn_queue._internal.binding import Binding, InvalidPayload, jsonable
 from pawn_queue._internal.daemon_pool import DaemonThreadPool
@@ -73,6 +80,8 @@ class Subscriber:
     binding: Binding = field(repr=False)
     batch: int | None = None  # a batch handler's most messages per call
     batch_wait: float = 0.0
+    subscription: str | None = None  # None: the topics' own messages
+    filter: dict[str, Any] | None = None  # the subscription's, as declared (None: not declared)
 
     @property
     def is_async(self) -> bool:
@@ -132,6 +141,8 @@ class App:
         name: str | None = None,
         batch: int | None = None,
         batch_wait: float | None = None,
+        subscription: str | None = None,
+        filter: Mapping[str, Any] | None = None,
     ) -> Callable[[F], F]:
         """Decorate a handler (``async def`` or plain) of the messages of ``topics``.
 
@@ -140,7 +151,16 @@ class App:
         the default retries up to 5 receives with backoff and jitter). ``visibility_timeout``:
         this subscriber's lease length. ``publish_to``: the topic a handler's result (when
         not None) is published to before its message is acked. ``name``: the consumer's
-        name after the app's (default: the function's name).
+        name after the app's (default: the function's name, and ``.<subscription>`` with
+        a subscription, so that one function can read several).
+
+        ``subscription``: read that subscription of each topic (a copy of every message
+        published to the topic since it was created; its consumers compete for them), not
+        the topics' own messages; the app creates it at start if it is missing.
+        ``filter``: the subscription's (attribute name to a string, a list of strings,
+        ``{"exists": bool}`` or ``{"prefix": str}``); an existing subscription with another
+        filter stops the app from starting (SubscriptionConflictError). Without ``filter``
+        an existing subscription keeps its own, a new one takes every message (as ``{}``).
 
         ``batch=N``: the handler takes lists of up to N payloads (``list[Order]``) and/or
         messages (``list[Message]``), what one poll brought or, with ``batch_wait`` seconds,
@@ -155,6 +175,7 @@ class App:
             layout.validate_name(topic, "topic name")
         if not names:
             raise ArgumentError("a subscriber needs at least one topic")
+        wanted = declared_filter(self.subscribers, names, subscription, filter)
         check_concurrency(concurrency)
         if batch is not None or batch_wait is not None:
             batch, batch_wait = check_batch(batch, batch_wait)
@@ -165,6 +186,8 @@ class App:
             if not callable(handler):
                 raise ArgumentError(f"a subscriber decorates a function, not {handler!r}")
             label = name or getattr(handler, "__name__", None) or "handler"
+            if name is None and subscription is not None:
+                label = f"{label}.{subscription}"
             layout.validate_name(label, "subscriber name")
             if label in self._subscribers:
                 raise ArgumentError(f"app {self.name!r} already has a subscriber {label!r}")
@@ -179,6 +202,8 @@ class App:
                 binding=Binding.of(handler, batch=batch is not None),
                 batch=batch,
                 batch_wait=batch_wait or 0.0,
+                subscription=subscription,
+                filter=wanted,
             )
             return handler
 
@@ -260,6 +285,7 @@ class App:
             if self.create_topics:
                 for topic in self._topic_names():
                     await queue.create_topic(topic)
+            await ensure_subscriptions(queue, self.subscribers)
             self._producer = await queue.register_producer(self.name)
             threads = sum(s.concurrency for s in self.subscribers if not s.is_async)
             if threads:
@@ -271,7 +297,9 @@ class App:
                     f"{self.name}.{sub.name}",
                     list(sub.topics),
                     visibility_timeout=sub.visibility_timeout,
+                    subscription=sub.subscription,
                 )
+            await warn_of_subscriptions(queue, self.subscribers)
         except BaseException:
             await self._close()
             raise

@@ -21,6 +21,8 @@ from pawn_queue._protocol.lease_protocol import ResolvedStrategy
 from pawn_queue._protocol.leases import LeaseManager
 from pawn_queue._protocol.listings import SharedListings
 from pawn_queue._protocol.notify import ChangeSignals
+from pawn_queue._protocol.replay import replay
+from pawn_queue._protocol.retained import RetainedSweeper
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue._protocol.strategy import known_conditional, resolve_strategy
 from pawn_queue.config import PawnQueueConfig, load_config
@@ -33,9 +35,10 @@ from pawn_queue.registry import Registry
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
 from pawn_queue.store.coalesce import DeleteCoalescer
-from pawn_queue.subscriptions import Subscription, Subscriptions
+from pawn_queue.subscriptions import Subscription, Subscriptions, parse_start
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
+    DEFAULT_REPLAY_WINDOW,
     DEFAULT_RETENTION_ACTION,
     NO_LIMIT,
     NotGiven,
@@ -128,6 +131,7 @@ class PawnQueue:
             signals=signals,
             listings=SharedListings(store, signals),
             dedup_sweeper=MarkerSweeper(store, background, self._clock, leases.margin),
+            retained_sweeper=RetainedSweeper(store, background, self._clock, leases.margin),
             observers=self._observers,
             background=background,
         )
@@ -177,6 +181,7 @@ class PawnQueue:
         max_pending: int | NotGiven | None = NO_LIMIT,
         dedup_window_seconds: float | NotGiven = DEFAULT_DEDUP_WINDOW,
         retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
+        replay_window_seconds: float | NotGiven = DEFAULT_REPLAY_WINDOW,
     ) -> None:
         """Create a topic, or make sure it exists. Never changes stored settings.
 
@@ -191,6 +196,9 @@ class PawnQueue:
         (``retention_action``: ``"delete"`` or ``"dead_letter"``).
         ``max_pending``: ``publish`` waits for room, then raises QueueFullError.
         ``dedup_window_seconds``: how long a ``dedup_id`` is remembered.
+        ``replay_window_seconds``: keep every message at least this long after it was
+        published, acked or not, so that :meth:`seek` can deliver it again (0: acked
+        messages are gone at once).
         """
         given = given_settings(
             max_receive_count=max_receive_count,
@@ -198,8 +206,9 @@ class PawnQueue:
             max_pending=max_pending,
             dedup_window_seconds=dedup_window_seconds,
             retention_action=retention_action,
+            replay_window_seconds=replay_window_seconds,
         )
-        await self._ready().topics.create(name, given)
+        await self._ready().topics.create(_queue(name, None), given)
 
     async def update_topic(
         self,
@@ -210,6 +219,7 @@ class PawnQueue:
         max_pending: int | NotGiven | None = NO_LIMIT,
         dedup_window_seconds: float | NotGiven = DEFAULT_DEDUP_WINDOW,
         retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
+        replay_window_seconds: float | NotGiven = DEFAULT_REPLAY_WINDOW,
     ) -> TopicSettings:
         """Change the settings passed (None clears a limit) and keep the others; return the
         topic's new settings. Raises TopicNotFoundError for a missing topic.
@@ -222,19 +232,20 @@ class PawnQueue:
             max_pending=max_pending,
             dedup_window_seconds=dedup_window_seconds,
             retention_action=retention_action,
+            replay_window_seconds=replay_window_seconds,
         )
-        return await self._ready().topics.update(name, given)
+        return await self._ready().topics.update(_queue(name, None), given)
 
     async def topic_settings(self, name: str) -> TopicSettings:
         """The topic's stored settings (read now); raises TopicNotFoundError if it is missing."""
         return await self._ready().topics.settings(_queue(name, None), fresh=True)
 
-    async def purge_topic(self, name: str) -> int:
-        """Delete the topic's messages (pending, in flight and delayed) and their leases, like
-        SQS's PurgeQueue; return the number of message objects deleted (a batch counts once).
-        Dead letters stay. A consumer holding a purged message learns it when it next writes
-        its lease: see docs/protocol.md."""
-        return await self._ready().topics.purge(_queue(name, None))
+    async def purge_topic(self, name: str, *, subscription: str | None = None) -> int:
+        """Delete the messages of the topic (or of one of its subscriptions), pending, in
+        flight and delayed, and their leases, like SQS's PurgeQueue; return the number of
+        message objects deleted (a batch counts once). Dead letters stay. A consumer holding
+        a purged message learns it when it next writes its lease: see docs/protocol.md."""
+        return await self._ready().topics.purge(_queue(name, subscription))
 
     async def list_topics(self) -> list[str]:
         """All topics in the store, sorted."""
@@ -254,12 +265,14 @@ class PawnQueue:
             self._ready().store, queue, self.config.polling.visibility_timeout_seconds
         )
 
-    async def peek(self, topic: str, limit: int = 10) -> list[PeekedMessage]:
-        """The topic's oldest messages (at most ``limit``), each with its state (``pending``,
-        ``in_flight`` or ``delayed``), read without claiming them. Costs two LISTs and a GET
-        per message object shown."""
+    async def peek(
+        self, topic: str, limit: int = 10, *, subscription: str | None = None
+    ) -> list[PeekedMessage]:
+        """The oldest messages of the topic (or of one of its subscriptions), at most
+        ``limit``, each with its state (``pending``, ``in_flight`` or ``delayed``), read
+        without claiming them. Costs two LISTs and a GET per message object shown."""
         visibility = self.config.polling.visibility_timeout_seconds
-        return await self._ready().topics.peek(_queue(topic, None), limit, visibility)
+        return await self._ready().topics.peek(_queue(topic, subscription), limit, visibility)
 
     # -- subscriptions ----------------------------------------------------------------------
 
@@ -269,7 +282,7 @@ class PawnQueue:
         name: str,
         *,
         filter: Mapping[str, Any] | None = None,
-        start: str = "latest",
+        start: str | datetime = "latest",
         max_receive_count: int | NotGiven | None = NO_LIMIT,
         retention_seconds: float | NotGiven | None = NO_LIMIT,
         retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
@@ -285,17 +298,43 @@ class PawnQueue:
         ``{"exists": bool}`` or ``{"prefix": str}``, all of which must hold. The settings
         are a topic's (see :meth:`create_topic`); like there, those given are compared with
         an existing subscription's: a difference raises SubscriptionConflictError.
-        ``start``: ``"latest"`` (the messages published after this call returns).
+        ``start``: ``"latest"`` (what is published after this call returns), or
+        ``"earliest"`` or a timezone-aware datetime: a new subscription first receives what
+        the topic's replay log holds from then on (see ``replay_window_seconds``).
 
         Returns once every publish that starts afterwards, in any process, copies to it:
         about 2 s after the subscription was first created.
         """
+        since = parse_start(start, "start")
         given = given_settings(
             max_receive_count=max_receive_count,
             retention_seconds=retention_seconds,
             retention_action=retention_action,
         )
-        return await self._ready().subscriptions.create(topic, name, filter, start, given)
+        runtime = self._ready()
+        subscription, created = await runtime.subscriptions.create(topic, name, filter, given)
+        if created and since != "latest":
+            await replay(runtime, subscription, since)
+        return subscription
+
+    async def seek(self, topic: str, name: str, to: str | datetime) -> None:
+        """Make a subscription receive the topic's messages from ``to`` on: ``"earliest"``,
+        a timezone-aware datetime, or ``"latest"`` (nothing of what waits now).
+
+        What waits in the subscription (pending, in flight, delayed) is dropped, then what
+        the topic's replay log holds from ``to`` on (messages are kept there
+        ``replay_window_seconds`` after publish, acked or not) is delivered again, oldest
+        first, as the subscription's filter takes it. Consumers receive the first messages
+        while the rest are copied; this returns once all are. A seek that fails half-way is
+        finished by calling it again.
+        """
+        since = parse_start(to, "to")
+        runtime = self._ready()
+        subscription = await runtime.subscriptions.get(topic, name)
+        # What the purge could delete was published before it ended: it is copied again.
+        await runtime.topics.purge(subscription.queue)
+        if since != "latest":
+            await replay(runtime, subscription, since)
 
     async def list_subscriptions(self, topic: str) -> list[Subscription]:
         """The topic's subscriptions, by name."""

@@ -14,7 +14,9 @@ One root, so ``except PawnQueueError`` catches everything the library raises::
     │   └── BucketNotFoundError      the bucket (or root directory) does not exist
     │       └── RootNotFoundError    the local directory does not exist (yet): also a NotFoundError
     ├── TopicNotFoundError           the topic has no marker
+    │   └── SubscriptionNotFoundError  the topic has no such subscription
     ├── TopicSettingsConflictError   create_topic asked for settings other than the stored ones
+    │   └── SubscriptionConflictError  create_subscription asked for another filter or settings
     ├── PublishError                 a message could not be written (``__cause__`` says why)
     │   ├── QueueFullError           a topic stayed at ``max_pending`` for the whole wait
     │   └── PayloadError             the payload or attributes cannot be encoded (not

@@ -160,7 +160,7 @@ class Producer:
             key = layout.message_key(topic, envelope.id, due, delayed=delayed)
         else:
             key = layout.group_message_key(topic, envelope.id, due, group, delayed=delayed)
-        queues = await self._queues(topic, attributes)
+        queues = await self._queues(topic, settings, attributes)
         if settings.max_pending and topic in queues:
             await self._wait_for_room(topic, settings.max_pending, wait_for_room)
         if dedup_id is not None:
@@ -181,17 +181,20 @@ class Producer:
             await self._write_copies(envelope, key, body, queues)
         return envelope.id
 
-    async def _queues(self, topic: str, attributes: Mapping[str, str]) -> list[str]:
-        """Where a message to ``topic`` goes: the topic's own queue while it has no
-        subscriptions, else each subscription whose filter its ``attributes`` match (maybe
-        none: then it is written nowhere, as in every fan-out system)."""
+    async def _queues(
+        self, topic: str, settings: TopicSettings, attributes: Mapping[str, str]
+    ) -> list[str]:
+        """Where a message to ``topic`` goes (:meth:`Subscriptions.routes
+        <pawn_queue.subscriptions.Subscriptions.routes>`): the queues whose filter its
+        ``attributes`` match (maybe none: then it is written nowhere, as in every fan-out
+        system)."""
         try:
-            destinations = await self._subscriptions.destinations(topic)
+            routes = await self._subscriptions.routes(topic, settings)
         except StoreError as exc:
             raise publish_failed(topic, exc) from exc
-        if not destinations:
-            return [topic]
-        return [d.queue for d in destinations if d.filter.matches(attributes)]
+        if settings.replay_window_seconds:
+            self._runtime.retained_sweeper.published(topic, settings.replay_window_seconds)
+        return [route.queue for route in routes if route.filter.matches(attributes)]
 
     async def _write_copies(
         self, envelope: Envelope, key: str, body: bytes, queues: list[str]
@@ -263,7 +266,7 @@ class Producer:
         object is deleted once all of them are acked or dead-lettered. Same errors as
         :meth:`publish`; nothing is written if any payload cannot be encoded.
         """
-        await self._topics.settings(topic)
+        settings = await self._topics.settings(topic)
         checked = _check_attributes(attributes)
         payloads = list(payloads)
         if not payloads:
@@ -272,11 +275,11 @@ class Producer:
             topic,
             checked,
             len(payloads),
-            lambda attributes: self._publish_batch(topic, payloads, attributes),
+            lambda attributes: self._publish_batch(topic, settings, payloads, attributes),
         )
 
     async def _publish_batch(
-        self, topic: str, payloads: list[Any], checked: dict[str, str]
+        self, topic: str, settings: TopicSettings, payloads: list[Any], checked: dict[str, str]
     ) -> list[str]:
         now = self._clock()
         created_at = now.isoformat()
@@ -293,7 +296,7 @@ class Producer:
             self._signals.published(queue)
 
         try:
-            await _each(write(queue) for queue in await self._queues(topic, checked))
+            await _each(write(q) for q in await self._queues(topic, settings, checked))
         except StoreError as exc:
             raise publish_failed(topic, exc, "a batch ") from exc
         logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))

@@ -15,9 +15,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pawn_queue._protocol import codec, layout
 from pawn_queue._protocol.envelope import encode_json, now_utc
@@ -112,45 +112,92 @@ class Subscriptions:
         self._topics = topics
         # topic -> (monotonic time the read started, its destinations)
         self._cache: dict[str, tuple[float, tuple[Destination, ...]]] = {}
+        # topic -> (monotonic time it started, the calls waiting for the read in flight)
+        self._reading: dict[str, tuple[float, list[asyncio.Future[tuple[Destination, ...]]]]] = {}
+        # A topic deleted here and created again has no subscriptions: not those cached.
+        topics.on_delete.append(self.forget)
+
+    def forget(self, topic: str) -> None:
+        """Drop what is cached of ``topic``'s index: the next publish reads it again."""
+        self._cache.pop(topic, None)
+        self._reading.pop(topic, None)  # a read in flight may predate the change
 
     async def destinations(self, topic: str) -> tuple[Destination, ...]:
         """The subscriptions a message published to ``topic`` now is copied to; empty when
         the topic has none (its messages stay in the topic's own queue)."""
-        cached = self._cache.get(topic)
-        started = time.monotonic()
-        if cached is not None and started - cached[0] < INDEX_CACHE_SECONDS:
-            return cached[1]
-        # Counted from before the read: what it returns was current at some time after.
-        entries = (await self._read(topic))[0]
+        while True:
+            started = time.monotonic()
+            cached = self._cache.get(topic)
+            if cached is not None and started - cached[0] < INDEX_CACHE_SECONDS:
+                return cached[1]
+            # Publishes that start while a read is in flight share it (one GET per refresh,
+            # not one each), on the cache's terms: what it returns is as recent as a copy
+            # read when it started. Each waits on a future of its own, set as the read
+            # returns: they go on in the same turn of the loop as the reader (group commit
+            # gathers them), and one that is cancelled leaves the others waiting. Not the
+            # first read of a topic: those calls go on as their own reads return, the first
+            # one's write alone (group commit).
+            reading = self._reading.get(topic)
+            if cached is None or reading is None or started - reading[0] >= INDEX_CACHE_SECONDS:
+                break
+            waiter: asyncio.Future[tuple[Destination, ...]]
+            waiter = asyncio.get_running_loop().create_future()
+            reading[1].append(waiter)
+            try:
+                return await waiter
+            except _Abandoned:
+                continue  # its reader was cancelled: look again
+        waiters: list[asyncio.Future[tuple[Destination, ...]]] = []
+        self._reading[topic] = (started, waiters)
+        try:
+            entries = (await self._read(topic))[0]
+        except BaseException as exc:
+            failure = exc if isinstance(exc, Exception) else _Abandoned()
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(failure)
+            raise
+        finally:
+            current = self._reading.get(topic, (0.0, None))[1] is waiters
+            if current:
+                del self._reading[topic]
         found = tuple(
             Destination(layout.subscription_queue(topic, name), entry.filter)
             for name, entry in sorted(entries.items())
         )
-        self._cache[topic] = (started, found)
+        if current:  # not forgotten meanwhile
+            # Counted from before the read: what it returns was current at some time after.
+            self._cache[topic] = (started, found)
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(found)
+        return found
+
+    async def routes(self, topic: str, settings: TopicSettings) -> tuple[Destination, ...]:
+        """Where a message published to ``topic`` now is written, each queue with the filter
+        deciding whether it takes the message: each subscription, or the topic's own queue
+        while it has none; and the topic's replay log while ``settings`` keep one
+        (``replay_window_seconds``), which takes everything."""
+        found = await self.destinations(topic) or (Destination(topic, EVERYTHING),)
+        if settings.replay_window_seconds:
+            found = (*found, Destination(layout.retained_log(topic), EVERYTHING))
         return found
 
     async def create(
-        self, topic: str, name: str, given_filter: object, start: object, given: dict[str, Any]
-    ) -> Subscription:
+        self, topic: str, name: str, given_filter: object, given: dict[str, Any]
+    ) -> tuple[Subscription, bool]:
         """Create the subscription, or make sure it exists with this filter and the given
-        settings (SubscriptionConflictError, nothing written, if not). Returns once every
-        publish that starts afterwards copies to it."""
+        settings (SubscriptionConflictError, nothing written, if not); return it, and True
+        if this call created it. Returns once every publish that starts afterwards copies
+        to it."""
         layout.validate_name(topic, "topic name")
         layout.validate_name(name, "subscription name")
         wanted = parse_filter(given_filter)
-        if start != "latest":
-            raise ArgumentError(
-                f"start: got {start!r}; only 'latest' is supported: a subscription receives "
-                "what is published after it was created"
-            )
+        replace(TopicSettings(), **given)  # invalid settings fail before any I/O
         await self._topics.settings(topic, fresh=True)  # TopicNotFoundError
-        queue = layout.subscription_queue(topic, name)
         # The queue first: a producer that sees the index entry writes into a queue that
         # exists, and a consumer that finds the marker finds it in the index too.
-        try:
-            settings = await self._topics.create(queue, given)
-        except TopicSettingsConflictError as exc:
-            raise SubscriptionConflictError(topic, name, exc.differences) from None
+        settings = await self._queue_settings(topic, name, given)
         created_at = now_utc().isoformat()
 
         def add(entries: dict[str, _Entry]) -> bool:
@@ -171,7 +218,32 @@ class Subscriptions:
             # Maybe created by another call just now, whose wait is not over either.
             await _wait_for_producers()
         logger.info("subscription ready topic=%s subscription=%s", topic, name)
-        return Subscription(topic, name, entry.filter.to_json(), entry.created_at, settings)
+        return Subscription(
+            topic, name, entry.filter.to_json(), entry.created_at, settings
+        ), changed
+
+    async def _queue_settings(self, topic: str, name: str, given: dict[str, Any]) -> TopicSettings:
+        """Create the subscription's queue with the ``given`` settings, or compare them with
+        those of the queue that exists (SubscriptionConflictError, nothing written). Read
+        first: a store without conditional writes takes a create-only write of an existing
+        marker as an overwrite, which would reset the settings not given."""
+        queue = layout.subscription_queue(topic, name)
+        asked = replace(TopicSettings(), **given)  # invalid settings fail before any I/O
+        try:
+            stored = await self._topics.settings(queue, fresh=True)
+        except SubscriptionNotFoundError:
+            try:
+                return await self._topics.create(queue, given)
+            except TopicSettingsConflictError as exc:  # created meanwhile
+                raise SubscriptionConflictError(topic, name, exc.differences) from None
+        differences = {
+            setting: (getattr(stored, setting), getattr(asked, setting))
+            for setting in given
+            if getattr(stored, setting) != getattr(asked, setting)
+        }
+        if differences:
+            raise SubscriptionConflictError(topic, name, differences)
+        return stored
 
     async def get(self, topic: str, name: str) -> Subscription:
         """The subscription (read now); SubscriptionNotFoundError if there is none."""
@@ -237,7 +309,9 @@ class Subscriptions:
         def remove(entries: dict[str, _Entry]) -> bool:
             return entries.pop(name, None) is not None
 
-        await self._change(topic, remove)
+        removed = (await self._change(topic, remove))[1]
+        if not removed:
+            await self._topics.settings(queue, fresh=True)  # SubscriptionNotFoundError
         # Also when another call removed it: no producer may still copy into the queue once
         # its objects are deleted (a delete that stopped half-way is finished here too).
         await _wait_for_producers()
@@ -274,9 +348,29 @@ class Subscriptions:
                 await self._store.put(key, _encode_index(entries), mode)
             except (AlreadyExists, PreconditionFailed):
                 continue
-            self._cache.pop(topic, None)
+            self.forget(topic)
             return entries, True
         raise StoreError(f"the subscription index of topic {topic!r} kept changing")
+
+
+Start = datetime | Literal["earliest", "latest"]
+
+
+def parse_start(value: object, what: str) -> Start:
+    """``"latest"``, ``"earliest"`` or a timezone-aware datetime, else ArgumentError."""
+    if value in ("latest", "earliest"):
+        return value
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ArgumentError(f"{what}: {value!r} has no time zone; give an aware datetime")
+        return value
+    raise ArgumentError(
+        f"{what}: got {value!r}, must be 'latest', 'earliest' or a timezone-aware datetime"
+    )
+
+
+class _Abandoned(Exception):
+    """The publish reading the index was cancelled: those sharing its read read again."""
 
 
 def _recent(created_at: str) -> bool:

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import builtins
 import concurrent.futures
-import contextlib
 import os
-import signal
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from datetime import datetime
+from types import EllipsisType
 from typing import Any, TypeVar
 
 from pawn_queue import client, consumer, producer, registry
 from pawn_queue._internal import handlers
 from pawn_queue._internal.daemon_pool import DaemonThreadPool
 from pawn_queue._internal.handlers import Forwarded
-from pawn_queue._internal.loop_thread import CLOSED, Call, LoopThread
+from pawn_queue._internal.loop_thread import CLOSED, Call, LoopThread, sigterm_raises
 from pawn_queue._protocol.batching import check_batch
 from pawn_queue._protocol.layout import Role
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy
@@ -33,14 +33,17 @@ from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.observe import Observer
 from pawn_queue.registry import Liveness, RegistryEntry
 from pawn_queue.store.base import Store
+from pawn_queue.subscriptions import Subscription
 from pawn_queue.topics import (
     DEFAULT_DEDUP_WINDOW,
+    DEFAULT_REPLAY_WINDOW,
     DEFAULT_RETENTION_ACTION,
     NO_LIMIT,
     NotGiven,
     PeekedMessage,
     TopicSettings,
     TopicStats,
+    given_settings,
 )
 
 __all__ = ["Consumer", "Message", "PawnQueue", "Producer", "Registry"]
@@ -136,20 +139,19 @@ class PawnQueue:
         max_pending: int | NotGiven | None = NO_LIMIT,
         dedup_window_seconds: float | NotGiven = DEFAULT_DEDUP_WINDOW,
         retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
+        replay_window_seconds: float | NotGiven = DEFAULT_REPLAY_WINDOW,
     ) -> None:
         """Create a topic, or make sure it exists; never changes stored settings (settings
         passed that differ from the stored ones raise TopicSettingsConflictError)."""
-        queue = self._ready_queue()
-        self._runner.call(
-            queue.create_topic(
-                name,
-                max_receive_count=max_receive_count,
-                retention_seconds=retention_seconds,
-                max_pending=max_pending,
-                dedup_window_seconds=dedup_window_seconds,
-                retention_action=retention_action,
-            )
+        given = given_settings(
+            max_receive_count=max_receive_count,
+            retention_seconds=retention_seconds,
+            max_pending=max_pending,
+            dedup_window_seconds=dedup_window_seconds,
+            retention_action=retention_action,
+            replay_window_seconds=replay_window_seconds,
         )
+        self._runner.call(self._ready_queue().create_topic(name, **given))
 
     def update_topic(
         self,
@@ -160,60 +162,77 @@ class PawnQueue:
         max_pending: int | NotGiven | None = NO_LIMIT,
         dedup_window_seconds: float | NotGiven = DEFAULT_DEDUP_WINDOW,
         retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
+        replay_window_seconds: float | NotGiven = DEFAULT_REPLAY_WINDOW,
     ) -> TopicSettings:
         """Change the settings passed (None clears a limit), keep the others; return the new
         settings. Raises TopicNotFoundError for a missing topic."""
-        queue = self._ready_queue()
-        return self._runner.call(
-            queue.update_topic(
-                name,
-                max_receive_count=max_receive_count,
-                retention_seconds=retention_seconds,
-                max_pending=max_pending,
-                dedup_window_seconds=dedup_window_seconds,
-                retention_action=retention_action,
-            )
+        given = given_settings(
+            max_receive_count=max_receive_count,
+            retention_seconds=retention_seconds,
+            max_pending=max_pending,
+            dedup_window_seconds=dedup_window_seconds,
+            retention_action=retention_action,
+            replay_window_seconds=replay_window_seconds,
         )
+        return self._runner.call(self._ready_queue().update_topic(name, **given))
 
     def topic_settings(self, name: str) -> TopicSettings:
         """The topic's stored settings."""
         return self._runner.call(self._ready_queue().topic_settings(name))
 
-    def purge_topic(self, name: str) -> int:
-        """Delete the topic's messages and their leases; returns how many message objects."""
-        return self._runner.call(self._ready_queue().purge_topic(name))
+    def purge_topic(self, name: str, *, subscription: str | None = None) -> int:
+        """Delete the messages of the topic (or of one of its subscriptions) and their
+        leases; returns how many message objects."""
+        return self._runner.call(self._ready_queue().purge_topic(name, subscription=subscription))
 
-    def dead_letter(self, topic: str, message_id: str) -> DeadLetter | None:
-        """One dead letter by its message id; None if there is none."""
-        return self._runner.call(self._ready_queue().dead_letter(topic, message_id))
+    def dead_letter(
+        self, topic: str, message_id: str, *, subscription: str | None = None
+    ) -> DeadLetter | None:
+        """One dead letter by its message id (of the topic, or of one of its subscriptions);
+        None if there is none."""
+        inner = self._ready_queue().dead_letter(topic, message_id, subscription=subscription)
+        return self._runner.call(inner)
 
-    def topic_stats(self, name: str) -> TopicStats:
-        """Approximate pending, in-flight, delayed and dead-letter counts."""
-        return self._runner.call(self._ready_queue().topic_stats(name))
+    def topic_stats(self, name: str, *, subscription: str | None = None) -> TopicStats:
+        """Approximate pending, in-flight, delayed and dead-letter counts of the topic, or of
+        one of its subscriptions."""
+        return self._runner.call(self._ready_queue().topic_stats(name, subscription=subscription))
 
-    def peek(self, topic: str, limit: int = 10) -> list[PeekedMessage]:
-        """The topic's oldest messages with their state, read without claiming them."""
-        return self._runner.call(self._ready_queue().peek(topic, limit))
+    def peek(
+        self, topic: str, limit: int = 10, *, subscription: str | None = None
+    ) -> list[PeekedMessage]:
+        """The oldest messages of the topic (or of one of its subscriptions) with their
+        state, read without claiming them."""
+        return self._runner.call(self._ready_queue().peek(topic, limit, subscription=subscription))
 
-    def dead_letters(self, topic: str, *, limit: int | None = None) -> list[DeadLetter]:
-        """The topic's dead letters with why they ended there."""
-        return self._runner.call(self._ready_queue().dead_letters(topic, limit=limit))
+    def dead_letters(
+        self, topic: str, *, subscription: str | None = None, limit: int | None = None
+    ) -> list[DeadLetter]:
+        """The dead letters of the topic (or of one of its subscriptions), with why they
+        ended there."""
+        inner = self._ready_queue().dead_letters(topic, subscription=subscription, limit=limit)
+        return self._runner.call(inner)
 
     def redrive(
         self,
         topic: str,
         *,
+        subscription: str | None = None,
         ids: Collection[str] | None = None,
         limit: int | None = None,
         per_second: float | None = None,
     ) -> int:
-        """Move dead letters back to the topic; returns how many."""
-        inner = self._ready_queue().redrive(topic, ids=ids, limit=limit, per_second=per_second)
+        """Move dead letters back to the topic, or to the subscription they came from;
+        returns how many."""
+        inner = self._ready_queue().redrive(
+            topic, subscription=subscription, ids=ids, limit=limit, per_second=per_second
+        )
         return self._runner.call(inner)
 
-    def purge_dead_letters(self, topic: str) -> int:
-        """Delete the topic's dead letters; returns how many."""
-        return self._runner.call(self._ready_queue().purge_dead_letters(topic))
+    def purge_dead_letters(self, topic: str, *, subscription: str | None = None) -> int:
+        """Delete the dead letters of the topic (or of one subscription); returns how many."""
+        inner = self._ready_queue().purge_dead_letters(topic, subscription=subscription)
+        return self._runner.call(inner)
 
     def list_topics(self) -> list[str]:
         """All topics in the store, sorted."""
@@ -228,14 +247,90 @@ class PawnQueue:
         return Producer(self._runner.call(self._ready_queue().register_producer(name)), self)
 
     def register_consumer(
-        self, name: str, topics: list[str], *, visibility_timeout: float | None = None
+        self,
+        name: str,
+        topics: list[str],
+        *,
+        visibility_timeout: float | None = None,
+        subscription: str | None = None,
     ) -> Consumer:
-        """Register a consumer of ``topics`` (same name, same id); ``visibility_timeout``
-        overrides ``polling.visibility_timeout_seconds`` for its leases."""
+        """Register a consumer of ``topics`` (same name, same id); ``subscription``: read
+        that subscription of each topic instead of the topics' own messages;
+        ``visibility_timeout`` overrides ``polling.visibility_timeout_seconds`` for its
+        leases."""
         inner = self._ready_queue().register_consumer(
-            name, topics, visibility_timeout=visibility_timeout
+            name, topics, visibility_timeout=visibility_timeout, subscription=subscription
         )
         return Consumer(self._runner.call(inner), self)
+
+    # -- subscriptions ----------------------------------------------------------------------
+
+    def create_subscription(
+        self,
+        topic: str,
+        name: str,
+        *,
+        filter: Mapping[str, Any] | None = None,
+        start: str | datetime = "latest",
+        max_receive_count: int | NotGiven | None = NO_LIMIT,
+        retention_seconds: float | NotGiven | None = NO_LIMIT,
+        retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
+    ) -> Subscription:
+        """Create a subscription of ``topic`` (every message published from then on is
+        copied to it when its attributes match ``filter``), or make sure it exists with this
+        filter and the settings given (SubscriptionConflictError if not). Returns once every
+        later publish copies to it: about 2 s after its creation. As the async
+        :meth:`pawn_queue.client.PawnQueue.create_subscription`."""
+        given = given_settings(
+            max_receive_count=max_receive_count,
+            retention_seconds=retention_seconds,
+            retention_action=retention_action,
+        )
+        queue = self._ready_queue()
+        inner = queue.create_subscription(topic, name, filter=filter, start=start, **given)
+        return self._runner.call(inner)
+
+    def list_subscriptions(self, topic: str) -> list[Subscription]:
+        """The topic's subscriptions, by name."""
+        return self._runner.call(self._ready_queue().list_subscriptions(topic))
+
+    def subscription(self, topic: str, name: str) -> Subscription:
+        """One subscription; raises SubscriptionNotFoundError."""
+        return self._runner.call(self._ready_queue().subscription(topic, name))
+
+    def update_subscription(
+        self,
+        topic: str,
+        name: str,
+        *,
+        filter: Mapping[str, Any] | EllipsisType | None = ...,
+        max_receive_count: int | NotGiven | None = NO_LIMIT,
+        retention_seconds: float | NotGiven | None = NO_LIMIT,
+        retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
+    ) -> Subscription:
+        """Change what is passed (``filter=None`` takes every message again) and keep the
+        rest; a new filter applies to messages published from about 2 s on."""
+        given = given_settings(
+            max_receive_count=max_receive_count,
+            retention_seconds=retention_seconds,
+            retention_action=retention_action,
+        )
+        queue = self._ready_queue()
+        return self._runner.call(queue.update_subscription(topic, name, filter=filter, **given))
+
+    def delete_subscription(self, topic: str, name: str) -> None:
+        """Delete a subscription with the messages and dead letters waiting in it."""
+        self._runner.call(self._ready_queue().delete_subscription(topic, name))
+
+    def subscription_stats(self, topic: str, name: str) -> TopicStats:
+        """The counts of :meth:`topic_stats` for one subscription."""
+        return self._runner.call(self._ready_queue().subscription_stats(topic, name))
+
+    def seek(self, topic: str, name: str, to: str | datetime) -> None:
+        """Make a subscription receive the topic's retained messages from ``to`` on
+        (``"earliest"``, a timezone-aware datetime, or ``"latest"``: nothing that waits now).
+        As the async :meth:`pawn_queue.client.PawnQueue.seek`."""
+        self._runner.call(self._ready_queue().seek(topic, name, to))
 
     @property
     def registry(self) -> Registry:
@@ -315,11 +410,12 @@ class Producer:
 class Consumer:
     """Consumes topics, blocking. Obtain one with ``PawnQueue.register_consumer()``.
 
-    ``id``, ``name`` and ``topics`` as in the async API."""
+    ``id``, ``name``, ``topics`` and ``subscription`` as in the async API."""
 
     id = Forwarded[str]()
     name = Forwarded[str]()
     topics = Forwarded[list[str]]()
+    subscription = Forwarded[str | None]()
 
     def __init__(self, inner: consumer.Consumer, queue: PawnQueue) -> None:
         self._inner = inner
@@ -395,7 +491,7 @@ class Consumer:
         )
         listening.append(call)
         try:
-            with _sigterm_raises():
+            with sigterm_raises():
                 while not call.future.done():
                     if stop is not None and stop.wait(_STOP_CHECK_SECONDS):
                         break
@@ -407,29 +503,11 @@ class Consumer:
                 runner.cancel(call)
         except BaseException:
             # Ctrl-C or SIGTERM: a graceful stop, which a second signal cuts short.
-            with _sigterm_raises():
+            with sigterm_raises():
                 runner.cancel(call)
             raise
         finally:
             pool.shutdown(wait=False)
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """In the main thread, SIGTERM raises ``SystemExit(143)`` (as Ctrl-C raises
-    KeyboardInterrupt) instead of killing the process, so a stop can release its leases."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_handler(runner: LoopThread, call: Callable[[], object]) -> object:

@@ -10,7 +10,11 @@
             assert await client.dead_letters("orders") == []
 
 The app runs as in production (its startup and shutdown hooks, validation, retries, dead
-letters), on a fresh memory store whose topics are created for it.
+letters), on a fresh memory store whose topics are created for it, and the subscriptions its
+subscribers read (``@app.subscriber("orders", subscription="billing")``): a message
+published to such a topic goes to each of them, and :meth:`TestClient.drain` waits for all
+(``client.dead_letters("orders", subscription="billing")`` reads one's dead letters).
+Creating a subscription takes about 2 s, so entering the block does too.
 """
 
 from __future__ import annotations
@@ -93,20 +97,29 @@ class TestClient:
         handlers published there), oldest first."""
         return [m.payload for m in await self.app.queue.peek(topic, limit)]
 
-    async def dead_letters(self, topic: str) -> list[DeadLetter]:
-        return await self.app.queue.dead_letters(topic)
+    async def dead_letters(
+        self, topic: str, *, subscription: str | None = None
+    ) -> list[DeadLetter]:
+        """The dead letters of ``topic``, or of its ``subscription``, oldest first."""
+        return await self.app.queue.dead_letters(topic, subscription=subscription)
 
     async def drain(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - a test's bound
-        """Wait until the app's topics hold no message that is pending, delayed or being
-        handled (a retry with a delay waits for it); after ``timeout``, raise TimeoutError
-        saying what each topic still holds."""
-        topics = sorted({topic for sub in self.app.subscribers for topic in sub.topics})
+        """Wait until the app's topics and subscriptions hold no message that is pending,
+        delayed or being handled (a retry with a delay waits for it); after ``timeout``,
+        raise TimeoutError saying what each still holds."""
+        queues = sorted(
+            {(topic, sub.subscription) for sub in self.app.subscribers for topic in sub.topics},
+            key=lambda queue: (queue[0], queue[1] or ""),
+        )
         stats: list[TopicStats] = []
         try:
             async with asyncio.timeout(timeout):
                 while True:
                     self._changed.clear()
-                    stats = [await self.app.queue.topic_stats(topic) for topic in topics]
+                    stats = [
+                        await self.app.queue.topic_stats(topic, subscription=subscription)
+                        for topic, subscription in queues
+                    ]
                     if all(s.pending + s.in_flight + s.delayed == 0 for s in stats):
                         return
                     if self._serving is not None and self._serving.done():
@@ -116,11 +129,17 @@ class TestClient:
                         await asyncio.wait_for(self._changed.wait(), _CHECK_SECONDS)
         except TimeoutError:
             left = ", ".join(
-                f"{topic}: {s.pending} pending, {s.in_flight} in flight, {s.delayed} delayed"
-                for topic, s in zip(topics, stats, strict=False)
+                f"{_shown(queue)}: {s.pending} pending, {s.in_flight} in flight, "
+                f"{s.delayed} delayed"
+                for queue, s in zip(queues, stats, strict=False)
                 if s.pending + s.in_flight + s.delayed
             )
             raise TimeoutError(f"drain: not done after {timeout:g} s ({left})") from None
+
+
+def _shown(queue: tuple[str, str | None]) -> str:
+    topic, subscription = queue
+    return topic if subscription is None else f"{topic} (subscription {subscription})"
 
 
 class _Changes(Observer):

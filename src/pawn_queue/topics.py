@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, final
@@ -55,6 +55,7 @@ class NotGiven:
 NO_LIMIT = NotGiven(None)
 DEFAULT_DEDUP_WINDOW = NotGiven(300.0)
 DEFAULT_RETENTION_ACTION = NotGiven("delete")
+DEFAULT_REPLAY_WINDOW = NotGiven(0.0)
 
 
 def given_settings(**values: object) -> dict[str, Any]:
@@ -71,6 +72,7 @@ class TopicSettings:
     max_pending: int | None = None
     dedup_window_seconds: float = 300.0
     retention_action: str = "delete"  # or "dead_letter": what happens past retention
+    replay_window_seconds: float = 0.0  # keep every message this long after publish, for seek
 
     def __post_init__(self) -> None:
         if self.retention_action not in ("delete", "dead_letter"):
@@ -86,6 +88,11 @@ class TopicSettings:
             raise ConfigError(
                 f"retention_seconds: got {retention!r}, must be a finite number of seconds > 0 "
                 "or None"
+            )
+        if not (_is_number(self.replay_window_seconds) and self.replay_window_seconds >= 0):
+            raise ConfigError(
+                f"replay_window_seconds: got {self.replay_window_seconds!r}, must be a finite "
+                "number of seconds >= 0"
             )
         if not (_is_number(self.dedup_window_seconds) and self.dedup_window_seconds >= 0):
             raise ConfigError(
@@ -137,6 +144,9 @@ class Topics:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._cache: dict[str, tuple[float, TopicSettings]] = {}
+        self.on_delete: list[Callable[[str], None]] = []
+        """Called with the name of each topic (or queue) this instance deletes, once its
+        marker is gone: what caches what the topic held forgets it."""
 
     async def create(self, name: str, given: Mapping[str, Any]) -> TopicSettings:
         """Create the topic with the defaults and the ``given`` settings; return the stored
@@ -298,6 +308,8 @@ class Topics:
         # Marker first: publishers stop seeing the topic before its messages go.
         await self._store.delete(marker)
         self._cache.pop(name, None)
+        for forget in self.on_delete:
+            forget(name)
         deleted = 1
         prefix = layout.topic_prefix(name)
         while page := await self._store.list(prefix, limit=layout.LIST_PAGE):

@@ -11,6 +11,7 @@ from pawn_queue._protocol import layout
 PROTOCOL = Path(__file__).parents[2] / "docs" / "protocol.md"
 ID = "0b7e5a52-2d1c-4c39-9a62-6d2f2d0e5a11"
 AT = datetime(2026, 11, 27, 5, 30, tzinfo=UTC)
+SUBSCRIPTION = layout.subscription_queue("orders", "billing")
 
 # One key of each kind, named by the function that builds it (and a variant after a space).
 EXAMPLES = {
@@ -31,6 +32,19 @@ EXAMPLES = {
     "notify_slot_key root": layout.NOTIFY_ROOT,
     "spark_manifest_key": layout.spark_manifest_key("revenue", 7),
     "spark_sink_key": layout.spark_sink_key("revenue", 7),
+    "subscription_index_key": layout.subscription_index_key("orders"),
+    "topic_marker_key subscription": layout.topic_marker_key(SUBSCRIPTION),
+    "message_key subscription": layout.message_key(SUBSCRIPTION, ID, AT, batch=True),
+    "lease_key subscription": layout.lease_key(SUBSCRIPTION, ID),
+    "dead_letter_key subscription": layout.dead_letter_key(SUBSCRIPTION, ID),
+    "message_key replay log": layout.message_key(layout.retained_log("orders"), ID, AT),
+    "replayed_key": layout.replayed_key(
+        layout.message_key(layout.retained_log("orders"), ID, AT),
+        SUBSCRIPTION,
+        AT,
+        delayed=False,
+        object_id=ID,
+    ),
 }
 
 

@@ -1,6 +1,7 @@
 """examples/orders_pipeline.py on a Spark standalone cluster (a master and two one-core
 workers) with the S3 store, submitted the way docs/spark/cluster.md says: the same
-script as on local Spark, exactly once, with its tasks on both workers."""
+script as on local Spark, exactly once (the query through its subscription, the order
+service through its own), with its tasks on both workers."""
 
 from __future__ import annotations
 
@@ -61,12 +62,13 @@ def task_executors(event_log_dir: Path) -> dict[str, int]:
     return counts
 
 
-async def left_in(s3: S3Config, topic: str) -> list[str]:
+async def left_in(s3: S3Config, queue: str) -> list[str]:
+    """The messages and dead letters left in a topic's own queue or a subscription's."""
     store = S3Store(s3)
     try:
         # (Leases of acked objects may stay a while as tombstones: see docs/protocol.md.)
-        keys = [m.key for m in await store.list(layout.messages_prefix(topic))]
-        return keys + [m.key for m in await store.list(layout.dead_letter_prefix(topic))]
+        keys = [m.key for m in await store.list(layout.messages_prefix(queue))]
+        return keys + [m.key for m in await store.list(layout.dead_letter_prefix(queue))]
     finally:
         await store.close()
 
@@ -119,17 +121,25 @@ def test_orders_pipeline_runs_unchanged_on_a_standalone_cluster(
     assert len({o["order_id"] for o in orders}) == ROUNDS * ORDERS
     alerts = [o for o in orders if o["quantity"] * o["price"] >= THRESHOLD]
     summary = json.loads(run.stdout.split("exactly once")[0].strip().splitlines()[-1])
+    every = {"orders": ROUNDS * ORDERS, "distinct": ROUNDS * ORDERS}
+    every |= {"first": 0, "last": ROUNDS * ORDERS - 1}
     assert summary == {
         "orders_published": ROUNDS * ORDERS,
         "orders_in_revenue_table": ROUNDS * ORDERS,
         "revenue": round(value, 2),
         "expected_revenue": round(value, 2),
         "alerts_received": len(alerts),
+        "subscriptions": {"service": every, "revenue": every},
     }
+    assert "checked: each subscription of orders got every order exactly once" in run.stdout
     # The revenue table read without Spark: every order counted once.
     table = ds.dataset(tmp_path / "out" / "revenue", format="parquet").to_table()
     assert sum(table.column("orders").to_pylist()) == ROUNDS * ORDERS
     assert abs(sum(table.column("revenue").to_pylist()) - value) < 0.01
-    # Nothing left: the query acked every order, the script's consumer every alert.
+    # Nothing left: the query and the order service acked every order (each in its
+    # subscription; the topic's own queue got none), the script's consumer every alert.
+    for subscription in ("service", "revenue"):
+        queue = layout.subscription_queue("orders", subscription)
+        assert asyncio.run(left_in(s3_config, queue)) == []
     assert asyncio.run(left_in(s3_config, "orders")) == []
     assert asyncio.run(left_in(s3_config, "alerts")) == []

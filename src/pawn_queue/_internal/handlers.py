@@ -47,14 +47,16 @@ class BlockingMessage:
     """A claimed message. ``ack()``, ``nack()`` (idempotent) and ``extend()`` block; call
     them from any thread but the loop's. A lost lease raises ``LeaseLostError``.
 
-    Read-only, as in the async API: ``id``, ``topic``, ``producer_id``, ``created_at``
-    (ISO-8601 UTC), ``payload``, ``attributes``, ``receive_count``, ``settled`` (acked or
-    nacked) and ``lease_held``.
+    Read-only, as in the async API: ``id``, ``topic``, ``subscription``, ``producer_id``,
+    ``created_at`` (ISO-8601 UTC), ``payload``, ``attributes``, ``receive_count``,
+    ``settled`` (acked or nacked) and ``lease_held``.
     """
 
     __slots__ = ("_inner", "_runner")
     id = Forwarded[str]()
     topic = Forwarded[str]()
+    subscription = Forwarded[str | None]()
+    queue = Forwarded[str]()
     producer_id = Forwarded[str]()
     created_at = Forwarded[str]()
     payload = Forwarded[Any]()

@@ -7,8 +7,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import signal
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, Generic, TypeVar
 
 from pawn_queue.exceptions import PawnQueueError
@@ -138,3 +139,21 @@ class LoopThread:
                 loop.run_until_complete(loop.shutdown_default_executor())
             finally:
                 loop.close()
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """In the main thread, SIGTERM raises ``SystemExit(143)`` (as Ctrl-C raises
+    KeyboardInterrupt) instead of killing the process, so a stop can release its leases."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -100,7 +100,9 @@ def _condition(name: str, value: object) -> Condition:
             raise ArgumentError(f"{where}: a list must hold one or more strings, got {value!r}")
         if len(value) > MAX_VALUES:
             raise ArgumentError(f"{where}: {len(value)} values, at most {MAX_VALUES}")
-        return Condition("any_of", tuple(sorted(set(value))))
+        values = tuple(sorted(set(value)))
+        # One of a single value is equality: stored as such, so the two compare equal.
+        return Condition("equals" if len(values) == 1 else "any_of", values)
     if isinstance(value, Mapping) and len(value) == 1:
         [(operator, operand)] = value.items()
         if operator == "exists" and isinstance(operand, bool):

@@ -14,6 +14,8 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     {topic}/.subscriptions                      the topic's subscriptions (JSON: name -> filter)
     {topic}/subscriptions/{name}/...            a subscription's queue: .topic, messages/,
                                                 leases/, dead-letter/ as a topic's own
+    {topic}/retained/messages/...               the replay log: every message, as published,
+                                                for the topic's replay window
     _registry/{producers|consumers}/{uuid}.json registry entry
     _registry/names/{producers|consumers}/{name}.json  name -> uuid index (create-only)
     _registry/instances/{uuid}.json             a process: host, pid, heartbeat, members
@@ -184,12 +186,43 @@ def validate_queue(queue: object, what: str = "topic name") -> str:
     return validate_name(queue, what)
 
 
+RETAINED = "retained"
+
+
+def retained_log(topic: str) -> str:
+    """The replay log of a topic, written like a queue (``{topic}/retained/messages/``) and
+    never consumed: ``seek`` copies from it."""
+    return f"{topic}/{RETAINED}"
+
+
+def is_retained_log(queue: str) -> bool:
+    return queue.endswith(f"/{RETAINED}") and "/" not in queue[: -len(RETAINED) - 1]
+
+
+def replayed_key(key: str, queue: str, at: datetime, *, delayed: bool, object_id: str) -> str:
+    """The key in ``queue`` of a copy of the replay log's object at ``key``: the same kind,
+    named ``object_id`` (a message keeps its id; a batch object gets a new one), visible
+    from ``at``. Never the key a copy had before, so no lease or settlement of an earlier
+    copy applies to it."""
+    name = key.rsplit("/", 1)[-1]
+    tail = name[_STAMP_LENGTH:].removeprefix(DELAYED_MARK)  # "-{id}.json", "-{id}.{g}.group"
+    old_id = tail[1:37]
+    return f"{messages_prefix(queue)}{_stamp(at, delayed)}-{object_id}{tail[1 + len(old_id) :]}"
+
+
+def retained_from(topic: str, since: datetime) -> str:
+    """A ``start_after`` for the replay log that lists the messages due from ``since`` on."""
+    return f"{messages_prefix(retained_log(topic))}{_stamp(since, False)}"
+
+
 def queue_of(key: str) -> str:
     """The queue a key under ``{queue}/`` belongs to (a message, lease, dead letter...)."""
     topic, _, rest = key.partition("/")
     if rest.startswith(SUBSCRIPTIONS):
         name = rest[len(SUBSCRIPTIONS) :].partition("/")[0]
         return subscription_queue(topic, name)
+    if rest.startswith(f"{RETAINED}/"):
+        return retained_log(topic)
     return topic
 
 

@@ -119,6 +119,8 @@ class ChangeSignals:
     def published(self, topic: str) -> None:
         """A message was written to ``topic`` (or given back): wake local consumers, signal
         other processes."""
+        if layout.is_retained_log(topic):
+            return  # nobody consumes it
         self.local.changed(topic)
         if not self._config.enabled:
             return

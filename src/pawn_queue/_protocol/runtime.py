@@ -13,6 +13,7 @@ from pawn_queue._protocol.leases import LeaseManager
 from pawn_queue._protocol.listings import SharedListings
 from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue._protocol.observers import Observers
+from pawn_queue._protocol.retained import RetainedSweeper
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.registry import Registry
 from pawn_queue.store.base import Store
@@ -33,6 +34,7 @@ class Runtime:
     signals: ChangeSignals
     listings: SharedListings
     dedup_sweeper: MarkerSweeper
+    retained_sweeper: RetainedSweeper
     observers: Observers = field(default_factory=Observers)
     """The queue's observers (:mod:`pawn_queue.observe`), called by the core."""
     background: Background = field(default_factory=Background)

@@ -4,7 +4,10 @@
   ``main``, the console script; both are importable from this package.
 - ``common.py``: options, connecting, errors and output, shared by the commands.
 - ``messages.py``: ``publish``, ``consume``, ``peek``.
-- ``admin.py``: ``topics``, ``dlq``, ``consumers``, ``producers``.
+- ``admin.py``: ``topics``, ``consumers``, ``producers``.
+- ``subscriptions.py``: ``subscriptions`` (a topic's subscriptions).
+- ``dlq.py``: ``dlq`` (dead letters of a topic or of one of its subscriptions).
+- ``worker.py``: ``worker`` (an app's handlers as a service).
 - ``doctor.py``: ``doctor``, ``metrics`` and ``demo``.
 - ``demo.py``: the demo job (``make demo``, ``pawn-queue demo``); ``demo_dirs.py``: the
   directories demos may clear (also used by ``examples/orders_pipeline.py``).

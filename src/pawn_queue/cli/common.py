@@ -15,7 +15,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -26,6 +26,7 @@ from pawn_queue.client import PawnQueue
 from pawn_queue.config import URL_ENV_VAR, PawnQueueConfig, load_config
 from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError
 from pawn_queue.store import open_store
+from pawn_queue.topics import NotGiven, TopicSettings
 
 if TYPE_CHECKING:
     from pawn_queue.metrics import QueueMetrics
@@ -57,6 +58,34 @@ class Options:
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Output as JSON on stdout.")]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+SubscriptionOption = Annotated[
+    str | None,
+    typer.Option(
+        "--subscription",
+        metavar="NAME",
+        help="That subscription of the topic instead of the topic's own messages.",
+    ),
+]
+NOT_GIVEN = NotGiven(None)  # an option left out
+
+
+def where(topic: str, subscription: str | None) -> str:
+    """How output names a queue: ``orders``, or ``subscription billing of orders``."""
+    return topic if subscription is None else f"subscription {subscription} of {topic}"
+
+
+def with_subscription(fields: dict[str, Any], subscription: str | None) -> dict[str, Any]:
+    """``fields`` (JSON output about a topic) with ``"subscription"`` after ``"topic"``,
+    when there is one: output about a topic's own queue stays as it was."""
+    if subscription is None:
+        return fields
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        out[key] = value
+        if key == "topic":
+            out["subscription"] = subscription
+    return out
 
 
 def options(ctx: typer.Context, json_output: bool = False) -> Options:
@@ -224,6 +253,77 @@ def payload_fields(payload: Any) -> dict[str, Any]:
     return {"payload": payload}
 
 
+def shown(value: object) -> str:
+    """A setting as output shows it: ``none`` for no limit, floats without a trailing .0."""
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def settings_line(settings: TopicSettings) -> str:
+    return " ".join(f"{key}={shown(value)}" for key, value in asdict(settings).items())
+
+
+def limit(value: str | None, option: str, *, whole: bool) -> object:
+    """A limit given as text: not given (NOT_GIVEN), ``none`` (clear it) or a number."""
+    if value is None:
+        return NOT_GIVEN
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return int(value) if whole else float(value)
+    except ValueError:
+        what = "a whole number" if whole else "a number"
+        fail(f"{option}: expected {what} or 'none', got {value!r}", EXIT_USAGE)
+
+
+def purge_confirmed(
+    ctx: typer.Context,
+    *,
+    confirm: str,
+    fields: dict[str, Any],
+    done: str,
+    purge: Callable[[PawnQueue], Awaitable[int]],
+    yes: bool,
+    json_output: bool,
+) -> None:
+    """Ask ``confirm`` (unless ``yes``), run ``purge``, say ``done`` with the count (``{}``
+    in it), or with ``--json`` print ``fields`` and ``"purged"``."""
+    if not yes and not typer.confirm(confirm):
+        fail("not confirmed; nothing deleted (use --yes)")
+    opts = options(ctx, json_output)
+
+    async def main() -> int:
+        async with open_queue(opts) as pq:
+            return await purge(pq)
+
+    count = run(ctx, main)
+    if opts.json:
+        print_json({**fields, "purged": count})
+    else:
+        typer.echo(done.format(count))
+
+
 def short(value: Any, width: int = 60) -> str:
     text = value if isinstance(value, str) else json_line(value)
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+# The settings a topic and a subscription share, as options: given when created...
+MaxReceiveCountOption = Annotated[
+    int | None, typer.Option(help="Dead-letter a message received more often than this.")
+]
+RetentionSecondsOption = Annotated[
+    float | None, typer.Option(help="Expire messages not consumed within this.")
+]
+RetentionActionOption = Annotated[
+    str | None, typer.Option(help="What expiry does: delete (default) or dead_letter.")
+]
+# ...and changed ('none' clears a limit).
+MaxReceiveCountLimit = Annotated[
+    str | None, typer.Option(metavar="N|none", help="Dead-letter after N receives.")
+]
+RetentionSecondsLimit = Annotated[
+    str | None, typer.Option(metavar="SECONDS|none", help="Expire messages after this.")
+]
+RetentionActionChange = Annotated[
+    str | None, typer.Option(help="What expiry does: delete or dead_letter.")
+]

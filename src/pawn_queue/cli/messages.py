@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -19,6 +20,7 @@ from pawn_queue.cli.common import (
     CliError,
     JsonOption,
     Options,
+    SubscriptionOption,
     build_config,
     fail,
     json_line,
@@ -324,6 +326,7 @@ def message_dict(message: Message) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": message.id,
         "topic": message.topic,
+        **({"subscription": message.subscription} if message.subscription else {}),
         "producer_id": message.producer_id,
         "created_at": message.created_at,
         "receive_count": message.receive_count,
@@ -338,6 +341,7 @@ def message_dict(message: Message) -> dict[str, Any]:
 def consume(
     ctx: typer.Context,
     topics: Annotated[list[str], typer.Argument(metavar="TOPIC...", help="Topic(s).")],
+    subscription: SubscriptionOption = None,
     count: Annotated[int | None, typer.Option(min=1, help="Stop after N messages.")] = None,
     follow: Annotated[bool, typer.Option(help="Keep waiting for new messages.")] = False,
     ack: Annotated[bool, typer.Option("--ack/--no-ack", help="Ack what was printed.")] = True,
@@ -355,20 +359,30 @@ def consume(
 
     Stops when no message arrived within --wait seconds, or after --count messages;
     --follow keeps waiting. With --no-ack the messages are released on exit and can be
-    consumed again at once.
+    consumed again at once. With --subscription NAME, that subscription of each topic is
+    read (a message then has a "subscription" field), competing with its other consumers.
     """
     opts = options(ctx)
-    run(ctx, lambda: _consume(opts, topics, count, follow, ack, wait, consumer_name, metrics_port))
+    consumer = _Reader(consumer_name, topics, subscription)
+    run(ctx, lambda: _consume(opts, consumer, count, follow, ack, wait, metrics_port))
+
+
+@dataclass(frozen=True, slots=True)
+class _Reader:
+    """Who ``consume`` registers as, and what it reads."""
+
+    name: str
+    topics: list[str]
+    subscription: str | None
 
 
 async def _consume(
     opts: Options,
-    topics: list[str],
+    reader: _Reader,
     count: int | None,
     follow: bool,
     ack: bool,
     wait: float,
-    consumer_name: str,
     metrics_port: int | None,
 ) -> None:
     config = build_config(opts)
@@ -383,7 +397,12 @@ async def _consume(
         start_exporter(metrics_port)
     printed = 0
     async with open_queue(opts, metrics, config, must_exist=True) as pq:
-        consumer = await pq.register_consumer(consumer_name, topics)
+        if reader.subscription is not None:
+            for topic in reader.topics:
+                await pq.topic_settings(topic)  # a missing topic, said as such
+        consumer = await pq.register_consumer(
+            reader.name, reader.topics, subscription=reader.subscription
+        )
         while count is None or printed < count:
             poll_wait = max(wait, 30.0) if follow else wait
             if metrics is not None:

@@ -26,11 +26,13 @@ except ImportError:  # pragma: no cover
     import click  # type: ignore[no-redef, import-not-found, unused-ignore]
 
 from pawn_queue import __version__
-from pawn_queue.cli.admin import consumers, dlq_app, producers, topics_app
+from pawn_queue.cli.admin import consumers, producers, topics_app
 from pawn_queue.cli.common import LOG_LEVELS, Options, setup_logging
 from pawn_queue.cli.dashboard import dashboard
+from pawn_queue.cli.dlq import dlq_app
 from pawn_queue.cli.doctor import demo, doctor, metrics
 from pawn_queue.cli.messages import consume, peek, publish
+from pawn_queue.cli.subscriptions import subscriptions_app
 from pawn_queue.cli.worker import worker
 
 # The global options, accepted anywhere on the line: before the command or after it.
@@ -112,7 +114,8 @@ class _Root(TyperGroup):
 app = typer.Typer(
     cls=_Root,
     name="pawn-queue",
-    help="Operate a pawn-queue: topics, messages, dead letters, registry, store checks.",
+    help="Operate a pawn-queue: topics, subscriptions, messages, dead letters, registry, "
+    "store checks.",
     no_args_is_help=True,
     # Never print locals in a traceback: they may hold credentials.
     pretty_exceptions_enable=False,
@@ -162,6 +165,7 @@ def _global(
 
 
 app.add_typer(topics_app, name="topics")
+app.add_typer(subscriptions_app, name="subscriptions")
 app.add_typer(dlq_app, name="dlq")
 app.command()(publish)
 app.command()(consume)

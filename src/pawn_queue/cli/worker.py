@@ -31,6 +31,14 @@ def worker(
         list[str] | None,
         typer.Option("--topic", "-t", help="Topic of a module:function handler (repeatable)."),
     ] = None,
+    subscription: Annotated[
+        str | None,
+        typer.Option(
+            help="A module:function handler reads this subscription of each --topic (created "
+            "if missing) instead of the topics' own messages (an App declares it with "
+            "@app.subscriber(subscription=...)).",
+        ),
+    ] = None,
     publish_to: Annotated[
         str | None, typer.Option(help="A module:function handler's results go to this topic.")
     ] = None,
@@ -92,6 +100,10 @@ def worker(
     The first signal stops claiming, lets running handlers finish within the grace period,
     gives every other message back at once and exits 0; a second one cuts the grace short
     (exit 3). Exit 1: the app could not start or a subscriber failed; 2: usage error.
+
+    A subscriber reads its topics' own messages or, with @app.subscriber(subscription=...)
+    or --subscription, that subscription of each topic: created at start if missing (about
+    2 s the first time), it receives a copy of every message published from then on.
     """
     opts = options(ctx)
     level = opts.log_level or "info"
@@ -99,7 +111,7 @@ def worker(
         fail(f"--log-format: choose one of {', '.join(LOG_FORMATS)}", EXIT_USAGE)
     fmt: LogFormat = "json" if log_format == "json" else "text"
     try:
-        app = _load(target, topic or [], publish_to, opts, batch, batch_wait)
+        app = _load(target, topic or [], publish_to, opts, batch, batch_wait, subscription)
     except CliError as exc:
         fail(str(exc), exc.code)
     if metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
@@ -135,10 +147,11 @@ def _load(
     opts: Options,
     batch: int | None = None,
     batch_wait: float | None = None,
+    subscription: str | None = None,
 ) -> App:
     """The app ``target`` names (``module:attribute``); a function becomes an app of one
-    subscriber (a batch subscriber with ``batch``). ``--url``/``--config`` replace the app's
-    own store."""
+    subscriber (a batch subscriber with ``batch``, one reading ``subscription`` of its
+    topics). ``--url``/``--config`` replace the app's own store."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise CliError(f"expected module:app or module:function, got {target!r}", EXIT_USAGE)
@@ -156,9 +169,11 @@ def _load(
     given = build_config(opts) if opts.url or opts.config else None
     try:
         if isinstance(found, App):
-            if topics or publish_to or batch is not None or batch_wait is not None:
+            for_functions = (publish_to, batch, batch_wait, subscription)
+            if topics or any(value is not None for value in for_functions):
                 raise CliError(
-                    "--topic, --publish-to, --batch and --batch-wait are for module:function",
+                    "--topic, --subscription, --publish-to, --batch and --batch-wait are for "
+                    "module:function (an App declares them in @app.subscriber)",
                     EXIT_USAGE,
                 )
             if given is not None:
@@ -171,7 +186,13 @@ def _load(
         if batch_wait is not None and batch is None:
             raise CliError("--batch-wait needs --batch", EXIT_USAGE)
         app = App(given, name="worker")
-        app.subscriber(topics, publish_to=publish_to, batch=batch, batch_wait=batch_wait)(found)
+        app.subscriber(
+            topics,
+            publish_to=publish_to,
+            batch=batch,
+            batch_wait=batch_wait,
+            subscription=subscription,
+        )(found)
         return app
     except PawnQueueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
@@ -202,7 +223,8 @@ def _own_arguments(ctx: typer.Context) -> list[str]:
     for name in ("topic",):
         for value in params.get(name) or []:
             line += [f"--{name}", str(value)]
-    for name in ("publish_to", "concurrency", "batch", "batch_wait", "grace", "metrics_host"):
+    valued = ("subscription", "publish_to", "concurrency", "batch", "batch_wait", "grace")
+    for name in (*valued, "metrics_host"):
         if params.get(name) is not None:
             line += [f"--{name.replace('_', '-')}", str(params[name])]
     if params.get("create_topics"):

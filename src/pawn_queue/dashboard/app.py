@@ -91,6 +91,7 @@ def create_app(
             Route("/refresh", pages.refresh, methods=["POST"]),
             Route("/api/state", pages.state),
             Route("/api/topics", pages.api_topics),
+            Route("/api/topics/{topic}/subscriptions", pages.api_subscriptions),
             Mount("/static", StaticFiles(directory=_STATIC), name="static"),
         ],
         lifespan=lifespan,
@@ -381,6 +382,29 @@ class _Pages:
                 }
             )
         return JSONResponse(rows)
+
+    async def api_subscriptions(self, request: Request) -> Response:
+        """The topic's subscriptions with their counts, as its page shows them (read again
+        when ``refresh`` seconds old); 404 for a topic that does not exist."""
+        name = request.path_params["topic"]
+        view = await self.monitor.look(name, discover=True)
+        if view is None:
+            return JSONResponse({"error": f"topic {name!r} does not exist"}, status_code=404)
+        now = self.monitor.now()
+        rows = []
+        for sub in (view.subscriptions or {}).values():
+            stats = asdict(sub.stats) if sub.stats is not None else None
+            if stats is not None:
+                stats["oldest_age_seconds"] = sub.oldest_age(now)
+            rows.append({"subscription": sub.name, "filter": sub.filter, "stats": stats})
+        return JSONResponse(
+            {
+                "topic": view.name,
+                "subscriptions": rows,
+                "unread": view.subscriptions_unread,
+                "error": self.monitor.error,
+            }
+        )
 
 
 def _after(topic: str, done: str, count: int) -> Response:

@@ -69,9 +69,11 @@ async def read_topic(
     visibility_seconds: float,
     clock: Callable[[], datetime],
     cache: BatchSizes,
+    new_batches: int = NEW_BATCHES_PER_READ,
 ) -> Reading:
-    """Read topic ``name``'s counts, learning what ``cache`` does not know yet of its batch
-    objects. States are those at ``clock()`` once the listings returned."""
+    """Read topic ``name``'s counts (or a subscription's: ``name`` is then its queue),
+    learning what ``cache`` does not know yet of its batch objects, at most ``new_batches``
+    of them. States are those at ``clock()`` once the listings returned."""
     messages = await store.list(layout.messages_prefix(name))
     leases = await store.list(layout.leases_prefix(name))
     dead = await store.list(layout.dead_letter_prefix(name))
@@ -79,7 +81,7 @@ async def read_topic(
     listed = list(classify(name, messages, leases, now, visibility_seconds))
     lease_metas = {m.key: m for m in leases}
     batches = [item for item in listed if item.pending.kind == "batch"]
-    uncounted = await _learn(store, name, batches, lease_metas, cache)
+    uncounted = await _learn(store, name, batches, lease_metas, cache, new_batches)
     objects: Counter[MessageState] = Counter()
     held: Counter[MessageState] = Counter()
     sizes: dict[str, int] = {}
@@ -129,6 +131,7 @@ async def _learn(
     batches: list[Listed],
     leases: dict[str, ObjectMeta],
     cache: BatchSizes,
+    budget: int,
 ) -> int:
     """Read the batch objects and batch leases ``cache`` does not know (in their current
     version); forget those no longer listed. Returns the batch objects left unread."""
@@ -137,8 +140,8 @@ async def _learn(
         for b in batches
         if (known := cache.members.get(b.meta.key)) is None or known[0] != b.meta.etag
     ]
-    unread = max(0, len(new) - NEW_BATCHES_PER_READ)
-    new = new[:NEW_BATCHES_PER_READ]
+    unread = max(0, len(new) - budget)
+    new = new[:budget]
     lease_keys = [layout.lease_key(name, b.pending.lease_id()) for b in batches]
     changed = [
         leases[key]

@@ -20,6 +20,12 @@ open that costs nothing; while one is, its reads every ``refresh`` seconds (the 
 says how many). A page naming a topic the dashboard does not know yet looks for it (one
 GET of its marker).
 
+A topic's subscriptions are read only while a page of the topic is open, when they are
+``refresh`` seconds old: the topic's subscription index (one GET, none when the queue read
+it less than 2 s before), then each subscription's queue as a topic's (three LISTs, and the
+batch objects not seen yet, at most :data:`SUBSCRIPTION_BATCHES_PER_READ`), for the first
+:data:`SUBSCRIPTIONS_READ` subscriptions by name.
+
 Each read of a topic lists its messages, leases and dead letters (three LISTs per 1,000
 objects) and counts messages, not objects (:mod:`~pawn_queue.dashboard.counts`); two
 successive reads tell how many messages were published and settled in between (a message
@@ -46,7 +52,7 @@ from pawn_queue.dashboard.counts import read_topic
 from pawn_queue.dashboard.meter import RequestMeter
 from pawn_queue.dashboard.prometheus import Scraper
 from pawn_queue.dashboard.settings import DashboardSettings
-from pawn_queue.dashboard.views import FlowPoint, Point, TopicView, counts_key
+from pawn_queue.dashboard.views import FlowPoint, Point, SubscriptionView, TopicView, counts_key
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import ConfigError, PawnQueueError, TopicNotFoundError
 from pawn_queue.registry import Liveness
@@ -57,6 +63,8 @@ logger = logging.getLogger(__name__)
 PEEK_LIMIT = 10
 DEAD_LETTER_LIMIT = 100
 OVERVIEW = ""  # what :meth:`Monitor.look` is asked for by the overview: every topic
+SUBSCRIPTIONS_READ = 50  # a topic's subscriptions read (by name) for its pages, at most
+SUBSCRIPTION_BATCHES_PER_READ = 100  # batch objects first seen a read of one GETs, at most
 _READ_CONCURRENCY = 8
 _MISSING_KEPT = 1000  # names of topics found missing lately, kept to answer 404s cheaply
 
@@ -172,6 +180,12 @@ class Monitor:
             names = [n for n, v in self.topics.items() if v.valid and self._stale_view(v)]
         else:
             names = [view.name] if view.valid and self._stale_view(view) else []
+            if view.valid and self._stale(view.subscriptions_read_at):
+                subscriptions = self._once(
+                    f"subscriptions/{view.name}", lambda: self._read_subscriptions(view)
+                )
+                await asyncio.gather(self.refresh_topics(names), subscriptions)
+                return True
         await self.refresh_topics(names)
         return listed or bool(names)
 
@@ -417,6 +431,51 @@ class Monitor:
             self._trim(view.history, point.at)
             view.version += 1
             self.version += 1
+
+    async def _read_subscriptions(self, view: TopicView) -> None:
+        """Read the topic's subscriptions (its index) and the counts of each (the first
+        :data:`SUBSCRIPTIONS_READ` by name); record what changed."""
+        destinations = await self.queue.runtime.subscriptions.destinations(view.name)
+        filters = {layout.split_queue(d.queue)[1] or "": d.filter.to_json() for d in destinations}
+        known = view.subscriptions or {}
+        read: dict[str, SubscriptionView] = {}
+        for name in sorted(filters)[:SUBSCRIPTIONS_READ]:
+            old = known.get(name)
+            # Kept while its filter is: its batch sizes save GETs.
+            same = old is not None and old.filter == filters[name]
+            read[name] = old if old is not None and same else SubscriptionView(name, filters[name])
+        before = {name: counts_key(sub.stats) for name, sub in read.items()}
+        results = await gather_limited(
+            _READ_CONCURRENCY, (self._read_subscription(view.name, sub) for sub in read.values())
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        unread = len(filters) - len(read)
+        changed = (
+            view.subscriptions is None
+            or read.keys() != known.keys()
+            or any(known[name] is not sub for name, sub in read.items())
+            or any(counts_key(sub.stats) != before[name] for name, sub in read.items())
+            or unread != view.subscriptions_unread
+        )
+        view.subscriptions, view.subscriptions_unread = read, unread
+        view.subscriptions_read_at = self.now()
+        if changed:
+            view.version += 1
+            self.version += 1
+
+    async def _read_subscription(self, topic: str, sub: SubscriptionView) -> None:
+        """Read the counts of one subscription's queue (as a topic's)."""
+        reading = await read_topic(
+            self.queue.store,
+            layout.subscription_queue(topic, sub.name),
+            self.queue.config.polling.visibility_timeout_seconds,
+            self._clock,
+            sub.batches,
+            SUBSCRIPTION_BATCHES_PER_READ,
+        )
+        sub.stats, sub.read_at = reading.counts, reading.at.timestamp()
 
     def _trim(self, points: deque[Point] | deque[FlowPoint], now: float) -> None:
         while points and points[0].at < now - self.settings.history_seconds:

@@ -1,9 +1,12 @@
-"""What the dashboard knows of one topic (:class:`TopicView`), and the points of its charts."""
+"""What the dashboard knows of one topic (:class:`TopicView`) and of its subscriptions
+(:class:`SubscriptionView`), and the points of its charts."""
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from pawn_queue.dashboard.counts import BatchSizes, Counts
 from pawn_queue.topics import TopicSettings
@@ -36,6 +39,34 @@ class FlowPoint:
 
 
 @dataclass(slots=True)
+class SubscriptionView:
+    """What the dashboard knows of one subscription of a topic: its filter, and the counts
+    of its queue (read while a page of its topic is open)."""
+
+    name: str
+    filter: dict[str, Any] | None  # as stored; None takes every message
+    stats: Counts | None = None
+    read_at: float = 0.0  # epoch seconds of the last read
+    batches: BatchSizes = field(default_factory=BatchSizes)
+
+    @property
+    def filter_text(self) -> str:
+        """The filter as one line: ``region="eu", tier=["gold","silver"]``."""
+        if not self.filter:
+            return ""
+        return ", ".join(
+            f"{name}={json.dumps(condition, ensure_ascii=False, separators=(',', ':'))}"
+            for name, condition in self.filter.items()
+        )
+
+    def oldest_age(self, now: float) -> float | None:
+        """Its lag: the age of its oldest pending message now."""
+        if self.stats is None or self.stats.oldest_age_seconds is None:
+            return None
+        return self.stats.oldest_age_seconds + max(0.0, now - self.read_at)
+
+
+@dataclass(slots=True)
 class TopicView:
     """What the dashboard knows of one topic."""
 
@@ -53,6 +84,11 @@ class TopicView:
     sizes: dict[str, int] = field(default_factory=dict)  # message object -> messages in it
     dead_keys: frozenset[str] = frozenset()
     batches: BatchSizes = field(default_factory=BatchSizes)
+    # Its subscriptions by name (the first SUBSCRIPTIONS_READ of them, with counts), read
+    # while one of its pages is open; None until then.
+    subscriptions: dict[str, SubscriptionView] | None = None
+    subscriptions_read_at: float | None = None  # epoch seconds
+    subscriptions_unread: int = 0  # subscriptions beyond those read
 
     def oldest_age(self, now: float) -> float | None:
         """Age of the oldest pending message now (it ages between reads too)."""

@@ -1,10 +1,10 @@
 """The worker's log: one line per settled message, and the library's own lines, as text or
 JSON (one object per line).
 
-A message line carries ``message_id``, ``topic``, ``receive_count``, ``duration`` (seconds
-its handler ran) and ``outcome`` (``ack``, ``nack_requeue`` or ``dead_letter``, with the
-dead letter's ``reason``). A failed handler is logged by the consumer with its traceback
-(``traceback`` in JSON).
+A message line carries ``message_id``, ``topic`` (and ``subscription``, for a message read
+from one), ``receive_count``, ``duration`` (seconds its handler ran) and ``outcome``
+(``ack``, ``nack_requeue`` or ``dead_letter``, with the dead letter's ``reason``). A failed
+handler is logged by the consumer with its traceback (``traceback`` in JSON).
 """
 
 from __future__ import annotations
@@ -26,7 +26,15 @@ LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 logger = logging.getLogger("pawn_queue.worker")
 
 # Fields of a message line, in the order text shows them.
-_FIELDS = ("message_id", "topic", "receive_count", "duration", "outcome", "reason")
+_FIELDS = (
+    "message_id",
+    "topic",
+    "subscription",
+    "receive_count",
+    "duration",
+    "outcome",
+    "reason",
+)
 # A record's own attributes, and those a formatter adds to it (another handler's, too).
 _RECORD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 _SPACE = re.compile(r"\s")
@@ -59,6 +67,7 @@ class MessageLog(Observer):
         fields = {
             "message_id": message.id,
             "topic": message.topic,
+            "subscription": message.subscription,
             "receive_count": message.receive_count,
             "duration": None if duration is None else round(duration, 6),
             "outcome": outcome,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pawn_queue.app import App
+from pawn_queue.app import App, Subscriber
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.service.health import HealthServer, StoreHealth
 from pawn_queue.service.logs import LogFormat, MessageLog, setup_logging
@@ -87,7 +87,7 @@ async def run_app(app: App, options: WorkerOptions) -> int:
         logger.info(
             "worker started app=%s subscribers=%s pid=%d",
             app.name,
-            ",".join(f"{s.name}:{'+'.join(s.topics)}" for s in app.subscribers),
+            ",".join(f"{s.name}:{_reads(s)}" for s in app.subscribers),
             os.getpid(),
         )
         for sub in app.subscribers:
@@ -109,6 +109,12 @@ async def run_app(app: App, options: WorkerOptions) -> int:
         code = EXIT_FORCED
     logger.info("worker stopped app=%s exit=%d", app.name, code)
     return code
+
+
+def _reads(sub: Subscriber) -> str:
+    """``orders+returns``, or ``orders+returns@billing`` for a subscription's messages."""
+    topics = "+".join(sub.topics)
+    return topics if sub.subscription is None else f"{topics}@{sub.subscription}"
 
 
 def _observe(app: App, metrics: QueueMetrics | None) -> StoreHealthRef:

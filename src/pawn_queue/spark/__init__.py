@@ -13,8 +13,12 @@
 
 Streaming reads are exactly-once into an idempotent sink (Parquet, Delta): each micro-batch
 is a manifest of the objects it owns, leased by the query and acked once Spark committed it.
-Batch reads are snapshots (pending messages or dead letters) that claim nothing. Writes pack
-rows into batch objects under deterministic keys, so retries overwrite instead of adding.
+Batch reads are snapshots (pending messages or dead letters) that claim nothing. With
+``.option("subscription", "billing")`` a read takes that subscription of the topics instead
+of their own queues (the ``topic`` column still names the topic). Writes pack rows into
+batch objects under deterministic keys, so retries overwrite instead of adding; a topic
+with subscriptions gets them copied into each subscription whose filter matches, as a
+producer's messages are.
 Needs PySpark 4.2 or later (admission control) and pyarrow.
 """
 

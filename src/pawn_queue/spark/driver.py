@@ -38,6 +38,8 @@ from pawn_queue.spark.options import SourceOptions
 from pawn_queue.spark.reading import DataLossError, ObjectRef
 from pawn_queue.store import open_store
 from pawn_queue.store.base import ObjectMeta, Store
+from pawn_queue.subscriptions import Subscriptions
+from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ class StreamDriver:
         layout.validate_name(query, "pawnqueue query id")
         config = options.config()
         store = store or open_store(config)
-        await runtime.check_store(store, options.topics)
+        await runtime.check_store(store, options.topics, options.subscription)
         resolved = await resolve_strategy(store, config.concurrency.strategy)
         driver = cls(options, query, store, LeaseManager(store, resolved, config.concurrency))
         prefix = layout.spark_manifests_prefix(query)
@@ -99,11 +101,13 @@ class StreamDriver:
             batch = layout.spark_manifest_batch(meta.key)
             if batch is not None:
                 driver._stored.add(batch)
+        if options.subscription is None:
+            await _warn_of_subscriptions(store, options.topics)
         driver._tasks = [asyncio.create_task(driver._watch_loop())]
         logger.info(
-            "pawnqueue stream query=%s topics=%s strategy=%s manifests=%s",
+            "pawnqueue stream query=%s queues=%s strategy=%s manifests=%s",
             query,
-            ",".join(options.topics),
+            ",".join(options.queues),
             resolved,
             sorted(driver._stored),
         )
@@ -195,37 +199,38 @@ class StreamDriver:
         self._signalled = self._backlog = False
         budget = Budget(limit)
         refs: list[ObjectRef] = []
-        topics = self._options.topics
-        start, self._next_topic = self._next_topic, (self._next_topic + 1) % len(topics)
-        for i in range(len(topics)):
+        queues = self._options.queues  # the topics' own, or their subscription's
+        start, self._next_topic = self._next_topic, (self._next_topic + 1) % len(queues)
+        for i in range(len(queues)):
             if budget.full():
                 break
-            await self._scan_topic(topics[(start + i) % len(topics)], budget, refs)
+            await self._scan_queue(queues[(start + i) % len(queues)], budget, refs)
         if budget.full():
             self._backlog = True  # more may be waiting: look again at the next call
         return refs
 
-    async def _scan_topic(self, topic: str, budget: Budget, refs: list[ObjectRef]) -> None:
-        """Claim the topic's messages in key order (FIFO) while the budget allows."""
+    async def _scan_queue(self, queue: str, budget: Budget, refs: list[ObjectRef]) -> None:
+        """Claim the queue's messages (a topic's own or a subscription's) in key order
+        (FIFO) while the budget allows."""
         due_by = self._bound if self._bound is not None else now_utc()
         start_after: str | None = None
         groups_seen: set[str] = set()
         while not budget.full():
             page = await self._store.list(
-                layout.messages_prefix(topic), start_after=start_after, limit=layout.LIST_PAGE
+                layout.messages_prefix(queue), start_after=start_after, limit=layout.LIST_PAGE
             )
-            candidates, finished = self._candidates(topic, page, due_by, groups_seen)
+            candidates, finished = self._candidates(queue, page, due_by, groups_seen)
             excess: list[Lease] = []
             while candidates and not budget.full():
                 chunk, candidates = self._next_chunk(candidates, budget)
                 results = await gather_limited(
-                    _IO_CONCURRENCY, (self._claim(topic, *c, budget.counts_rows) for c in chunk)
+                    _IO_CONCURRENCY, (self._claim(queue, *c, budget.counts_rows) for c in chunk)
                 )
                 for result in results:
                     if isinstance(result, asyncio.CancelledError):
                         raise result
                     if isinstance(result, BaseException):
-                        logger.warning("claim failed topic=%s error=%s", topic, result)
+                        logger.warning("claim failed queue=%s error=%s", queue, result)
                     elif result is not None:
                         ref, lease, rows = result
                         if budget.admits(ref.size, rows) or not refs:
@@ -258,25 +263,25 @@ class StreamDriver:
         return candidates[:count], candidates[count:]
 
     def _candidates(
-        self, topic: str, page: list[ObjectMeta], due_by: datetime, groups_seen: set[str]
+        self, queue: str, page: list[ObjectMeta], due_by: datetime, groups_seen: set[str]
     ) -> tuple[list[tuple[layout.PendingKey, ObjectMeta]], bool]:
         """The claimable objects of a listing page, and whether the listing ends here."""
         scanned = scan_page(page, due_by, self._leases.margin, groups_seen)
         claimable = [
             (pending, meta)
             for pending, meta in scanned.found
-            if layout.lease_key(topic, pending.lease_id()) not in self._keeper
-            and self._leases.worth_claiming(topic, pending.lease_id(), meta.key)
+            if layout.lease_key(queue, pending.lease_id()) not in self._keeper
+            and self._leases.worth_claiming(queue, pending.lease_id(), meta.key)
         ]
         return claimable, scanned.ends or len(page) < layout.LIST_PAGE
 
     async def _claim(
-        self, topic: str, pending: layout.PendingKey, meta: ObjectMeta, count_rows: bool
+        self, queue: str, pending: layout.PendingKey, meta: ObjectMeta, count_rows: bool
     ) -> tuple[ObjectRef, Lease, int] | None:
         """Claim one object and check that it is still there (rule 4); count its messages
         when the limit is in rows."""
         lease = await self._leases.claim(
-            topic,
+            queue,
             pending.object_id,
             meta.key,
             self.consumer_id,
@@ -376,12 +381,28 @@ class StreamDriver:
     # -- background -------------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
-        """Note change signals of the topics (one HEAD of ``_notify/_`` per check)."""
-        topics = list(self._options.topics)
+        """Note change signals of the queues read (one HEAD of ``_notify/_`` per check):
+        a producer signals each subscription it copies a message into."""
+        topics = list(self._options.queues)
         while True:
             seen = self._signals.snapshot(topics)
             if await self._signals.wait(topics, self._poll_interval, seen):
                 self._signalled = True
+
+
+async def _warn_of_subscriptions(store: Store, topics: tuple[str, ...]) -> None:
+    """Say so when a query reads the own queue of a topic that has subscriptions: it gets
+    only what was published before them (one GET of each topic's subscription index)."""
+    subscriptions = Subscriptions(store, Topics(store))
+    for topic in topics:
+        names = [layout.split_queue(d.queue)[1] for d in await subscriptions.destinations(topic)]
+        if names:
+            logger.warning(
+                "pawnqueue: topic %r has subscriptions (%s): its messages go to them, not to "
+                "the topic's own queue this query reads; read one with option 'subscription'",
+                topic,
+                ", ".join(str(n) for n in names),
+            )
 
 
 def new_query_id(name: str) -> str:

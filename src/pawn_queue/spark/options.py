@@ -3,6 +3,8 @@
 Connection: ``url`` (a store URL), or ``config`` (a YAML file), or the ``PAWNQUEUE_*``
 environment. Every process that touches the store (the driver and each executor) builds its
 configuration from these same options, so secrets never travel inside Spark's task closures.
+What to read: ``topic`` or ``topics``, and optionally ``subscription``: that subscription of
+each topic (its own queue) instead of the topics' own queues.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ OPTIONS = (
     "config",
     "topic",
     "topics",
+    "subscription",
     "name",
     "maxMessagesPerTrigger",
     "failOnDataLoss",
@@ -50,6 +53,7 @@ class SourceOptions:
     url: str | None
     config_path: str | None
     topics: tuple[str, ...]
+    subscription: str | None = None
     name: str = DEFAULT_NAME
     max_messages: int | None = None
     fail_on_data_loss: bool = True
@@ -80,6 +84,7 @@ class SourceOptions:
             url=url,
             config_path=config_path,
             topics=_topics(given),
+            subscription=_subscription(given),
             name=layout.validate_name(given.get("name", DEFAULT_NAME), "pawnqueue option 'name'"),
             max_messages=_optional_int(given, "maxMessagesPerTrigger", 1),
             fail_on_data_loss=_bool(given, "failOnDataLoss", True),
@@ -93,8 +98,21 @@ class SourceOptions:
         )
 
     @property
+    def queues(self) -> tuple[str, ...]:
+        """The queues a read takes messages from: each topic's own, or with option
+        ``subscription``, that subscription's queue of each topic."""
+        if self.subscription is None:
+            return self.topics
+        return tuple(layout.subscription_queue(t, self.subscription) for t in self.topics)
+
+    @property
     def topic(self) -> str:
         """The one topic a writer publishes to."""
+        if self.subscription is not None:
+            raise ConfigError(
+                "pawnqueue: option 'subscription' is for reads; a write goes to the topic, "
+                "which copies it into each of its subscriptions whose filter matches"
+            )
         if len(self.topics) != 1:
             raise ConfigError(
                 f"pawnqueue: a write needs exactly one topic, got {len(self.topics)} "
@@ -145,6 +163,18 @@ def _topics(given: Mapping[str, str]) -> tuple[str, ...]:
     if len(set(checked)) != len(checked):
         raise ConfigError("pawnqueue option 'topics' names a topic twice")
     return tuple(checked)
+
+
+def _subscription(given: Mapping[str, str]) -> str | None:
+    if "subscription" not in given:
+        return None
+    name = given["subscription"].strip()
+    if not name:
+        raise ConfigError(
+            "pawnqueue option 'subscription': empty; give the name of a subscription of the "
+            "topic(s), or leave the option out to read the topics' own queues"
+        )
+    return layout.validate_name(name, "pawnqueue option 'subscription'")
 
 
 def _write_id(given: Mapping[str, str]) -> str | None:

@@ -26,7 +26,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pawn_queue._protocol import codec
+from pawn_queue._protocol import codec, layout
 from pawn_queue._protocol.envelope import BINARY_MAGIC, DeadLetterInfo, Envelope, parse_time
 
 ROWS_PER_RECORD_BATCH = 8192
@@ -157,6 +157,13 @@ def plain_batch(data: bytes, skip: Collection[int] = ()) -> PlainBatch | None:
     return PlainBatch(topic, producer_id, created_at, ids, texts, attributes)
 
 
+def _topic(named: str) -> str:
+    """The topic column: the topic a message was published to, also for a message read
+    from a subscription (a dead letter or redriven message there names the subscription's
+    queue, ``{topic}/subscriptions/{name}``)."""
+    return layout.split_queue(named)[0] if "/" in named else named
+
+
 class RowBuffer:
     """Columns of rows on their way into Arrow record batches of ``schema``."""
 
@@ -180,7 +187,7 @@ class RowBuffer:
         the receives before each was moved)."""
         c = self._columns
         c[0] += [e.id for e in envelopes]
-        c[1] += [e.topic for e in envelopes]
+        c[1] += [_topic(e.topic) for e in envelopes]
         c[2] += [key] * len(envelopes)
         c[3] += [e.producer_id for e in envelopes]
         c[4] += [self._time(e.created_at) for e in envelopes]
@@ -201,7 +208,7 @@ class RowBuffer:
         n = len(batch.ids)
         c = self._columns
         c[0] += batch.ids
-        c[1] += [batch.topic] * n
+        c[1] += [_topic(batch.topic)] * n
         c[2] += [key] * n
         c[3] += [batch.producer_id] * n
         c[4] += [self._time(batch.created_at)] * n

@@ -15,9 +15,12 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from pawn_queue._protocol import layout
+from pawn_queue.exceptions import SubscriptionNotFoundError
 from pawn_queue.spark.options import SourceOptions
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
+from pawn_queue.subscriptions import Subscriptions
 from pawn_queue.topics import Topics
 
 T = TypeVar("T")
@@ -60,9 +63,27 @@ async def shared_store(options: SourceOptions) -> Store:
     return store
 
 
-async def check_store(store: Store, topics: tuple[str, ...]) -> None:
-    """Fail now with the store's or the topic's error: access denied, no bucket, no topic."""
+async def check_store(
+    store: Store, topics: tuple[str, ...], subscription: str | None = None
+) -> None:
+    """Fail now with the store's, the topic's or the subscription's error: access denied,
+    no bucket, no topic, no such subscription of a topic (read with option
+    ``subscription``)."""
     await store.list("", limit=1)
     registry = Topics(store)
+    subscriptions = Subscriptions(store, registry)
     for topic in topics:
         await registry.settings(topic)
+        if subscription is None:
+            continue
+        try:
+            await subscriptions.get(topic, subscription)
+        except SubscriptionNotFoundError as exc:
+            names = [
+                layout.split_queue(d.queue)[1] for d in await subscriptions.destinations(topic)
+            ]
+            has = ", ".join(repr(n) for n in names) if names else "none"
+            raise SubscriptionNotFoundError(
+                f"pawnqueue option 'subscription': {exc} (its subscriptions: {has}; create one "
+                "with PawnQueue.create_subscription)"
+            ) from None

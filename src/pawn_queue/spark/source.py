@@ -93,8 +93,13 @@ class PawnQueueBatchReader(DataSourceReader):
 
 
 async def _check(options: SourceOptions, *topics: str) -> None:
+    """Check the store and the ``topics`` a write goes to, or (none given) what a read
+    reads: its topics, and the subscription of each it names."""
     store = await runtime.shared_store(options)
-    await runtime.check_store(store, topics or options.topics)
+    if topics:
+        await runtime.check_store(store, topics)
+    else:
+        await runtime.check_store(store, options.topics, options.subscription)
 
 
 def _check_schema(schema: StructType, options: SourceOptions) -> None:
@@ -106,12 +111,13 @@ def _check_schema(schema: StructType, options: SourceOptions) -> None:
 
 
 async def _snapshot(options: SourceOptions) -> list[ObjectRef]:
-    """Every pending message object (or dead letter) of the topics, in key order."""
+    """Every pending message object (or dead letter) of the queues read (the topics', or
+    their subscription's), in key order."""
     store = await runtime.shared_store(options)
-    await runtime.check_store(store, options.topics)
+    await runtime.check_store(store, options.topics, options.subscription)
     refs: list[ObjectRef] = []
     now = now_utc()
-    for topic in options.topics:
+    for topic in options.queues:
         if options.state == "dead_letter":
             metas = await store.list(layout.dead_letter_prefix(topic))
             refs += [ObjectRef(meta.key, meta.size) for meta in metas]

@@ -6,6 +6,13 @@ writer's creation time; for a stream, the first task of a micro-batch records it
 ``_spark/{query}/sink/{batch}.json``). A retried task, or a micro-batch run again after a
 restart, overwrites its own objects instead of adding copies. Once a micro-batch's commit
 marked it committed, running it again writes nothing.
+
+A topic with subscriptions gets nothing in its own queue: as a producer does, each task
+copies every object into each subscription whose filter a member's attributes match (only
+those members), under the same key rebased into the subscription's queue, so keys stay
+deterministic per queue. A task reads the topic's subscription index when it writes its
+first object, and again whenever the copy it read is as old as a producer's may be
+(:data:`pawn_queue.subscriptions.INDEX_CACHE_SECONDS`).
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue.exceptions import AlreadyExists, ConfigError, PawnQueueError, PayloadError
 from pawn_queue.spark import runtime
 from pawn_queue.spark.options import SourceOptions
+from pawn_queue.subscriptions import Destination, Subscriptions
+from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +155,9 @@ class WriteResult(WriterCommitMessage):
     write: str
     at: str
     messages: int
-    objects: int
+    objects: int  # objects made of the rows (each written into one queue or more)
     skipped: bool = False
+    queues: tuple[str, ...] = ()  # where it wrote: the topic's own queue, or subscriptions'
 
 
 class _Publisher:
@@ -163,10 +173,12 @@ class _Publisher:
         self._at = at
         self._created = at.isoformat()
         self._producer = str(uuid.uuid5(_NAMESPACE, f"spark-writer/{write}"))
+        self._routes = _Routes(options)
         self._pending: list[Envelope] = []
         self._in_flight: deque[Future[str]] = deque()
         self.messages = 0
         self.objects = 0
+        self.queues: set[str] = set()
 
     def publish(self, batches: Iterator[pa.RecordBatch]) -> None:
         per_object = self._options.messages_per_object
@@ -189,20 +201,68 @@ class _Publisher:
     def _flush(self) -> None:
         members, self._pending = self._pending, []
         at = self._at + timedelta(microseconds=self.objects)  # FIFO within the partition
-        if len(members) == 1 and self._options.messages_per_object == 1:
-            key = layout.message_key(self._topic, members[0].id, at)
-            body = members[0].encode()
-        else:
-            object_id = self._id(f"o{self.objects}")
-            key = layout.message_key(self._topic, object_id, at, batch=True)
-            body = encode_batch(object_id, members)
+        single = len(members) == 1 and self._options.messages_per_object == 1
+        object_id = members[0].id if single else self._id(f"o{self.objects}")
+        key = layout.message_key(self._topic, object_id, at, batch=not single)
         self.objects += 1
-        if len(self._in_flight) >= _PUTS_IN_FLIGHT:
-            self._in_flight.popleft().result()
-        self._in_flight.append(runtime.submit(_put(self._options, key, body)))
+        whole: bytes | None = None  # the body of all the members, made once
+        for queue, chosen in _route(runtime.run(self._routes.destinations()), members):
+            if len(chosen) < len(members):
+                body = encode_batch(object_id, chosen)
+            else:
+                whole = body = whole or (
+                    members[0].encode() if single else encode_batch(object_id, members)
+                )
+            if len(self._in_flight) >= _PUTS_IN_FLIGHT:
+                self._in_flight.popleft().result()
+            target = layout.in_queue(key, queue)
+            self._in_flight.append(runtime.submit(_put(self._options, target, body)))
+            self.queues.add(layout.queue_of(target))
+
+    def result(self, write: str) -> WriteResult:
+        """What the task wrote, for the commit on the driver."""
+        queues = tuple(sorted(self.queues))
+        at = self._created
+        return WriteResult(self._topic, write, at, self.messages, self.objects, queues=queues)
 
     def _id(self, position: str) -> str:
         return str(uuid.uuid5(_NAMESPACE, f"{self._ident}/{position}"))
+
+
+class _Routes:
+    """Where one task's objects go, as a producer's would: the topic's routes (its own
+    queue or its subscriptions, and its replay log), the subscription index read on first
+    use and again once as old as a producer's copy may be (a GET per task, and one more
+    per 2 s it writes; the topic's settings, one GET). An unreadable index fails the task:
+    writing as if there were no subscriptions would lose their messages. The replay log is
+    swept by producers (:mod:`pawn_queue._protocol.retained`), not here."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self._options = options
+        self._subscriptions: Subscriptions | None = None
+        self._topics: Topics
+
+    async def destinations(self) -> tuple[Destination, ...]:
+        if self._subscriptions is None:
+            store = await runtime.shared_store(self._options)
+            self._topics = Topics(store)
+            self._subscriptions = Subscriptions(store, self._topics)
+        topic = self._options.topic
+        settings = await self._topics.settings(topic)
+        return await self._subscriptions.routes(topic, settings)
+
+
+def _route(
+    destinations: tuple[Destination, ...], members: list[Envelope]
+) -> Iterator[tuple[str, list[Envelope]]]:
+    """The queues an object of ``members`` is written to, each with the members it takes:
+    each route (:meth:`~pawn_queue.subscriptions.Subscriptions.routes`) whose filter some
+    members' attributes match, with those."""
+    for destination in destinations:
+        matches = destination.filter.matches
+        chosen = [m for m in members if matches(m.attributes)]
+        if chosen:
+            yield destination.queue, chosen
 
 
 async def _put(options: SourceOptions, key: str, body: bytes) -> str:
@@ -248,9 +308,7 @@ class PawnQueueWriter(DataSourceArrowWriter):
             options, self._shape, f"{self._write}/{batch}/{partition}", self._write, at
         )
         publisher.publish(iterator)
-        return WriteResult(
-            options.topic, self._write, at.isoformat(), publisher.messages, publisher.objects
-        )
+        return publisher.result(self._write)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         written = [m for m in messages if isinstance(m, WriteResult) and m.messages]
@@ -259,7 +317,7 @@ class PawnQueueWriter(DataSourceArrowWriter):
                 _mark_committed(self._options, self._write, self._options.batch_id, written[0].at)
             )
         if written:
-            runtime.run(_signal(self._options))
+            runtime.run(_signal(self._options, written))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         logger.warning("pawnqueue write %s aborted; a retry overwrites its objects", self._write)
@@ -293,13 +351,13 @@ class PawnQueueStreamWriter(DataSourceStreamArrowWriter):
         ident = f"{query}/{batch}/{context.partitionId()}"
         publisher = _Publisher(self._options, self._shape, ident, query, at)
         publisher.publish(chain([first], iterator))
-        return WriteResult(topic, query, at.isoformat(), publisher.messages, publisher.objects)
+        return publisher.result(query)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         written = [m for m in messages if isinstance(m, WriteResult) and m.messages]
         if written:
             runtime.run(_mark_committed(self._options, written[0].write, batchId, written[0].at))
-            runtime.run(_signal(self._options))
+            runtime.run(_signal(self._options, written))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         logger.warning("pawnqueue micro-batch %d aborted; a retry overwrites its objects", batchId)
@@ -328,9 +386,11 @@ async def _mark_committed(options: SourceOptions, query: str, batch: int, at: st
         await store.delete(layout.spark_sink_key(query, batch - 1))
 
 
-async def _signal(options: SourceOptions) -> None:
-    """Wake idle consumers of the topic (the change signal a producer gives)."""
+async def _signal(options: SourceOptions, written: list[WriteResult]) -> None:
+    """Wake idle consumers of the queues written (the change signal a producer gives): the
+    topic's own, or the subscriptions' it copied into."""
     config = options.config()
     signals = ChangeSignals(await runtime.shared_store(options), config.notify)
-    signals.published(options.topic)
+    for queue in sorted({queue for result in written for queue in result.queues}):
+        signals.published(queue)
     await signals.close()

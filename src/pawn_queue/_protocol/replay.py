@@ -1,0 +1,135 @@
+"""The replay log: every message of a topic with a replay window, kept for ``seek``.
+
+A topic with ``replay_window_seconds`` > 0 gets one more copy of each message, written by
+its producers like any copy (group commit included) into ``{topic}/retained/messages/``,
+which nobody consumes. :func:`copy_retained` copies from it into a subscription's queue:
+the messages due from a time on, as its filter takes them, under new keys (the leases and
+settlements of their earlier copies, kept a while, must not apply to them). What is older
+than the window is deleted by :mod:`pawn_queue._protocol.retained`. docs/protocol.md,
+"Replay".
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pawn_queue._internal.aio import IO_CONCURRENCY, gather_limited
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import CorruptObject, Envelope, decode_batch, encode_batch
+from pawn_queue._protocol.filters import Filter, parse_filter
+from pawn_queue._protocol.landing import write_new
+from pawn_queue._protocol.runtime import Runtime
+from pawn_queue.exceptions import NotFound
+from pawn_queue.store.base import LIST_PAGE
+from pawn_queue.subscriptions import Subscription
+
+logger = logging.getLogger(__name__)
+
+
+async def replay(
+    runtime: Runtime, subscription: Subscription, since: datetime | Literal["earliest"]
+) -> None:
+    """Deliver to ``subscription`` again what the replay log holds from ``since`` on."""
+    # Later publishes (by clocks in agreement) reached the subscription themselves.
+    until = runtime.clock() + runtime.leases.margin
+    topic, queue = subscription.topic, subscription.queue
+    start = None if since == "earliest" else since
+    wanted = parse_filter(subscription.filter)
+    copied = await copy_retained(runtime, topic, queue, wanted, start, until)
+    logger.info(
+        "replayed topic=%s subscription=%s since=%s objects=%d",
+        topic,
+        subscription.name,
+        since,
+        copied,
+    )
+
+
+async def copy_retained(
+    runtime: Runtime,
+    topic: str,
+    queue: str,
+    wanted: Filter,
+    since: datetime | None,
+    until: datetime,
+) -> int:
+    """Copy into ``queue`` what the replay log holds from ``since`` on (all of it: None)
+    up to ``until`` (and every delayed message not due yet), as ``wanted`` takes it, oldest
+    first; return the objects written. Copies get new keys, in the log's order from now on
+    (a delayed one keeps its due time); each page's copies are signalled as they land, so
+    consumers start at once."""
+    log = layout.retained_log(topic)
+    prefix = layout.messages_prefix(log)
+    cursor = None if since is None else layout.retained_from(topic, since)
+    base = runtime.clock()
+    copied = position = 0
+    landed = False
+
+    def signal() -> None:
+        # The first copy wakes the consumers at once; the rest of a page, when it is over.
+        nonlocal landed
+        if not landed:
+            landed = True
+            runtime.signals.published(queue)
+
+    while page := await runtime.store.list(prefix, start_after=cursor, limit=LIST_PAGE):
+        copies = []
+        for meta in page:
+            due = layout.due_from_key(meta.key)
+            delayed = layout.is_delayed_key(meta.key)
+            if due is None or (due > until and not delayed):
+                continue
+            if delayed and due > base:
+                at = due  # never before it is due (rule 9)
+            else:
+                at, delayed = base + timedelta(microseconds=position), False
+                position += 1
+            copies.append(_copy(runtime, meta.key, queue, wanted, at, delayed, signal))
+        for result in await gather_limited(IO_CONCURRENCY, copies):
+            if isinstance(result, BaseException):
+                raise result
+            copied += result
+        if copies:
+            runtime.signals.published(queue)
+        cursor = page[-1].key
+    return copied
+
+
+async def _copy(
+    runtime: Runtime,
+    key: str,
+    queue: str,
+    wanted: Filter,
+    at: datetime,
+    delayed: bool,
+    landed: Callable[[], None],
+) -> int:
+    pending = layout.parse_pending_key(key)
+    if pending is None:
+        return 0
+    try:
+        data = (await runtime.store.get(key)).data
+    except NotFound:
+        return 0  # past the window, swept meanwhile
+    object_id = pending.object_id
+    body: bytes | None = data
+    try:
+        if pending.kind == "batch":
+            object_id = str(uuid.uuid4())
+            members = [e for e in decode_batch(data) if wanted.matches(e.attributes)]
+            body = encode_batch(object_id, members) if members else None
+        elif wanted.conditions and not wanted.matches(Envelope.decode(data).attributes):
+            body = None
+    except CorruptObject as exc:
+        logger.warning("replay log object unreadable, not copied key=%s error=%s", key, exc)
+        return 0
+    if body is None:
+        return 0
+    target = layout.replayed_key(key, queue, at, delayed=delayed, object_id=object_id)
+    await write_new(runtime, target, body)
+    landed()
+    return 1

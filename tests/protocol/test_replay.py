@@ -1,0 +1,161 @@
+"""Replay: a topic's replay window, ``create_subscription(start=...)`` and ``seek``, on every
+default store (docs/protocol.md, "Replay")."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pawn_queue import ArgumentError, PawnQueue
+from pawn_queue._protocol import layout
+from pawn_queue.config import load_config
+from pawn_queue.consumer import Consumer
+from pawn_queue.exceptions import ConfigError
+
+
+async def drain(consumer: Consumer) -> list[object]:
+    """Every payload the consumer can get now, acked (a poll waits for change signals)."""
+    payloads: list[object] = []
+    while messages := await consumer.poll(wait=1.0):
+        for message in messages:
+            payloads.append(message.payload)
+            await message.ack()
+    return payloads
+
+
+async def retained_keys(pq: PawnQueue, topic: str) -> list[str]:
+    prefix = layout.messages_prefix(layout.retained_log(topic))
+    return [meta.key for meta in await pq.store.list(prefix)]
+
+
+async def test_a_topic_without_a_replay_window_keeps_nothing(pq: PawnQueue) -> None:
+    await pq.create_topic("t")
+    producer = await pq.register_producer("p")
+    await producer.publish("t", 1)
+    await producer.publish_batch("t", [2, 3])
+    assert await retained_keys(pq, "t") == []
+
+
+async def test_a_new_subscription_from_the_earliest_gets_every_kind_of_message(
+    pq: PawnQueue,
+) -> None:
+    await pq.create_topic("t", replay_window_seconds=3600)
+    producer = await pq.register_producer("p")
+    await producer.publish("t", "plain", attributes={"k": "a"})
+    await asyncio.gather(
+        *(producer.publish("t", f"many-{i}", attributes={"k": "a"}) for i in range(20))
+    )
+    await producer.publish_batch("t", ["batch-1", "batch-2"], attributes={"k": "b"})
+    await producer.publish("t", b"raw bytes", attributes={"k": "a"})
+    await producer.publish("t", "grouped", group="g", attributes={"k": "a"})
+    await producer.publish("t", "dedup", dedup_id="d-1", attributes={"k": "a"})
+    published = {"plain", "batch-1", "batch-2", b"raw bytes", "grouped", "dedup"}
+    published |= {f"many-{i}" for i in range(20)}
+    assert await retained_keys(pq, "t")  # the log holds them, acked or not
+
+    await pq.create_subscription("t", "all", start="earliest")
+    await pq.create_subscription("t", "only-a", start="earliest", filter={"k": "a"})
+    everything = await drain(await pq.register_consumer("c1", ["t"], subscription="all"))
+    assert sorted(map(repr, everything)) == sorted(map(repr, published))
+    taken = await drain(await pq.register_consumer("c2", ["t"], subscription="only-a"))
+    assert sorted(map(repr, taken)) == sorted(map(repr, published - {"batch-1", "batch-2"}))
+    # The topic's own queue still holds them: the log is another copy.
+    assert (await pq.topic_stats("t")).pending > 0
+
+
+async def test_a_filter_takes_part_of_a_batch_object(pq: PawnQueue) -> None:
+    await pq.create_topic("t", replay_window_seconds=3600)
+    producer = await pq.register_producer("p")
+    # Concurrent publishes share batch objects, whatever their attributes.
+    await asyncio.gather(
+        *(producer.publish("t", i, attributes={"odd": str(i % 2)}) for i in range(30))
+    )
+    await pq.create_subscription("t", "odd", start="earliest", filter={"odd": "1"})
+    got = await drain(await pq.register_consumer("c", ["t"], subscription="odd"))
+    assert sorted(got) == list(range(1, 30, 2))  # type: ignore[type-var]
+
+
+async def test_seek_to_a_time_redelivers_from_then_on_only(pq: PawnQueue) -> None:
+    await pq.create_topic("t", replay_window_seconds=3600)
+    await pq.create_subscription("t", "s")
+    await pq.create_subscription("t", "other")
+    producer = await pq.register_producer("p")
+    for i in range(3):
+        await producer.publish("t", f"before-{i}")
+    middle = datetime.now(UTC)
+    await asyncio.sleep(0.01)  # the keys' microsecond stamps fall after ``middle``
+    for i in range(3):
+        await producer.publish("t", f"after-{i}")
+    consumer = await pq.register_consumer("c", ["t"], subscription="s")
+    assert len(await drain(consumer)) == 6
+
+    await pq.seek("t", "s", middle)
+    assert await drain(consumer) == ["after-0", "after-1", "after-2"]  # in order
+    await pq.seek("t", "s", "earliest")
+    assert len(await drain(consumer)) == 6
+    # Seeking one subscription leaves the other as it was.
+    other = await pq.register_consumer("o", ["t"], subscription="other")
+    assert len(await drain(other)) == 6
+
+
+async def test_seek_to_latest_drops_the_backlog(pq: PawnQueue) -> None:
+    await pq.create_topic("t", replay_window_seconds=3600)
+    await pq.create_subscription("t", "s")
+    producer = await pq.register_producer("p")
+    for i in range(5):
+        await producer.publish("t", i)
+    await pq.seek("t", "s", "latest")
+    assert (await pq.subscription_stats("t", "s")).pending == 0
+    await producer.publish("t", "new")
+    consumer = await pq.register_consumer("c", ["t"], subscription="s")
+    assert await drain(consumer) == ["new"]
+
+
+async def test_a_seek_keeps_a_delayed_message_until_it_is_due(pq: PawnQueue) -> None:
+    await pq.create_topic("t", replay_window_seconds=3600)
+    await pq.create_subscription("t", "s")
+    producer = await pq.register_producer("p")
+    await producer.publish("t", "later", delay=3600)
+    await pq.seek("t", "s", "earliest")
+    stats = await pq.subscription_stats("t", "s")
+    assert (stats.pending, stats.delayed) == (0, 1)
+
+
+async def test_the_log_is_swept_once_past_the_window(queue_config: dict[str, object]) -> None:
+    now = [datetime(2030, 1, 1, tzinfo=UTC)]
+    async with PawnQueue(load_config(queue_config), clock=lambda: now[0]) as pq:
+        await pq.create_topic("t", replay_window_seconds=600)
+        producer = await pq.register_producer("p")
+        await producer.publish("t", "old")
+        [old] = await retained_keys(pq, "t")
+        # The first publish picks when this process first sweeps: within max(window / 10, 60 s).
+        now[0] += timedelta(seconds=601 + 60)
+        await producer.publish("t", "young")
+        await pq.runtime.background.done()
+        keys = await retained_keys(pq, "t")
+        assert old not in keys and len(keys) == 1
+
+
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, True, "60"])
+async def test_a_bad_replay_window_is_refused(pq: PawnQueue, bad: object) -> None:
+    with pytest.raises(ConfigError, match="replay_window_seconds"):
+        await pq.create_topic("t", replay_window_seconds=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["now", datetime(2030, 1, 1), 0, None])
+async def test_a_bad_seek_target_is_refused_before_anything_changes(
+    pq: PawnQueue, bad: object
+) -> None:
+    await pq.create_topic("t", replay_window_seconds=3600)
+    await pq.create_subscription("t", "s")
+    producer = await pq.register_producer("p")
+    await producer.publish("t", 1)
+    with pytest.raises(ArgumentError):
+        await pq.seek("t", "s", bad)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError):
+        await pq.create_subscription("t", "s2", start=bad)  # type: ignore[arg-type]
+    assert (await pq.subscription_stats("t", "s")).pending == 1
+    assert [s.name for s in await pq.list_subscriptions("t")] == ["s"]
