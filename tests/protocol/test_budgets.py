@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from pawn_queue import PawnQueue
+from pawn_queue import PawnQueue, subscriptions
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue.config import load_config
@@ -50,8 +50,15 @@ async def counted_queue(
 
 
 @pytest.fixture
-async def counted(queue_config: dict[str, Any]) -> AsyncIterator[tuple[PawnQueue, CountingStore]]:
+async def counted(
+    queue_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[PawnQueue, CountingStore]]:
+    # A publish reads the topic's subscription index once per 2 s (budgets with and without
+    # subscriptions: tests/protocol/test_subscription_budgets.py); here it is read once.
+    monkeypatch.setattr(subscriptions, "INDEX_CACHE_SECONDS", 3600.0)
     async with counted_queue(queue_config) as queue:
+        await queue[0].runtime.subscriptions.destinations("t")
+        queue[1].reset()
         yield queue
 
 

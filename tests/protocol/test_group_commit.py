@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import PawnQueue, PublishError
+from pawn_queue import PawnQueue, PublishError, subscriptions
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue.config import load_config
@@ -28,11 +28,17 @@ WORKER = ROOT / "tests" / "workers" / "group_commit_worker.py"
 
 
 @pytest.fixture
-async def faulty(queue_config: dict[str, Any]) -> AsyncIterator[tuple[PawnQueue, FaultyStore]]:
+async def faulty(
+    queue_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[PawnQueue, FaultyStore]]:
     config = load_config(queue_config)
     store = FaultyStore(open_store(config))
+    # The topic's subscription index read once, ahead: calls made together then reach the
+    # writer together, not each when its own read of the index came back.
+    monkeypatch.setattr(subscriptions, "INDEX_CACHE_SECONDS", 3600.0)
     async with PawnQueue(config, store=store) as pq:
         await pq.create_topic("t")
+        await pq.runtime.subscriptions.destinations("t")
         yield pq, store
 
 
