@@ -157,16 +157,17 @@ class Topics:
         settings = replace(TopicSettings(), **given)  # invalid settings fail before any I/O
         key = layout.topic_marker_key(name)
         for _ in range(_MARKER_ATTEMPTS):
-            try:
-                await self._store.put(key, _marker(name, None, settings), "create")
-                logger.info("topic created topic=%s", name)
-                return self._remember(name, settings)
-            except AlreadyExists:
-                pass
+            # Read first: a store without conditional writes takes a create-only write over
+            # an existing marker as an overwrite, which would reset the settings not given.
             try:
                 current = await self._store.get(key)
             except NotFound:
-                continue  # deleted meanwhile: create it again
+                try:
+                    await self._store.put(key, _marker(name, None, settings), "create")
+                    logger.info("topic created topic=%s", name)
+                    return self._remember(name, settings)
+                except AlreadyExists:
+                    continue  # created meanwhile: compare with it
             created_at, stored = _read_marker(current.data)
             if created_at is None or stored is None:
                 # An unreadable marker is repaired (if-match: one repair wins).
