@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import platform
 import sys
 import tempfile
@@ -41,7 +40,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, git_state, median, publish_many, s3_settings
+from bench.common import REPO, git_state, median, publish_many, s3_settings, write_results
 
 from pawn_queue import Message, PawnQueue
 from pawn_queue.config import load_config
@@ -215,7 +214,6 @@ def main(argv: list[str] | None = None) -> None:
                 server.stop()
     text, medians, targets = summary(results, args)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "results": results,
         "medians": medians,
@@ -225,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         "git": git_state(),
         "table": text,
     }
-    args.out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    write_results(args.out, document)
 
 
 if __name__ == "__main__":

@@ -409,3 +409,9 @@ def git_state() -> dict[str, Any]:
         "commit": git("rev-parse", "--short", "HEAD").strip(),
         "changed": [line[3:] for line in git("status", "--porcelain").splitlines() if line],
     }
+
+
+def write_results(path: Path, document: Mapping[str, Any]) -> None:
+    """Write a benchmark's results ``document`` as JSON to ``path`` (its folder made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")

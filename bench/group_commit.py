@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import platform
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from bench.common import (
     median,
     s3_settings,
     scrape,
+    write_results,
 )
 from bench.queue_batch import ListenDrain
 from bench.queue_support import PQ013_PYTHON, PQ013_RUNNER, Skipped, run_child
@@ -293,7 +293,6 @@ def main(argv: list[str] | None = None) -> None:
             server.stop()
     text, medians = summary(results, args)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "results": results,
         "medians": medians,
@@ -303,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         "git": git_state(),
         "table": text,
     }
-    args.out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    write_results(args.out, document)
 
 
 if __name__ == "__main__":

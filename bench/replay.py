@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -31,7 +30,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, RequestClasses, delta, git_state, median, s3_settings, scrape
+from bench.common import (
+    REPO,
+    RequestClasses,
+    delta,
+    git_state,
+    median,
+    s3_settings,
+    scrape,
+    write_results,
+)
 
 from pawn_queue import Message, PawnQueue
 
@@ -195,7 +203,6 @@ def main(argv: list[str] | None = None) -> None:
             server.stop()
     text, medians = summary(runs, args)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "runs": runs,
         "medians": medians,
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         "git": git_state(),
         "table": text,
     }
-    args.out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    write_results(args.out, document)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ from bench.common import (
     s3_settings,
     scrape,
     scrubbed_env,
+    write_results,
 )
 from bench.queue_batch import ListenDrain
 
@@ -967,7 +968,6 @@ def main(argv: list[str] | None = None) -> None:
             failure = exc
         finally:
             server.stop()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     if failure is not None:
         # The evidence: the failed case (its audits: counts and example ids) and the runs
         # before it.
@@ -979,7 +979,7 @@ def main(argv: list[str] | None = None) -> None:
             "host": host_report(load),
             "git": git_state(),
         }
-        args.out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+        write_results(args.out, document)
         print(
             f"FAILED: a subscription lost, gained or duplicated messages (details in "
             f"{args.out}):\n{failure.args[0]}",
@@ -997,7 +997,7 @@ def main(argv: list[str] | None = None) -> None:
         "git": git_state(),
         "table": text,
     }
-    args.out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    write_results(args.out, document)
 
 
 if __name__ == "__main__":
