@@ -84,7 +84,7 @@ $(NPM_DIR)/node_modules/.installed: $(NPM_DIR)/package.json $(NPM_DIR)/package-l
 test-servers: ceph $(NPM_DIR)/node_modules/.installed
 
 pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium test-servers
-	PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
+	PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q --durations=40
 
 test: lint typecheck docs-check pytest
 

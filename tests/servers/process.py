@@ -148,7 +148,9 @@ def start_s3rver(workdir: Path) -> LoopbackServer:
     args = [_npm_binary("s3rver"), "-d", str(data), "-a", "127.0.0.1", "-p", str(port), "-s"]
     # Its continuation tokens are DES-encrypted, which OpenSSL 3 (Node 17+) only offers
     # with the legacy provider: without it every listing past 1,000 keys answers 500.
-    env = {"NODE_OPTIONS": "--openssl-legacy-provider"}
+    # s3rver-fixes.js closes a PUT/DELETE race in its store that makes the server exit.
+    fixes = NPM_BIN.parent.parent / "s3rver-fixes.js"
+    env = {"NODE_OPTIONS": f'--openssl-legacy-provider --require "{fixes}"'}
     return LoopbackServer.start(
         "s3rver", args, port, workdir, access_key="S3RVER", secret_key="S3RVER", env=env
     )

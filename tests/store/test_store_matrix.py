@@ -7,6 +7,7 @@ sent without its quotes); s3rver ignores both, so claims there use ``csprng_veri
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -190,3 +191,15 @@ async def test_a_publish_refused_as_a_conflict_is_not_taken_for_written(
         mid = await producer.publish("t", {"n": 2})
         [message] = await (await pq.register_consumer("c", ["t"])).poll()
         assert message.id == mid
+
+
+async def test_puts_racing_deletes_in_one_directory_lose_nothing(s3: S3Store, backend: str) -> None:
+    """A lease or message PUT next to the DELETE that empties its "directory" (s3rver keeps
+    keys as files and removes emptied directories; unpatched, this race made it exit)."""
+    rounds = 150
+    for n in range(rounds):
+        await s3.put(f"d/{n}/old", b"x")
+        await asyncio.gather(s3.delete(f"d/{n}/old"), s3.put(f"d/{n}/new", b"y"))
+    listed = [meta.key for meta in await s3.list("d/")]
+    assert sorted(listed) == sorted(f"d/{n}/new" for n in range(rounds))
+    assert [(await s3.get(key)).data for key in listed[:3]] == [b"y"] * 3

@@ -37,19 +37,30 @@ class Tombstones:
         self._delete = delete
         self._background = background
         self._due: list[tuple[float, int, Lease]] = []  # (loop time, tie-breaker, lease)
+        self._kept: dict[str, Lease] = {}  # lease key -> lease, for what is in _due
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
-        return len(self._due)
+        return len(self._kept)
 
     def keep(self, lease: Lease, seconds: float) -> None:
         """Delete ``lease`` in ``seconds``."""
         loop = asyncio.get_running_loop()
         at = loop.time() + seconds
         heapq.heappush(self._due, (at, next(self._order), lease))
+        self._kept[lease.key] = lease
         if self._timer is None or at < self._timer.when():
             self._schedule(loop)
+
+    def take_superseded(self, key: str, message_key: str) -> Lease | None:
+        """The kept lease ``key`` if it covers another message than ``message_key`` (one with
+        the same id: a replayed copy), no longer kept; None otherwise."""
+        lease = self._kept.get(key)
+        if lease is None or lease.message_key == message_key:
+            return None
+        del self._kept[key]  # its entry in _due is skipped when it comes up
+        return lease
 
     def flush(self) -> None:
         """Start deleting every kept lease now (awaited through ``background``)."""
@@ -67,6 +78,9 @@ class Tombstones:
     def _start(self, until: float) -> None:
         """Start the deletes due by ``until``, all in this loop turn (so they share requests)."""
         while self._due and self._due[0][0] <= until:
-            self._background.start(self._delete(heapq.heappop(self._due)[2]))
+            lease = heapq.heappop(self._due)[2]
+            if self._kept.get(lease.key) is lease:
+                del self._kept[lease.key]
+                self._background.start(self._delete(lease))
         if self._timer is not None or self._due:
             self._schedule(asyncio.get_running_loop())
