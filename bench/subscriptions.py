@@ -550,16 +550,21 @@ async def filter_case(server: SeaweedFS, args: argparse.Namespace) -> dict[str, 
     server.create_bucket(bucket)
     loaded = load_config(config(server, bucket))
     names = {"all": None, "one": {"k": FILTER_VALUE}}
+    lingers = {"all": None, "one": args.filter_linger}
     queues = [layout.subscription_queue(TOPIC, n) for n in names]
     store = QueueCounts(open_store(loaded), [TOPIC, *queues])
     losses = LeaseLosses()
     messages = args.messages
     wanted = sum(1 for n in range(messages) if str(n % FILTER_VALUES) == FILTER_VALUE)
     published: dict[int, str] = {}
+    latencies: dict[str, list[float]] = {"all": [], "one": []}  # publish() seconds, by taker
     async with PawnQueue(loaded, store=store, observers=[losses]) as pq:
         await pq.create_topic(TOPIC)
         await asyncio.gather(
-            *(pq.create_subscription(TOPIC, n, filter=f) for n, f in names.items())
+            *(
+                pq.create_subscription(TOPIC, n, filter=f, linger_seconds=lingers[n])
+                for n, f in names.items()
+            )
         )
         producer = await pq.register_producer("bench")
         drains = {"all": SubscriptionDrain(messages), "one": SubscriptionDrain(wanted)}
@@ -572,7 +577,10 @@ async def filter_case(server: SeaweedFS, args: argparse.Namespace) -> dict[str, 
 
         async def publish(n: int) -> None:
             attributes = {"k": str(n % FILTER_VALUES)}
+            began = time.perf_counter()
             published[n] = await producer.publish(TOPIC, {"n": n}, attributes=attributes)
+            took = latencies["one" if attributes["k"] == FILTER_VALUE else "all"]
+            took.append(time.perf_counter() - began)
 
         publish_seconds = await publish_many(publish, messages, args.publishers)
         try:
@@ -619,6 +627,9 @@ async def filter_case(server: SeaweedFS, args: argparse.Namespace) -> dict[str, 
         "attributed": attributed,
         "ratio": attributed["one"]["usd_per_million_published"]
         / attributed["all"]["usd_per_million_published"],
+        "linger_seconds": args.filter_linger,
+        # publish() p50, ms: of messages only 'all' takes, and of those 'one' takes too
+        "publish_p50_ms": {k: round(median(v) * 1000, 2) for k, v in latencies.items()},
         "wrapper_requests": requests,
         "audits": [a.summary() for a in audits],
         "lease_lost": {label_of_queue(q): len(losses.lost.get(q, ())) for q in queues},
@@ -664,7 +675,7 @@ class Schedule:
 async def run_all(server: SeaweedFS, args: argparse.Namespace, results: dict[str, Any]) -> None:
     """Fills ``results``: ``throughput`` (``{processes}-{subscriptions}``: a list of runs),
     ``filter`` (a list of runs), ``skipped`` (cases left out to keep within --time-limit)."""
-    cases = [0, *args.subscriptions]
+    cases = [0, *args.subscriptions] if args.subscriptions else []
     schedule = Schedule(args.time_limit)
     results["skipped"] = schedule.skipped
     for run in range(args.runs):
@@ -834,12 +845,14 @@ def filter_summary(runs: list[dict[str, Any]], args: argparse.Namespace) -> tupl
         "seconds": median(r["seconds"] for r in runs),
         "server_usd_per_million": median(r["server_usd_per_million"] for r in runs),
         "wrapper_usd_per_million": median(r["wrapper_usd_per_million"] for r in runs),
+        "publish_p50_ms": {k: median(r["publish_p50_ms"][k] for r in runs) for k in ("all", "one")},
     }
     lines = [
         "",
         f"filter: {args.messages:,} messages with attribute k = n % {FILTER_VALUES}; subscription "
-        f"'one' (k = {FILTER_VALUE}: 1%) beside 'all' (no filter), {CONSUMERS} consumers each, "
-        f"one process; requests on each one's keys per published message, median of {len(runs)}:",
+        f"'one' (k = {FILTER_VALUE}: 1%, linger_seconds {args.filter_linger:g}) beside 'all' "
+        f"(no filter), {CONSUMERS} consumers each, one process; requests on each one's keys "
+        f"per published message, median of {len(runs)}:",
         f"{'':>10} {'$/M':>8} {'PUT/LIST':>9} {'GET/HEAD':>9} {'DELETE':>9}",
         *(
             f"{label:>10} {usd[label]:8.4f} {mix[label]['put_list']:9.4f} "
@@ -854,12 +867,14 @@ def filter_summary(runs: list[dict[str, Any]], args: argparse.Namespace) -> tupl
         f"one / all: {ratio:.4f}x (runs: {', '.join(f'{r:.4f}' for r in m['runs'])}); "
         f"all requests: in-process ${m['wrapper_usd_per_million']:.3f}/M, "
         f"SeaweedFS ${m['server_usd_per_million']:.3f}/M",
+        f"publish() p50: {m['publish_p50_ms']['all']:.1f} ms for a message only 'all' takes, "
+        f"{m['publish_p50_ms']['one']:.1f} ms for one 'one' takes too",
     ]
     return lines, m
 
 
 def summary(results: dict[str, Any], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    cases = [0, *args.subscriptions]
+    cases = [0, *args.subscriptions] if args.subscriptions else []
     lines: list[str] = []
     medians: dict[str, Any] = {"throughput": {}}
     targets: dict[str, Any] = {}
@@ -902,7 +917,7 @@ def summary(results: dict[str, Any], args: argparse.Namespace) -> tuple[str, dic
     lines += ["", "where the requests go (counted in-process, median-cost run):"]
     for subscriptions in cases:
         lines += where_it_goes(results, f"{first}-{subscriptions}")
-    for processes in others:  # the baseline and the most subscriptions
+    for processes in others if cases else []:  # the baseline and the most subscriptions
         for subscriptions in sorted({0, max(cases)}):
             lines += where_it_goes(results, f"{processes}-{subscriptions}")
     if results["filter"]:
@@ -934,9 +949,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--publishers", type=int, default=32)
-    parser.add_argument("--subscriptions", type=int, nargs="+", default=list(SUBSCRIPTIONS))
+    parser.add_argument(
+        "--subscriptions",
+        type=int,
+        nargs="*",
+        default=list(SUBSCRIPTIONS),
+        help="the throughput cases (none given: only the filter case)",
+    )
     parser.add_argument("--processes", choices=("one", "per-subscription", "both"), default="both")
     parser.add_argument("--no-filter", action="store_true", help="leave the filter case out")
+    parser.add_argument(
+        "--filter-linger",
+        type=float,
+        default=0.1,
+        help="the filtered subscription's linger_seconds (0: its copies go out at once)",
+    )
     parser.add_argument(
         "--case-timeout", type=float, default=240.0, help="bound of one case's drain, seconds"
     )

@@ -97,8 +97,11 @@ def test_subscriptions_round_trip(queue_config: dict[str, Any]) -> None:
 
         updated = pq.update_subscription("orders", "billing", filter=None)
         assert updated.filter is None and updated.settings.max_receive_count == 2
-        cleared = pq.update_subscription("orders", "billing", max_receive_count=None)
+        cleared = pq.update_subscription(
+            "orders", "billing", max_receive_count=None, linger_seconds=0.01
+        )
         assert cleared.filter is None and cleared.settings.max_receive_count is None
+        assert cleared.linger_seconds == 0.01
         everything = producer.publish("orders", {"n": 3})  # no attributes: taken now
         [taken] = poll_all(billing_reader, 1)
         assert taken.id == everything

@@ -27,6 +27,7 @@ from pawn_queue.exceptions import (
 from pawn_queue.message import write_message
 from pawn_queue.observe import Publication
 from pawn_queue.registry import RegistryEntry
+from pawn_queue.subscriptions import Destination
 from pawn_queue.topics import TopicSettings
 
 logger = logging.getLogger(__name__)
@@ -160,7 +161,8 @@ class Producer:
             key = layout.message_key(topic, envelope.id, due, delayed=delayed)
         else:
             key = layout.group_message_key(topic, envelope.id, due, group, delayed=delayed)
-        queues = await self._queues(topic, settings, attributes)
+        routes = await self._routes(topic, settings, attributes)
+        queues = [route.queue for route in routes]
         if settings.max_pending and topic in queues:
             await self._wait_for_room(topic, settings.max_pending, wait_for_room)
         if dedup_id is not None:
@@ -176,14 +178,17 @@ class Producer:
             and len(body) <= self._batch_bytes
         ):
             commit = self._group_commit
-            await _each(commit.publish(envelope, layout.in_queue(key, q), body) for q in queues)
+            await _each(
+                commit.publish(envelope, layout.in_queue(key, r.queue), body, r.linger_seconds)
+                for r in routes
+            )
         else:
             await self._write_copies(envelope, key, body, queues)
         return envelope.id
 
-    async def _queues(
+    async def _routes(
         self, topic: str, settings: TopicSettings, attributes: Mapping[str, str]
-    ) -> list[str]:
+    ) -> list[Destination]:
         """Where a message to ``topic`` goes (:meth:`Subscriptions.routes
         <pawn_queue.subscriptions.Subscriptions.routes>`): the queues whose filter its
         ``attributes`` match (maybe none: then it is written nowhere, as in every fan-out
@@ -194,7 +199,7 @@ class Producer:
             raise publish_failed(topic, exc) from exc
         if settings.replay_window_seconds:
             self._runtime.retained_sweeper.published(topic, settings.replay_window_seconds)
-        return [route.queue for route in routes if route.filter.matches(attributes)]
+        return [route for route in routes if route.filter.matches(attributes)]
 
     async def _write_copies(
         self, envelope: Envelope, key: str, body: bytes, queues: list[str]
@@ -296,7 +301,7 @@ class Producer:
             self._signals.published(queue)
 
         try:
-            await _each(write(q) for q in await self._queues(topic, settings, checked))
+            await _each(write(r.queue) for r in await self._routes(topic, settings, checked))
         except StoreError as exc:
             raise publish_failed(topic, exc, "a batch ") from exc
         logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))

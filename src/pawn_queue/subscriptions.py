@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
+from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import codec, layout
 from pawn_queue._protocol.envelope import encode_json, now_utc
 from pawn_queue._protocol.filters import EVERYTHING, Filter, parse_filter
@@ -43,6 +44,9 @@ subscription waits this long (and a little more) before it returns, so that ever
 that starts afterwards sees the change (docs/protocol.md, rule 15)."""
 _CHANGE_MARGIN_SECONDS = 0.1  # a timer firing early, on top of the producers' cache time
 _RECENT_SECONDS = 60.0  # created longer ago than this (by its creator's clock): known to all
+MAX_LINGER_SECONDS = 1.0
+"""The longest a subscription's copies may wait to be written together (a publish waits as
+long for its copy)."""
 _INDEX_ATTEMPTS = 20  # concurrent changes to one topic's index, each retried on a 412
 
 
@@ -55,6 +59,7 @@ class Subscription:
     filter: dict[str, Any] | None
     created_at: str
     settings: TopicSettings
+    linger_seconds: float = 0.0
 
     @property
     def queue(self) -> str:
@@ -68,12 +73,19 @@ class Destination:
 
     queue: str
     filter: Filter
+    linger_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
     filter: Filter
     created_at: str
+    linger_seconds: float = 0.0
+
+    def subscription(self, topic: str, name: str, settings: TopicSettings) -> Subscription:
+        return Subscription(
+            topic, name, self.filter.to_json(), self.created_at, settings, self.linger_seconds
+        )
 
 
 def _decode_index(data: bytes, topic: str) -> dict[str, _Entry]:
@@ -84,7 +96,9 @@ def _decode_index(data: bytes, topic: str) -> dict[str, _Entry]:
         entries = body["subscriptions"]
         return {
             layout.validate_name(name, "subscription name"): _Entry(
-                parse_filter(entry.get("filter")), str(entry["created_at"])
+                parse_filter(entry.get("filter")),
+                str(entry["created_at"]),
+                linger_seconds(entry.get("linger_seconds", 0.0)),
             )
             for name, entry in entries.items()
         }
@@ -97,6 +111,7 @@ def _encode_index(entries: Mapping[str, _Entry]) -> bytes:
         {
             "subscriptions": {
                 name: {"filter": entry.filter.to_json(), "created_at": entry.created_at}
+                | ({"linger_seconds": entry.linger_seconds} if entry.linger_seconds else {})
                 for name, entry in sorted(entries.items())
             }
         }
@@ -162,7 +177,7 @@ class Subscriptions:
             if current:
                 del self._reading[topic]
         found = tuple(
-            Destination(layout.subscription_queue(topic, name), entry.filter)
+            Destination(layout.subscription_queue(topic, name), entry.filter, entry.linger_seconds)
             for name, entry in sorted(entries.items())
         )
         if current:  # not forgotten meanwhile
@@ -184,15 +199,21 @@ class Subscriptions:
         return found
 
     async def create(
-        self, topic: str, name: str, given_filter: object, given: dict[str, Any]
+        self,
+        topic: str,
+        name: str,
+        given_filter: object,
+        given: dict[str, Any],
+        linger: object = None,
     ) -> tuple[Subscription, bool]:
         """Create the subscription, or make sure it exists with this filter and the given
-        settings (SubscriptionConflictError, nothing written, if not); return it, and True
-        if this call created it. Returns once every publish that starts afterwards copies
-        to it."""
+        settings and ``linger`` (None: not given; SubscriptionConflictError, nothing
+        written, if not); return it, and True if this call created it. Returns once every
+        publish that starts afterwards copies to it."""
         layout.validate_name(topic, "topic name")
         layout.validate_name(name, "subscription name")
         wanted = parse_filter(given_filter)
+        wanted_linger = None if linger is None else linger_seconds(linger)
         replace(TopicSettings(), **given)  # invalid settings fail before any I/O
         await self._topics.settings(topic, fresh=True)  # TopicNotFoundError
         # The queue first: a producer that sees the index entry writes into a queue that
@@ -202,15 +223,17 @@ class Subscriptions:
 
         def add(entries: dict[str, _Entry]) -> bool:
             current = entries.get(name)
-            if current is not None:
-                if current.filter != wanted:
-                    stored = current.filter.to_json()
-                    raise SubscriptionConflictError(
-                        topic, name, {"filter": (stored, wanted.to_json())}
-                    )
-                return False
-            entries[name] = _Entry(wanted, created_at)
-            return True
+            if current is None:
+                entries[name] = _Entry(wanted, created_at, wanted_linger or 0.0)
+                return True
+            differences: dict[str, tuple[Any, Any]] = {}
+            if current.filter != wanted:
+                differences["filter"] = (current.filter.to_json(), wanted.to_json())
+            if wanted_linger is not None and current.linger_seconds != wanted_linger:
+                differences["linger_seconds"] = (current.linger_seconds, wanted_linger)
+            if differences:
+                raise SubscriptionConflictError(topic, name, differences)
+            return False
 
         entries, changed = await self._change(topic, add)
         entry = entries[name]
@@ -218,9 +241,7 @@ class Subscriptions:
             # Maybe created by another call just now, whose wait is not over either.
             await _wait_for_producers()
         logger.info("subscription ready topic=%s subscription=%s", topic, name)
-        return Subscription(
-            topic, name, entry.filter.to_json(), entry.created_at, settings
-        ), changed
+        return entry.subscription(topic, name, settings), changed
 
     async def _queue_settings(self, topic: str, name: str, given: dict[str, Any]) -> TopicSettings:
         """Create the subscription's queue with the ``given`` settings, or compare them with
@@ -253,7 +274,7 @@ class Subscriptions:
         if entry is None:
             raise not_found(layout.subscription_queue(topic, name))
         settings = await self._topics.settings(layout.subscription_queue(topic, name), fresh=True)
-        return Subscription(topic, name, entry.filter.to_json(), entry.created_at, settings)
+        return entry.subscription(topic, name, settings)
 
     async def list(self, topic: str) -> list[Subscription]:
         """The topic's subscriptions, by name. One GET for the index, one per subscription."""
@@ -266,18 +287,25 @@ class Subscriptions:
                 settings = await self._topics.settings(queue, fresh=True)
             except SubscriptionNotFoundError:
                 return None  # being deleted
-            return Subscription(topic, name, entry.filter.to_json(), entry.created_at, settings)
+            return entry.subscription(topic, name, settings)
 
         found = await asyncio.gather(*(one(n, e) for n, e in sorted(entries.items())))
         return [s for s in found if s is not None]
 
     async def update(
-        self, topic: str, name: str, given_filter: object, given: dict[str, Any]
+        self,
+        topic: str,
+        name: str,
+        given_filter: object,
+        given: dict[str, Any],
+        linger: object = None,
     ) -> Subscription:
-        """Change the filter (unless ``given_filter`` is ``...``) and the given settings."""
+        """Change the filter (unless ``given_filter`` is ``...``), ``linger`` (unless None)
+        and the given settings."""
         layout.validate_name(topic, "topic name")
         layout.validate_name(name, "subscription name")
         wanted = None if given_filter is ... else parse_filter(given_filter)
+        wanted_linger = None if linger is None else linger_seconds(linger)
         queue = layout.subscription_queue(topic, name)
         await self.get(topic, name)  # SubscriptionNotFoundError
         settings = await self._topics.update(queue, given) if given else None
@@ -286,18 +314,22 @@ class Subscriptions:
             current = entries.get(name)
             if current is None:
                 raise not_found(queue)
-            if wanted is None or current.filter == wanted:
-                return False
-            entries[name] = _Entry(wanted, current.created_at)
-            return True
+            new = replace(
+                current,
+                filter=current.filter if wanted is None else wanted,
+                linger_seconds=current.linger_seconds if wanted_linger is None else wanted_linger,
+            )
+            entries[name] = new
+            seen.append(current.filter)
+            return new != current
 
-        entries, changed = await self._change(topic, change)
-        if changed:
-            await _wait_for_producers()
+        seen: list[Filter] = []  # the filter each attempt found (a retried write: ours)
+        entries = (await self._change(topic, change))[0]
+        if entries[name].filter != seen[0]:
+            await _wait_for_producers()  # not for a linger: it takes effect as it comes
         if settings is None:
             settings = await self._topics.settings(queue, fresh=True)
-        entry = entries[name]
-        return Subscription(topic, name, entry.filter.to_json(), entry.created_at, settings)
+        return entries[name].subscription(topic, name, settings)
 
     async def delete(self, topic: str, name: str) -> int:
         """Delete the subscription and every message waiting in it; return how many
@@ -354,6 +386,17 @@ class Subscriptions:
 
 
 Start = datetime | Literal["earliest", "latest"]
+
+
+def linger_seconds(value: object) -> float:
+    """A subscription's ``linger_seconds``: a number of seconds from 0 to
+    :data:`MAX_LINGER_SECONDS`; else ArgumentError."""
+    seconds = seconds_argument("linger_seconds", value, zero=True)
+    if seconds > MAX_LINGER_SECONDS:
+        raise ArgumentError(
+            f"linger_seconds: got {value!r}, must be at most {MAX_LINGER_SECONDS:g}"
+        )
+    return seconds
 
 
 def parse_start(value: object, what: str) -> Start:

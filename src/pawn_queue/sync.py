@@ -272,6 +272,7 @@ class PawnQueue:
         *,
         filter: Mapping[str, Any] | None = None,
         start: str | datetime = "latest",
+        linger_seconds: float | None = None,
         max_receive_count: int | NotGiven | None = NO_LIMIT,
         retention_seconds: float | NotGiven | None = NO_LIMIT,
         retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
@@ -287,7 +288,9 @@ class PawnQueue:
             retention_action=retention_action,
         )
         queue = self._ready_queue()
-        inner = queue.create_subscription(topic, name, filter=filter, start=start, **given)
+        inner = queue.create_subscription(
+            topic, name, filter=filter, start=start, linger_seconds=linger_seconds, **given
+        )
         return self._runner.call(inner)
 
     def list_subscriptions(self, topic: str) -> list[Subscription]:
@@ -304,6 +307,7 @@ class PawnQueue:
         name: str,
         *,
         filter: Mapping[str, Any] | EllipsisType | None = ...,
+        linger_seconds: float | None = None,
         max_receive_count: int | NotGiven | None = NO_LIMIT,
         retention_seconds: float | NotGiven | None = NO_LIMIT,
         retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
@@ -316,7 +320,10 @@ class PawnQueue:
             retention_action=retention_action,
         )
         queue = self._ready_queue()
-        return self._runner.call(queue.update_subscription(topic, name, filter=filter, **given))
+        update = queue.update_subscription(
+            topic, name, filter=filter, linger_seconds=linger_seconds, **given
+        )
+        return self._runner.call(update)
 
     def delete_subscription(self, topic: str, name: str) -> None:
         """Delete a subscription with the messages and dead letters waiting in it."""

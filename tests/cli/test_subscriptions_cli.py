@@ -91,10 +91,13 @@ def test_create_list_show_update_delete(config: Path) -> None:
         '{"region": ["eu", "uk"]}',
         "--max-receive-count",
         "3",
+        "--linger-seconds",
+        "0.05",
     )
     assert made.stderr == (
         'subscription billing of topic orders ready: filter={"region":["eu","uk"]} '
-        "max_receive_count=3 retention_seconds=none retention_action=delete\n"
+        "max_receive_count=3 retention_seconds=none retention_action=delete "
+        "linger_seconds=0.05\n"
     )
     audit = as_json(cli(config, "subscriptions", "create", "orders", "audit", "--json"))
     assert (audit["topic"], audit["subscription"], audit["filter"]) == ("orders", "audit", None)
@@ -120,6 +123,10 @@ def test_create_list_show_update_delete(config: Path) -> None:
         ("billing", {"region": ["eu", "uk"]}),
     ]
     assert listed[1]["settings"]["max_receive_count"] == 3
+    assert (listed[0]["settings"]["linger_seconds"], listed[1]["settings"]["linger_seconds"]) == (
+        0.0,
+        0.05,
+    )
     table = cli(config, "subscriptions", "list", "orders").stdout
     assert "audit" in table and "every message" in table and '{"region":["eu","uk"]}' in table
 
@@ -170,10 +177,15 @@ def test_create_list_show_update_delete(config: Path) -> None:
             "billing",
             "--retention-seconds",
             "60",
+            "--linger-seconds",
+            "0",
             "--json",
         )
     )
     assert again["filter"] is None and again["settings"]["retention_seconds"] == 60
+    assert again["settings"]["linger_seconds"] == 0.0
+    for bad in ("1.5", "-1", "nan"):
+        cli(config, "subscriptions", "update", "orders", "billing", "--linger-seconds", bad, code=2)
     cli(config, "publish", "orders", '{"n": 3}')  # no attributes: billing takes it now
     consumed = cli(config, "consume", "orders", "--subscription", "billing").stdout
     assert [json.loads(line)["payload"] for line in consumed.splitlines()] == [{"n": 3}]

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pawn_queue import ArgumentError, PawnQueue, subscriptions
-from pawn_queue._protocol import layout
+from pawn_queue._protocol import layout, retained
 from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.exceptions import ConfigError
@@ -163,6 +163,25 @@ async def test_the_log_is_swept_once_past_the_window(queue_config: dict[str, obj
         await pq.runtime.background.done()
         keys = await retained_keys(pq, "t")
         assert old not in keys and len(keys) == 1
+
+
+async def test_a_one_shot_publisher_may_sweep_the_log_at_its_first_publish(
+    queue_config: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that publishes once and exits never reaches a next sweep: its first
+    publish sweeps at once, by chance (here always)."""
+    monkeypatch.setattr(retained, "FIRST_SWEEP_CHANCE", 1.0)
+    now = [datetime(2030, 1, 1, tzinfo=UTC)]
+    for payload in ("old", "young"):  # two one-shot processes, an hour apart
+        async with PawnQueue(load_config(queue_config), clock=lambda: now[0]) as pq:
+            if payload == "old":
+                await pq.create_topic("t", replay_window_seconds=600)
+            await (await pq.register_producer("p")).publish("t", payload)
+        now[0] += timedelta(hours=1)
+    async with PawnQueue(load_config(queue_config)) as pq:
+        [young] = await retained_keys(pq, "t")
+        message = await pq.store.get(young)
+        assert b"young" in message.data
 
 
 @pytest.mark.parametrize("bad", [-1, math.nan, math.inf, True, "60"])

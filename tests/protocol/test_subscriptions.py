@@ -11,6 +11,7 @@ except the one that proves the rule with the shipped constant across two PawnQue
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
@@ -534,6 +535,10 @@ async def test_create_is_idempotent_and_refuses_another_filter_or_setting(
             {"filter": created.filter, "retention_seconds": 60},
             {"retention_seconds": (None, 60)},
         ),
+        (
+            {"filter": created.filter, "linger_seconds": 0.2},
+            {"linger_seconds": (0.0, 0.2)},
+        ),
     ]
     for kwargs, differences in conflicts:
         with pytest.raises(SubscriptionConflictError) as caught:
@@ -547,6 +552,36 @@ async def test_create_is_idempotent_and_refuses_another_filter_or_setting(
     assert (await pq.store.get(layout.topic_marker_key(queue_of("s")))).data == marker.data
     assert await pq.list_subscriptions("t") == [created]
     assert await pq.subscription("t", "s") == created
+
+
+async def test_linger_gathers_a_sparse_subscription_s_copies_into_one_object(
+    pq: PawnQueue,
+) -> None:
+    """Publishes spread over a few milliseconds, each taken by the filtered subscription:
+    with its linger they share one object there (and their own one-message writes in the
+    topic's other subscription), without it the first goes out alone."""
+    await pq.create_subscription("t", "all")
+    await pq.create_subscription("t", "few", filter={"k": "x"}, linger_seconds=0.5)
+    producer = await pq.register_producer("p")
+
+    async def spread(payloads: list[int]) -> list[str]:
+        tasks = []
+        for n in payloads:
+            tasks.append(asyncio.create_task(producer.publish("t", n, attributes={"k": "x"})))
+            await asyncio.sleep(0.01)  # the scenario: publishes spread out in time
+        return await asyncio.gather(*tasks)
+
+    ids = await spread([1, 2, 3, 4, 5])
+    few = await objects_in(pq, queue_of("few"))
+    assert len(few) == 1 and few[0].endswith(layout.BATCH_SUFFIX)
+    assert len(await objects_in(pq, queue_of("all"))) > 1  # the first went out alone
+    consumer = await pq.register_consumer("c", ["t"], subscription="few")
+    assert sorted(m.id for m in await drain([consumer], 5)) == sorted(ids)
+
+    updated = await pq.update_subscription("t", "few", linger_seconds=0)
+    assert updated.linger_seconds == 0.0 and updated.filter == {"k": "x"}
+    await spread([6, 7, 8])
+    assert len(await objects_in(pq, queue_of("few"))) > 1
 
 
 async def test_update_applies_to_later_publishes(pq: PawnQueue, other: PawnQueue) -> None:
@@ -659,6 +694,12 @@ BAD_CALLS: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("create_subscription", {"name": "s", "max_receive_count": 0}, ConfigError),
     ("create_subscription", {"name": "s", "retention_seconds": -1}, ConfigError),
     ("create_subscription", {"name": "s", "retention_action": "keep"}, ConfigError),
+    ("create_subscription", {"name": "s", "linger_seconds": -0.1}, ArgumentError),
+    ("create_subscription", {"name": "s", "linger_seconds": 1.5}, ArgumentError),
+    ("create_subscription", {"name": "s", "linger_seconds": math.nan}, ArgumentError),
+    ("create_subscription", {"name": "s", "linger_seconds": True}, ArgumentError),
+    ("create_subscription", {"name": "s", "linger_seconds": "0.1"}, ArgumentError),
+    ("update_subscription", {"name": "s", "linger_seconds": math.inf}, ArgumentError),
     ("update_subscription", {"name": "s", "filter": {"r": []}}, ArgumentError),
     ("update_subscription", {"name": "s", "max_receive_count": 1.5}, ConfigError),
     ("update_subscription", {"name": "s/x", "filter": None}, ConfigError),

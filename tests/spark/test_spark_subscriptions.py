@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,10 @@ from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame, SparkSession, functions
 from pyspark.sql.types import LongType
 
+from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.envelope import decode_batch
+from pawn_queue._protocol.envelope import decode_batch, now_utc
+from pawn_queue.config import load_config
 from tests.helpers.spark_helpers import (
     SparkQueue,
     parquet_ids,
@@ -269,6 +272,31 @@ def test_the_sink_delivers_to_every_subscription_its_filter_takes(
     # Consumers of each subscription take them as they would from a producer.
     assert sorted(p["n"] for p in asyncio.run(consume_all(fs_queue, "out", "eu"))) == eu
     assert sorted(p["n"] for p in asyncio.run(consume_all(fs_queue, "out", "all"))) == everything
+
+
+def test_the_sink_sweeps_the_replay_log_of_a_topic_only_spark_writes(
+    spark: SparkSession, fs_queue: SparkQueue
+) -> None:
+    """Spark jobs may be all that writes to a topic: the driver sweeps its replay log at
+    the commit, as a producer would (an entry two hours old goes, the rows stay)."""
+
+    async def publish_two_hours_ago() -> None:
+        config = load_config(fs_queue.config, environ={})
+        async with PawnQueue(config, clock=lambda: now_utc() - timedelta(hours=2)) as pq:
+            await pq.create_topic("kept", replay_window_seconds=3600)
+            await (await pq.register_producer("p")).publish("kept", {"n": -1})
+
+    asyncio.run(publish_two_hours_ago())
+    log = layout.retained_log("kept")
+    assert [m["payload"] for m in asyncio.run(stored(fs_queue, log))] == [{"n": -1}]
+    rows = spark.range(0, 10, 1, 2).select(
+        functions.to_json(functions.struct(functions.col("id").alias("n"))).alias("payload")
+    )
+    rows.write.format("pawnqueue").options(**fs_queue.options).option("topic", "kept").mode(
+        "append"
+    ).save()
+    kept = sorted(m["payload"]["n"] for m in asyncio.run(stored(fs_queue, log)))
+    assert kept == list(range(10))
 
 
 def test_a_streaming_write_delivers_to_the_subscriptions_once(

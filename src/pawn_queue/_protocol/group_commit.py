@@ -49,19 +49,21 @@ class GroupCommit:
         # lone call writes its own message.
         self._writers: dict[str, asyncio.Task[None] | None] = {}
 
-    async def publish(self, envelope: Envelope, key: str, body: bytes) -> str:
+    async def publish(self, envelope: Envelope, key: str, body: bytes, linger: float = 0.0) -> str:
         """Write ``envelope`` (encoded as ``body``; alone at ``key``, or with others in a
         batch object); return its id once durable. The queue is ``key``'s (a topic's own or
-        a subscription's)."""
+        a subscription's). ``linger``: hold the queue's write back at least that long (a
+        subscription's ``linger_seconds``)."""
         topic = layout.queue_of(key)
-        alone = topic not in self._writers and not self._config.linger_seconds
+        linger = max(linger, self._config.linger_seconds)
+        alone = topic not in self._writers and not linger
         if alone and await self._write_alone(envelope, key, body):
             return envelope.id
         waiting = _Waiting(envelope, key, body)
         queue = self._waiting.setdefault(topic, [])
         queue.append(waiting)
         if topic not in self._writers:
-            self._writers[topic] = asyncio.create_task(self._write_all(topic))
+            self._writers[topic] = asyncio.create_task(self._write_all(topic, linger))
         try:
             await asyncio.shield(waiting.written)
         except asyncio.CancelledError:
@@ -89,14 +91,15 @@ class GroupCommit:
         finally:
             del self._writers[topic]
             if self._waiting.get(topic):
-                self._writers[topic] = asyncio.create_task(self._write_all(topic))
+                self._writers[topic] = asyncio.create_task(self._write_all(topic, 0.0))
 
-    async def _write_all(self, topic: str) -> None:
-        """Write what waits for ``topic``, one object at a time, until nothing does."""
+    async def _write_all(self, topic: str, linger: float) -> None:
+        """Write what waits for ``topic``, one object at a time, until nothing does; each
+        write held back ``linger`` seconds first."""
         try:
             while self._waiting.get(topic):
-                if self._config.linger_seconds:
-                    await asyncio.sleep(self._config.linger_seconds)
+                if linger:
+                    await asyncio.sleep(linger)
                 taken = self._take(self._waiting[topic])
                 try:
                     await self._write(topic, taken)

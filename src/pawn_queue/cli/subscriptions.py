@@ -44,7 +44,7 @@ from pawn_queue.cli.common import (
     stdout_console,
 )
 from pawn_queue.exceptions import ArgumentError, SubscriptionConflictError
-from pawn_queue.subscriptions import Subscription
+from pawn_queue.subscriptions import MAX_LINGER_SECONDS, Subscription
 from pawn_queue.topics import TopicSettings, TopicStats, given_settings
 
 subscriptions_app = typer.Typer(
@@ -72,6 +72,17 @@ StartOption = Annotated[
         help="Where a new subscription starts: latest (what is published from now on), "
         "earliest or an ISO-8601 time with its zone (what the topic's replay window kept "
         "from then on).",
+    ),
+]
+LingerOption = Annotated[
+    float | None,
+    typer.Option(
+        "--linger-seconds",
+        min=0,
+        max=MAX_LINGER_SECONDS,
+        help="Hold the subscription's copies back this long (0-1 s) so that more share one "
+        "object: fewer requests for a filter that takes few messages, more latency on the "
+        "publishes it takes. Default 0.",
     ),
 ]
 # The settings a subscription has of a topic's (max_pending and the dedup window are the
@@ -107,7 +118,8 @@ def _check(topic: str, name: str, given: dict[str, Any]) -> None:
 
 
 def _settings(subscription: Subscription) -> dict[str, Any]:
-    return {key: getattr(subscription.settings, key) for key in SETTINGS}
+    settings = {key: getattr(subscription.settings, key) for key in SETTINGS}
+    return settings | {"linger_seconds": subscription.linger_seconds}
 
 
 def subscription_dict(subscription: Subscription) -> dict[str, Any]:
@@ -156,6 +168,7 @@ def subscriptions_create(
     retention_seconds: RetentionSecondsOption = None,
     retention_action: RetentionActionOption = None,
     start: StartOption = "latest",
+    linger_seconds: LingerOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Create a subscription of a topic, or check that it exists; never changes it.
@@ -188,7 +201,7 @@ def subscriptions_create(
         async with open_queue(opts) as pq:
             try:
                 return await pq.create_subscription(
-                    topic, name, filter=wanted, start=since, **given
+                    topic, name, filter=wanted, start=since, linger_seconds=linger_seconds, **given
                 )
             except SubscriptionConflictError as exc:
                 raise _conflict(exc) from None
@@ -216,7 +229,7 @@ def subscriptions_list(
         print_json([subscription_dict(s) for s in subscriptions])
         return
     table = Table(title=f"subscriptions of {topic} ({len(subscriptions)})")
-    for column in ("subscription", "filter", "created at", *SETTINGS):
+    for column in ("subscription", "filter", "created at", *SETTINGS, "linger_seconds"):
         table.add_column(column)
     for subscription in subscriptions:
         settings = [shown(value) for value in _settings(subscription).values()]
@@ -272,6 +285,7 @@ def subscriptions_update(
     max_receive_count: MaxReceiveCountLimit = None,
     retention_seconds: RetentionSecondsLimit = None,
     retention_action: RetentionActionChange = None,
+    linger_seconds: LingerOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Change the filter and settings given ('none' clears a limit, --filter none takes
@@ -281,12 +295,11 @@ def subscriptions_update(
     for it); those already in the subscription stay.
     """
     opts = options(ctx, json_output)
-    if all(v is None for v in (filter_text, max_receive_count, retention_seconds)) and (
-        retention_action is None
-    ):
+    changes = (filter_text, max_receive_count, retention_seconds, retention_action, linger_seconds)
+    if all(v is None for v in changes):
         fail(
             "nothing to update: give at least one of --filter, --max-receive-count, "
-            "--retention-seconds, --retention-action",
+            "--retention-seconds, --retention-action, --linger-seconds",
             EXIT_USAGE,
         )
     wanted: Any = ... if filter_text is None else _filter(filter_text)
@@ -300,7 +313,9 @@ def subscriptions_update(
         _check(topic, name, given)
         async with open_queue(opts, must_exist=True) as pq:
             await pq.topic_settings(topic)  # a missing topic, said as such
-            return await pq.update_subscription(topic, name, filter=wanted, **given)
+            return await pq.update_subscription(
+                topic, name, filter=wanted, linger_seconds=linger_seconds, **given
+            )
 
     subscription = run(ctx, main)
     if opts.json:

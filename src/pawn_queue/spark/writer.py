@@ -39,9 +39,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import MapType, StringType, StructType
 
+from pawn_queue._internal.aio import Background
 from pawn_queue._protocol import codec, layout
 from pawn_queue._protocol.envelope import Envelope, encode_batch, encode_json, now_utc, parse_time
 from pawn_queue._protocol.notify import ChangeSignals
+from pawn_queue._protocol.retained import SWEEP_MIN_SECONDS, RetainedSweeper
 from pawn_queue.exceptions import AlreadyExists, ConfigError, PawnQueueError, PayloadError
 from pawn_queue.spark import runtime
 from pawn_queue.spark.options import SourceOptions
@@ -235,7 +237,7 @@ class _Routes:
     use and again once as old as a producer's copy may be (a GET per task, and one more
     per 2 s it writes; the topic's settings, one GET). An unreadable index fails the task:
     writing as if there were no subscriptions would lose their messages. The replay log is
-    swept by producers (:mod:`pawn_queue._protocol.retained`), not here."""
+    swept on the driver, at the commit (:func:`_sweep_retained`)."""
 
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
@@ -318,6 +320,7 @@ class PawnQueueWriter(DataSourceArrowWriter):
             )
         if written:
             runtime.run(_signal(self._options, written))
+            runtime.run(_sweep_retained(self._options, written))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         logger.warning("pawnqueue write %s aborted; a retry overwrites its objects", self._write)
@@ -358,6 +361,7 @@ class PawnQueueStreamWriter(DataSourceStreamArrowWriter):
         if written:
             runtime.run(_mark_committed(self._options, written[0].write, batchId, written[0].at))
             runtime.run(_signal(self._options, written))
+            runtime.run(_sweep_retained(self._options, written))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         logger.warning("pawnqueue micro-batch %d aborted; a retry overwrites its objects", batchId)
@@ -384,6 +388,28 @@ async def _mark_committed(options: SourceOptions, query: str, batch: int, at: st
     await store.put(layout.spark_sink_key(query, batch), body)
     if batch > 0:
         await store.delete(layout.spark_sink_key(query, batch - 1))
+
+
+_swept_at: dict[str, datetime] = {}  # store and topic -> this process's last sweep of its log
+
+
+async def _sweep_retained(options: SourceOptions, written: list[WriteResult]) -> None:
+    """Sweep the topic's replay log as its producers do (:mod:`pawn_queue._protocol.retained`),
+    since Spark may be all that writes to it: at this process's first commit, then at most
+    once per ``max(window / 10, 60 s)``. A LIST (and deletes) when it runs."""
+    if not any(layout.is_retained_log(q) for result in written for q in result.queues):
+        return
+    key = f"{options.url}|{options.config_path}|{options.topic}"
+    last, now = _swept_at.get(key), now_utc()
+    if last is not None and now - last < timedelta(seconds=SWEEP_MIN_SECONDS):
+        return
+    store = await runtime.shared_store(options)
+    window = (await Topics(store).settings(options.topic)).replay_window_seconds
+    if not window or (last is not None and now - last < timedelta(seconds=window / 10)):
+        return
+    _swept_at[key] = now
+    margin = timedelta(seconds=options.config().concurrency.clock_skew_margin_seconds)
+    await RetainedSweeper(store, Background(), now_utc, margin).sweep(options.topic, window)
 
 
 async def _signal(options: SourceOptions, written: list[WriteResult]) -> None:
