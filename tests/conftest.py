@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 import pytest
 from pydantic import SecretStr
 
-from pawn_queue import PawnQueue
+from pawn_queue import PawnQueue, subscriptions
 from pawn_queue.config import AzureConfig, S3Config
 from pawn_queue.store.base import Store
 from tests.servers.ceph import CephRGW
@@ -64,6 +64,16 @@ ceph_rgw = _session_server("ceph_rgw", CephRGW.start)
 moto = _session_server("moto", start_moto)
 s3rver = _session_server("s3rver", start_s3rver)
 azurite = _session_server("azurite", start_azurite)
+
+
+@pytest.fixture
+def quick_subscription_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests whose producers and subscription changes all run in this process: they
+    trust the subscription index 0.1 s, and creating, changing or deleting a subscription
+    waits that long. Rule 15 holds for any cache time (tests/protocol/test_subscriptions.py
+    checks the shipped one across PawnQueues); a test with other processes keeps it."""
+    monkeypatch.setattr(subscriptions, "INDEX_CACHE_SECONDS", 0.1)
+    monkeypatch.setattr(subscriptions, "_CHANGE_MARGIN_SECONDS", 0.05)
 
 
 @pytest.fixture

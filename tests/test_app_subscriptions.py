@@ -24,6 +24,8 @@ from pawn_queue import (
 )
 from pawn_queue.testing import TestClient
 
+pytestmark = pytest.mark.usefixtures("quick_subscription_changes")  # all in this process
+
 
 class Received:
     """The message ids each subscription's handlers got, and a way to wait for a count."""

@@ -217,6 +217,9 @@ async def _topic(pq: PawnQueue, name: str) -> list[str]:
 
 
 async def test_eight_consumers_drain_500(queue_config: dict[str, Any]) -> None:
+    # Leases that outlast a loaded machine's pauses: here no lease may expire (a consumer
+    # holds a batch object of hundreds of members while it acks them one by one).
+    queue_config["polling"]["visibility_timeout_seconds"] = 30.0
     async with await PawnQueue.from_config(queue_config) as pq:
         await pq.create_topic("work")
         producer = await pq.register_producer("p")
@@ -448,7 +451,9 @@ async def test_listen_dead_letters_raising_handler_and_releases_on_cancel(
                 blocked.set()
                 await asyncio.Event().wait()  # holds its message until cancelled
 
-        task = asyncio.create_task(consumer.listen(handler))
+        # A short grace: the stop cancels the held handlers at once (as a second cancel
+        # would), rather than give them the default 10 s to finish.
+        task = asyncio.create_task(consumer.listen(handler, grace=0.1))
         await asyncio.wait_for(
             asyncio.gather(blocked.wait(), dead_lettered.wait(), first_acked.wait()), 10
         )

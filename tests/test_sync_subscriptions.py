@@ -17,6 +17,8 @@ from pawn_queue import (
 )
 from pawn_queue.sync import Consumer, PawnQueue
 
+pytestmark = pytest.mark.usefixtures("quick_subscription_changes")  # all in this process
+
 
 def poll_all(consumer: Consumer, count: int) -> list[Any]:
     """Poll until ``count`` messages came (each poll waits for a publish)."""

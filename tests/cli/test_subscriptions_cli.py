@@ -35,9 +35,12 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def config(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+def config(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, quick_subscription_changes: None
+) -> Path:
     """A config file for ``backend`` (a memory store is shared by the commands of a test:
-    they run in this process)."""
+    they run in this process, so subscription changes wait as little as the producers'
+    cache lasts)."""
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(queue_config_dict(backend, request, tmp_path)))
     return path

@@ -37,6 +37,7 @@ from tests.conftest import queue_config_dict  # noqa: E402
 from tests.helpers.browser import Watched, screenshot, served_dashboard  # noqa: E402
 
 pytest_plugins = ["tests.helpers.browser"]  # the browser and watched fixtures
+pytestmark = pytest.mark.usefixtures("quick_subscription_changes")  # all in this process
 
 T = TypeVar("T")
 BASE = "http://127.0.0.1:8080"

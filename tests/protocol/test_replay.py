@@ -9,20 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pawn_queue import ArgumentError, PawnQueue, subscriptions
+from pawn_queue import ArgumentError, PawnQueue
 from pawn_queue._protocol import layout, retained
 from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.exceptions import ConfigError
 from tests.conftest import FAST_POLLING
 
-
-@pytest.fixture(autouse=True)
-def quick_subscription_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Everything here runs in one process, whose producers and subscription changes read
-    the same cache time: the rule holds for any (tests/protocol/test_subscriptions.py checks
-    the shipped one across queues)."""
-    monkeypatch.setattr(subscriptions, "INDEX_CACHE_SECONDS", 0.1)
+pytestmark = pytest.mark.usefixtures("quick_subscription_changes")  # all in this process
 
 
 async def drain(consumer: Consumer) -> list[object]:
