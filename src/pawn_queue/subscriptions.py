@@ -52,7 +52,8 @@ _INDEX_ATTEMPTS = 20  # concurrent changes to one topic's index, each retried on
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
-    """A subscription of a topic: its filter and its settings (those of a topic)."""
+    """A subscription of a topic: its filter, its settings (those of a topic), and how long
+    producers hold its copies back to write more together (``linger_seconds``)."""
 
     topic: str
     name: str

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pawn_queue import PawnQueue, PublishError, subscriptions
-from pawn_queue._protocol import layout
+from pawn_queue._protocol import group_commit, layout
 from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
@@ -210,6 +210,65 @@ async def test_objects_respect_the_bounds(queue_config: dict[str, Any]) -> None:
         keys = await objects(pq)
         assert len(keys) >= 4  # 10 messages, at most 3 an object
         await drain(pq, 10)
+
+
+async def test_callers_publishing_in_a_loop_share_each_object(
+    faulty: tuple[PawnQueue, FaultyStore],
+) -> None:
+    """Callers publishing in a loop, half of them starting while a write is in flight: the
+    callers a write releases publish again before the next write goes, so the two halves
+    share objects from then on (taken at once, they would take turns for good, with
+    objects half as big: twice the requests)."""
+    pq, store = faulty
+    writing = asyncio.Event()
+
+    async def slow_message_writes(operation: str, key: str) -> None:
+        if operation == "put" and "/messages/" in key:
+            writing.set()
+            await asyncio.sleep(0.005)  # the store's latency: calls arrive during a write
+
+    store.hooks.append(slow_message_writes)
+    producer = await pq.register_producer("p")
+
+    async def caller(c: int) -> None:
+        for n in range(10):
+            await producer.publish("t", {"c": c, "n": n})
+
+    first = [asyncio.create_task(caller(c)) for c in range(16)]
+    await writing.wait()
+    await asyncio.gather(*first, *(caller(c) for c in range(16, 32)))
+    # 320 messages from 32 callers: about 10 objects once the halves share them.
+    assert len(await objects(pq)) <= 13
+    assert len(await drain(pq, 320)) == 320
+
+
+async def test_a_linger_holds_back_only_a_write_that_could_take_more(
+    queue_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``linger_seconds``, a write waits for more calls to join it, but not when what
+    waits already fills an object: a queue busier than an object per linger is not held
+    back (its calls would wait longer and longer)."""
+    slept: list[float] = []
+
+    class CountingSleeps:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(asyncio, name)
+
+        async def sleep(self, seconds: float) -> None:
+            if seconds:  # not the turns of the loop given to callers between writes
+                slept.append(seconds)
+            await asyncio.sleep(seconds)
+
+    monkeypatch.setattr(group_commit, "asyncio", CountingSleeps())
+    config = {**queue_config, "producer": {"max_batch_messages": 5, "linger_seconds": 0.2}}
+    async with await PawnQueue.from_config(config) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        await pq.runtime.subscriptions.destinations("t")  # read ahead: the calls arrive together
+        await asyncio.gather(*(producer.publish("t", {"n": n}) for n in range(12)))
+        assert len(await objects(pq)) == 3  # 5, 5 and 2
+        assert slept == [0.2]  # only before the last, partial object
+        await drain(pq, 12)
 
 
 def worker(role: str, config: dict[str, Any]) -> subprocess.Popen[str]:

@@ -6,7 +6,8 @@ in the next write, as one batch object (at most ``producer.max_batch_messages`` 
 ``producer.max_batch_bytes`` of payload; more make several objects, one after the other).
 Each call returns its id only once the object holding it is durable; if that write fails,
 every call in it raises :class:`~pawn_queue.exceptions.PublishError`. ``linger_seconds``
-holds each write back that long first, so that more calls join it.
+(the producer's, or a subscription's for its queue) holds each write back that long first,
+so that more calls join it, unless an object's worth already waits.
 
 Only plain messages join: a publish with a delay, a group or a dedup id, or a ``bytes``
 payload, is written alone as before (docs/protocol.md, "Publish": why).
@@ -28,6 +29,8 @@ from pawn_queue.exceptions import PublishError, StoreError
 from pawn_queue.message import write_message
 
 logger = logging.getLogger(__name__)
+
+_RETURN_TURNS = 8  # turns of the loop a write waits at most for the callers it released
 
 
 @dataclass(slots=True)
@@ -95,10 +98,14 @@ class GroupCommit:
 
     async def _write_all(self, topic: str, linger: float) -> None:
         """Write what waits for ``topic``, one object at a time, until nothing does; each
-        write held back ``linger`` seconds first."""
+        write held back ``linger`` seconds first, unless a full object already waits."""
         try:
+            first = True
             while self._waiting.get(topic):
-                if linger:
+                if not first:
+                    await _let_callers_return(self._waiting[topic])
+                first = False
+                if linger and not self._full(self._waiting[topic]):
                     await asyncio.sleep(linger)
                 taken = self._take(self._waiting[topic])
                 try:
@@ -117,6 +124,11 @@ class GroupCommit:
             del self._writers[topic]
             if not self._waiting.get(topic):
                 self._waiting.pop(topic, None)
+
+    def _full(self, queue: list[_Waiting]) -> bool:
+        """Whether ``queue`` holds an object's worth: waiting longer adds nothing to it."""
+        taken = self._take(queue[:])
+        return len(taken) < len(queue) or len(taken) >= self._config.max_batch_messages
 
     def _take(self, queue: list[_Waiting]) -> list[_Waiting]:
         """The calls the next object holds: the oldest, and those after it within bounds."""
@@ -146,6 +158,21 @@ class GroupCommit:
             raise publish_failed(topic, exc) from exc
         self._runtime.signals.published(topic)
         logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))
+
+
+async def _let_callers_return(queue: list[_Waiting]) -> None:
+    """Before the next write, give the callers the last one released a few turns of the
+    loop to call again (no timer): until no new call arrived for two turns, at most
+    :data:`_RETURN_TURNS`. Taken at once, what waits is only what arrived during that
+    write, and callers publishing in a loop split into two groups that take turns, each
+    with objects half as big (twice the requests)."""
+    quiet, count = 0, len(queue)
+    for _ in range(_RETURN_TURNS):
+        await asyncio.sleep(0)
+        quiet = quiet + 1 if len(queue) == count else 0
+        if quiet == 2:
+            return
+        count = len(queue)
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
