@@ -212,14 +212,9 @@ async def test_objects_respect_the_bounds(queue_config: dict[str, Any]) -> None:
         await drain(pq, 10)
 
 
-async def test_callers_publishing_in_a_loop_share_each_object(
-    faulty: tuple[PawnQueue, FaultyStore],
-) -> None:
-    """Callers publishing in a loop, half of them starting while a write is in flight: the
-    callers a write releases publish again before the next write goes, so the two halves
-    share objects from then on (taken at once, they would take turns for good, with
-    objects half as big: twice the requests)."""
-    pq, store = faulty
+async def publish_in_a_loop(pq: PawnQueue, store: FaultyStore) -> None:
+    """32 callers publishing 10 messages each in a loop, half of them starting while a write
+    is in flight; every message write takes a few milliseconds (a store's latency)."""
     writing = asyncio.Event()
 
     async def slow_message_writes(operation: str, key: str) -> None:
@@ -237,9 +232,38 @@ async def test_callers_publishing_in_a_loop_share_each_object(
     first = [asyncio.create_task(caller(c)) for c in range(16)]
     await writing.wait()
     await asyncio.gather(*first, *(caller(c) for c in range(16, 32)))
-    # 320 messages from 32 callers: about 10 objects once the halves share them.
-    assert len(await objects(pq)) <= 13
+
+
+async def test_callers_publishing_in_a_loop_share_each_object(
+    faulty: tuple[PawnQueue, FaultyStore],
+) -> None:
+    """The callers a write releases publish again before the next write goes, so the two
+    halves share objects from then on (taken at once, they would take turns for good, with
+    objects half as big: twice the requests)."""
+    pq, store = faulty
+    await publish_in_a_loop(pq, store)
+    assert len(await objects(pq)) <= 13  # 320 messages from 32 callers: about 10 objects
     assert len(await drain(pq, 320)) == 320
+
+
+@pytest.mark.usefixtures("quick_subscription_changes")
+async def test_callers_publishing_in_a_loop_share_each_object_in_every_subscription(
+    queue_config: dict[str, Any],
+) -> None:
+    """A call returns once all its copies are written: the writers of the topic's queues
+    wait for each other's writes, then take the callers together (each on its own, they
+    would split the callers into groups, each queue with smaller objects)."""
+    config = load_config(queue_config)
+    store = FaultyStore(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("t")
+        names = ("a", "b", "c")
+        await asyncio.gather(*(pq.create_subscription("t", name) for name in names))
+        await publish_in_a_loop(pq, store)
+        for name in names:
+            queue = layout.subscription_queue("t", name)
+            keys = [m.key for m in await pq.store.list(layout.messages_prefix(queue))]
+            assert len(keys) <= 15, name  # about 10; 20 when they take turns
 
 
 async def test_a_linger_holds_back_only_a_write_that_could_take_more(

@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import Envelope, encode_batch
@@ -30,7 +32,9 @@ from pawn_queue.message import write_message
 
 logger = logging.getLogger(__name__)
 
-_RETURN_TURNS = 8  # turns of the loop a write waits at most for the callers it released
+_RETURN_TURNS = 16  # turns of the loop a write waits at most for the callers it released
+_QUIET_TURNS = 4  # ... and no more once this many passed without a call (a fan-out's caller
+# comes back after 4: its copies' futures, their tasks, the gather, then its next copies)
 
 
 @dataclass(slots=True)
@@ -51,6 +55,9 @@ class GroupCommit:
         # The topics with a write in flight: a task writing what waits, or None while a
         # lone call writes its own message.
         self._writers: dict[str, asyncio.Task[None] | None] = {}
+        # topic -> the writes in flight into its queues (its own, its subscriptions', its
+        # replay log), each a future done when its write is over.
+        self._flights: dict[str, set[asyncio.Future[None]]] = {}
 
     async def publish(self, envelope: Envelope, key: str, body: bytes, linger: float = 0.0) -> str:
         """Write ``envelope`` (encoded as ``body``; alone at ``key``, or with others in a
@@ -103,13 +110,14 @@ class GroupCommit:
             first = True
             while self._waiting.get(topic):
                 if not first:
+                    await self._siblings_written(topic)
                     await _let_callers_return(self._waiting[topic])
                 first = False
                 if linger and not self._full(self._waiting[topic]):
                     await asyncio.sleep(linger)
                 taken = self._take(self._waiting[topic])
                 try:
-                    await self._write(topic, taken)
+                    await self._flying(topic, self._write(topic, taken))
                 except BaseException as exc:
                     for waiting in taken:
                         if not waiting.written.done():
@@ -124,6 +132,30 @@ class GroupCommit:
             del self._writers[topic]
             if not self._waiting.get(topic):
                 self._waiting.pop(topic, None)
+
+    async def _siblings_written(self, queue: str) -> None:
+        """Wait for the writes in flight into the other queues of ``queue``'s topic. A
+        publish to a topic with subscriptions returns once each of its copies is written:
+        its callers come back once the last of those writes is over, and the writers of
+        the topic's queues then take them together (each writer on its own would take
+        what arrived in its own time, and the callers would split into groups)."""
+        flights = self._flights.get(layout.topic_of(queue))
+        if flights:
+            await asyncio.wait(list(flights))
+
+    async def _flying(self, queue: str, write: Coroutine[Any, Any, None]) -> None:
+        """Run ``write`` into ``queue``, known as in flight meanwhile."""
+        topic = layout.topic_of(queue)
+        flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flights.setdefault(topic, set()).add(flight)
+        try:
+            await write
+        finally:
+            flight.set_result(None)
+            flights = self._flights[topic]
+            flights.discard(flight)
+            if not flights:
+                del self._flights[topic]
 
     def _full(self, queue: list[_Waiting]) -> bool:
         """Whether ``queue`` holds an object's worth: waiting longer adds nothing to it."""
@@ -162,15 +194,15 @@ class GroupCommit:
 
 async def _let_callers_return(queue: list[_Waiting]) -> None:
     """Before the next write, give the callers the last one released a few turns of the
-    loop to call again (no timer): until no new call arrived for two turns, at most
-    :data:`_RETURN_TURNS`. Taken at once, what waits is only what arrived during that
+    loop to call again (no timer): until no new call arrived for :data:`_QUIET_TURNS`
+    turns, at most :data:`_RETURN_TURNS`. Taken at once, what waits is only what arrived during that
     write, and callers publishing in a loop split into two groups that take turns, each
     with objects half as big (twice the requests)."""
     quiet, count = 0, len(queue)
     for _ in range(_RETURN_TURNS):
         await asyncio.sleep(0)
         quiet = quiet + 1 if len(queue) == count else 0
-        if quiet == 2:
+        if quiet == _QUIET_TURNS:
             return
         count = len(queue)
 
