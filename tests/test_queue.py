@@ -247,6 +247,38 @@ async def test_eight_consumers_drain_500(queue_config: dict[str, Any]) -> None:
         assert await keys_under(pq, "work/leases/") == [], "orphan leases left behind"
 
 
+async def test_a_claim_that_fails_after_its_poll_returned_is_listed_again(
+    queue_config: dict[str, Any],
+) -> None:
+    """A claim slower than the poll's patience goes on in the background; when it fails,
+    the listing that found its message (which took it as being claimed here) no longer
+    counts: the next poll lists again and takes it, with no change signal."""
+    config = load_config(queue_config)
+    faulty = FaultyStore(open_store(config))
+    async with PawnQueue(config, store=faulty) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        fast, slow = [await producer.publish("t", {"n": n}) for n in range(2)]
+        consumer = await pq.register_consumer("c", topics=["t"])
+        failed = asyncio.Event()
+
+        async def slow_then_failing_claim(operation: str, key: str) -> None:
+            if operation == "put" and key == layout.lease_key("t", slow) and not failed.is_set():
+                await asyncio.sleep(1.0)  # past the poll's patience: a late claim
+                failed.set()
+                raise StoreUnavailable("injected")
+
+        faulty.hooks.append(slow_then_failing_claim)
+        [first] = await consumer.poll(wait=5)  # a watching poll: its listings may be quiet
+        assert first.id == fast
+        await first.ack()
+        await failed.wait()
+        await settled(pq)  # the late claim's failure is handled
+        [second] = await consumer.poll(wait=5)
+        assert second.id == slow
+        await second.ack()
+
+
 async def test_poll_refreshes_leases_and_lost_lease_ack_deletes_nothing(
     queue_config: dict[str, Any],
 ) -> None:

@@ -399,6 +399,9 @@ class Claimer:
                 self.keep(await self._read(topic, pending, key, lease) or [])
         except StoreError as exc:
             logger.warning("claim failed topic=%s error=%s", topic, exc)
+            # The listing that found it took it as claimed here: list again, or the message
+            # waits for a change signal or the sweep.
+            self.memory.forget(topic)
 
     def _maybe_sweep(self, topic: str) -> None:
         """Now and then, delete orphan leases of ``topic`` in the background."""
