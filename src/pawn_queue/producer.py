@@ -15,7 +15,7 @@ from typing import Any
 
 from pawn_queue._protocol import dedup, layout
 from pawn_queue._protocol.envelope import Envelope, encode_batch
-from pawn_queue._protocol.group_commit import GroupCommit
+from pawn_queue._protocol.group_commit import Copy, GroupCommit
 from pawn_queue._protocol.landing import publish_failed, write_new
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue.exceptions import (
@@ -177,11 +177,8 @@ class Producer:
             and not isinstance(payload, bytes)  # batch objects hold JSON payloads only
             and len(body) <= self._batch_bytes
         ):
-            commit = self._group_commit
-            await _each(
-                commit.publish(envelope, layout.in_queue(key, r.queue), body, r.linger_seconds)
-                for r in routes
-            )
+            copies = [Copy(layout.in_queue(key, r.queue), r.linger_seconds) for r in routes]
+            await self._group_commit.publish(envelope, body, copies)
         else:
             await self._write_copies(envelope, key, body, queues)
         return envelope.id

@@ -375,6 +375,77 @@ async def test_a_call_cancelled_before_its_write_began_is_not_written(
     assert await objects(pq) == []
 
 
+@pytest.fixture
+async def fanout(
+    faulty: tuple[PawnQueue, FaultyStore], monkeypatch: pytest.MonkeyPatch
+) -> tuple[PawnQueue, FaultyStore]:
+    """``faulty``'s topic with subscriptions ``a`` and ``b``, known to the producer."""
+    pq, store = faulty
+    monkeypatch.setattr(subscriptions, "_CHANGE_MARGIN_SECONDS", 0.0)
+    monkeypatch.setattr(subscriptions, "INDEX_CACHE_SECONDS", 0.0)  # creating waits that long
+    for name in ("a", "b"):
+        await pq.create_subscription("t", name)
+    monkeypatch.setattr(subscriptions, "INDEX_CACHE_SECONDS", 3600.0)
+    pq.runtime.subscriptions.forget("t")
+    assert len(await pq.runtime.subscriptions.destinations("t")) == 2
+    return pq, store
+
+
+async def queue_objects(pq: PawnQueue, name: str) -> list[str]:
+    queue = layout.subscription_queue("t", name)
+    return [meta.key for meta in await pq.store.list(layout.messages_prefix(queue))]
+
+
+async def test_a_fan_out_call_returns_once_every_copy_is_written_and_fails_if_one_failed(
+    fanout: tuple[PawnQueue, FaultyStore],
+) -> None:
+    pq, store = fanout
+    producer = await pq.register_producer("p")
+    go = asyncio.Event()
+    b_queue = layout.subscription_queue("t", "b")
+
+    async def hold_then_fail_b(operation: str, key: str) -> None:
+        if operation == "put" and "/messages/" in key:
+            await go.wait()
+            if layout.queue_of(key) == b_queue and key.endswith(layout.BATCH_SUFFIX):
+                raise StoreUnavailable("injected: b's write fails")
+
+    store.hooks.append(hold_then_fail_b)
+    first = asyncio.create_task(producer.publish("t", {"n": 0}))
+    await asyncio.sleep(0)  # its copies are in flight (held)
+    rest = [asyncio.create_task(producer.publish("t", {"n": n})) for n in range(1, 6)]
+    done, _ = await asyncio.wait([first, *rest], timeout=0.2)
+    assert not done
+    go.set()
+    results = await asyncio.gather(first, *rest, return_exceptions=True)
+    assert isinstance(results[0], str)
+    assert all(isinstance(r, PublishError) for r in results[1:]), results
+    assert len({id(r) for r in results[1:]}) == 5  # each caller its own exception
+    # a's copies landed (a failed publish may reach some subscriptions), b holds only the first
+    assert len(await queue_objects(pq, "a")) == 2
+    assert len(await queue_objects(pq, "b")) == 1
+
+
+async def test_a_fan_out_call_cancelled_before_its_writes_began_is_written_nowhere(
+    fanout: tuple[PawnQueue, FaultyStore],
+) -> None:
+    pq, store = fanout
+    producer = await pq.register_producer("p")
+    go = hold_message_writes(store)
+    first = asyncio.create_task(producer.publish("t", {"n": 0}))
+    await asyncio.sleep(0)  # its copies are in flight (held)
+    waiting = asyncio.create_task(producer.publish("t", {"n": 1}))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    go.set()
+    await first
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    for name in ("a", "b"):
+        [key] = await queue_objects(pq, name)
+        assert not key.endswith(layout.BATCH_SUFFIX), name
+
+
 @dataclass
 class HeldAcks:
     """Acks of the first two members of a batch of three, waiting for their shared lease

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,15 @@ logger = logging.getLogger(__name__)
 _RETURN_TURNS = 16  # turns of the loop a write waits at most for the callers it released
 _QUIET_TURNS = 4  # ... and no more once this many passed without a call (a fan-out's caller
 # comes back after 4: its copies' futures, their tasks, the gather, then its next copies)
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """Where one copy of a publish goes: its key (in its queue), and the queue's linger (a
+    subscription's ``linger_seconds``; the producer's own applies too)."""
+
+    key: str
+    linger: float = 0.0
 
 
 @dataclass(slots=True)
@@ -59,30 +68,54 @@ class GroupCommit:
         # replay log), each a future done when its write is over.
         self._flights: dict[str, set[asyncio.Future[None]]] = {}
 
-    async def publish(self, envelope: Envelope, key: str, body: bytes, linger: float = 0.0) -> str:
-        """Write ``envelope`` (encoded as ``body``; alone at ``key``, or with others in a
-        batch object); return its id once durable. The queue is ``key``'s (a topic's own or
-        a subscription's). ``linger``: hold the queue's write back at least that long (a
-        subscription's ``linger_seconds``)."""
-        topic = layout.queue_of(key)
-        linger = max(linger, self._config.linger_seconds)
-        alone = topic not in self._writers and not linger
-        if alone and await self._write_alone(envelope, key, body):
-            return envelope.id
-        waiting = _Waiting(envelope, key, body)
-        queue = self._waiting.setdefault(topic, [])
-        queue.append(waiting)
-        if topic not in self._writers:
-            self._writers[topic] = asyncio.create_task(self._write_all(topic, linger))
+    async def publish(self, envelope: Envelope, body: bytes, copies: Sequence[Copy]) -> None:
+        """Write ``envelope`` (encoded as ``body``) into each of ``copies``' queues (alone, or
+        with others in a batch object); return once every copy is durable. Each copy's queue
+        is its key's (a topic's own or a subscription's). If a write fails, the first error
+        is raised once every copy's write is over. A fan-out's copies each wait in their
+        queue's line, with no task per copy."""
+        lingers = [max(c.linger, self._config.linger_seconds) for c in copies]
+        if (
+            len(copies) == 1
+            and not lingers[0]
+            and layout.queue_of(copies[0].key) not in self._writers
+            and await self._write_alone(envelope, copies[0].key, body)
+        ):
+            return
+        waiting = [
+            self._enqueue(envelope, body, c.key, linger)
+            for c, linger in zip(copies, lingers, strict=True)
+        ]
+        if not waiting:
+            return
         try:
-            await asyncio.shield(waiting.written)
+            await asyncio.wait([w.written for w in waiting])
         except asyncio.CancelledError:
-            if waiting in queue:  # not taken yet: it is not written
-                queue.remove(waiting)
-            else:  # being written: nobody will read how that ends
-                waiting.written.add_done_callback(_retrieve)
+            for each in waiting:
+                self._abandon(each)
             raise
-        return envelope.id
+        errors = [w.written.exception() for w in waiting]
+        error = next((e for e in errors if e is not None), None)
+        if error is not None:
+            raise error
+
+    def _enqueue(self, envelope: Envelope, body: bytes, key: str, linger: float) -> _Waiting:
+        """Put a copy in its queue's line; start that queue's writer if none runs."""
+        queue = layout.queue_of(key)
+        waiting = _Waiting(envelope, key, body)
+        self._waiting.setdefault(queue, []).append(waiting)
+        if queue not in self._writers:
+            self._writers[queue] = asyncio.create_task(self._write_all(queue, linger))
+        return waiting
+
+    def _abandon(self, waiting: _Waiting) -> None:
+        """Its caller was cancelled: not written if not taken yet; else nobody will read how
+        its write ends."""
+        line = self._waiting.get(layout.queue_of(waiting.key), [])
+        if waiting in line:
+            line.remove(waiting)
+        else:
+            waiting.written.add_done_callback(_retrieve)
 
     async def _write_alone(self, envelope: Envelope, key: str, body: bytes) -> bool:
         """With no write in flight for the topic, a call writes its own message at once: no
