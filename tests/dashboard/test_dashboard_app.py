@@ -316,8 +316,10 @@ def test_actions_need_the_csrf_token_and_a_confirmation_and_are_logged(
         assert [m.id for m in pq.peek("orders")] == [ids[0]]
         assert pq.dead_letters("orders") == []
     logged = [r.getMessage() for r in caplog.records if "dashboard action" in r.getMessage()]
-    assert any("action=redrive topic=orders dead_letters=1" in line for line in logged)
-    assert any("action=purge topic=orders dead_letters=2" in line for line in logged)
+    assert any(
+        "action=redrive topic=orders subscription=- dead_letters=1" in line for line in logged
+    )
+    assert any("action=purge topic=orders subscription=- dead_letters=2" in line for line in logged)
 
 
 # -- token, host, bind --------------------------------------------------------------------

@@ -9,6 +9,7 @@ thread once it is open (see tests/helpers/browser.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -188,6 +189,76 @@ def test_a_topic_without_subscriptions_says_so_and_an_unknown_one_is_404(
         assert client.get("/api/topics/nope/subscriptions").status_code == 404
 
 
+def dead_letter_in(pq: PawnQueue, subscription: str, count: int) -> list[str]:
+    """``count`` messages to ``orders``, nacked (dead-lettered) in ``subscription`` only."""
+    producer = pq.register_producer("checkout")
+    ids = [producer.publish("orders", {"n": n}) for n in range(count)]
+    consumer = pq.register_consumer("refuser", ["orders"], subscription=subscription)
+    done = 0
+    while done < count:
+        for message in consumer.poll(wait=2):
+            message.nack()
+            done += 1
+    return ids
+
+
+def csrf_of(html: str) -> str:
+    match = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert match, "no CSRF token in the page"
+    return match.group(1)
+
+
+def test_a_subscription_s_dead_letters_are_listed_redriven_and_purged_apart(
+    tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "queue").mkdir()
+    config = queue_config_dict("filesystem", request, tmp_path)
+    asyncio.run(subscribe(config, "orders", {"billing": None, "shipping": None}))
+    with PawnQueue.from_config(config) as pq:
+        ids = dead_letter_in(pq, "billing", 3)
+        store = open_store(load_config(config))
+        dashboard = DashboardSettings(refresh=0.1, allow_actions=True)
+        with client_for(config, dashboard, store, Clock()) as client:
+            topic_page = client.get("/topics/orders").text
+            link = "/topics/orders/dead-letters?subscription=billing"
+            assert f'href="{link}"' in topic_page
+            page = client.get(link)
+            assert page.status_code == 200
+            assert sorted(re.findall(r'<tr data-id="([^"]+)"', page.text)) == sorted(ids)
+            assert "/dead-letters/redrive?subscription=billing" in page.text
+            # The topic's own dead letters and the other subscription's are apart.
+            assert "No dead letters" in client.get("/topics/orders/dead-letters").text
+            shipping = client.get("/topics/orders/dead-letters?subscription=shipping").text
+            assert "No dead letters" in shipping
+            one = client.get(f"/topics/orders/dead-letters/{ids[0]}?subscription=billing")
+            assert one.status_code == 200 and '"n": 0' in one.text.replace("&#34;", '"')
+            assert client.get(f"/topics/orders/dead-letters/{ids[0]}").status_code == 404
+            assert client.get("/topics/orders/dead-letters?subscription=nope").status_code == 404
+            bad = client.get("/topics/orders/dead-letters?subscription=a%2Fb")
+            assert bad.status_code == 400
+
+            csrf = csrf_of(page.text)
+            redrive = "/topics/orders/dead-letters/redrive?subscription=billing"
+            asked = client.post(redrive, data={"id": ids[0], "csrf": csrf})
+            assert "of subscription <strong>billing</strong>" in asked.text
+            assert "/dead-letters/redrive?subscription=billing" in asked.text
+            with caplog.at_level(logging.INFO, logger="pawn_queue.dashboard"):
+                done = client.post(redrive, data={"id": ids[0], "csrf": csrf, "confirmed": "yes"})
+                assert done.status_code == 303
+                assert done.headers["location"] == (
+                    "/topics/orders/dead-letters?done=redrove&count=1&subscription=billing"
+                )
+                purge = "/topics/orders/dead-letters/purge?subscription=billing"
+                purged = client.post(purge, data={"csrf": csrf, "confirmed": "yes"})
+                assert purged.headers["location"].endswith("count=2&subscription=billing")
+        assert pq.dead_letters("orders", subscription="billing") == []
+        assert pq.subscription_stats("orders", "billing").pending == 1  # the one redriven
+        assert pq.subscription_stats("orders", "shipping").pending == 3  # untouched
+    logged = [r.getMessage() for r in caplog.records if "dashboard action" in r.getMessage()]
+    assert any("redrive topic=orders subscription=billing dead_letters=1" in m for m in logged)
+    assert any("purge topic=orders subscription=billing dead_letters=2" in m for m in logged)
+
+
 # -- in a browser --------------------------------------------------------------------------
 
 
@@ -257,3 +328,35 @@ def test_the_topic_page_follows_its_subscriptions(config: dict[str, Any], watche
         consumer.release_all()
     said = "\n".join(watched.console + watched.errors + watched.dialogs)
     assert "pwned" not in said and not watched.errors, said
+
+
+def test_a_subscription_s_dead_letter_is_opened_and_redriven_from_the_page(
+    tmp_path: Path, request: pytest.FixtureRequest, watched: Watched
+) -> None:
+    config = queue_config_dict("filesystem", request, tmp_path)
+    with PawnQueue.from_config(config) as pq:
+        pq.create_topic("orders")
+        for name in ("billing", "shipping"):
+            pq.create_subscription("orders", name)
+        ids = dead_letter_in(pq, "billing", 2)
+        settings = DashboardSettings(refresh=0.3, full_refresh=30, allow_actions=True)
+        with served_dashboard(config, settings) as served:
+            page = watched.page
+            page.goto(served.url + "/topics/orders")
+            page.click(
+                '#subscriptions tr[data-subscription="billing"] td[data-col="dead_letter"] a'
+            )
+            assert "subscription billing of" in page.locator("h1").inner_text()
+            rows = page.locator("#dead-letters tbody tr")
+            assert sorted(rows.evaluate_all("rows => rows.map(r => r.dataset.id)")) == sorted(ids)
+            page.click(f'#dead-letters a:text("{ids[1]}")')
+            page.click("#redrive-one")
+            question = page.locator("#confirm-question").inner_text()
+            assert "Publish 1 dead letter of subscription billing of topic orders" in question
+            page.click("#confirm")
+            assert "redrove 1 dead letters" in page.locator(".banner.notice").inner_text()
+            assert page.locator("#dead-letters tbody tr").count() == 1
+        assert [d.id for d in pq.dead_letters("orders", subscription="billing")] == [ids[0]]
+        assert pq.subscription_stats("orders", "billing").pending == 1
+        assert pq.subscription_stats("orders", "shipping").dead_letter == 0
+    assert not watched.errors, watched.errors

@@ -33,7 +33,13 @@ from pawn_queue.dashboard.security import Csrf, Guard, csrf_cookie
 from pawn_queue.dashboard.settings import DashboardSettings
 from pawn_queue.dashboard.snapshots import DEAD_LETTER_LIMIT, OVERVIEW, Monitor
 from pawn_queue.dashboard.views import TopicView
-from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError, TopicNotFoundError
+from pawn_queue.exceptions import (
+    ArgumentError,
+    ConfigError,
+    PawnQueueError,
+    SubscriptionNotFoundError,
+    TopicNotFoundError,
+)
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
 from pawn_queue.store.wrapper import StoreWrapper
@@ -156,7 +162,7 @@ class _Pages:
         """``page()``, with the library's errors as one-line error pages."""
         try:
             return await page()
-        except TopicNotFoundError as exc:
+        except (TopicNotFoundError, SubscriptionNotFoundError) as exc:
             return self._problem(request, 404, str(exc))
         except (ConfigError, ArgumentError) as exc:
             return self._problem(request, 400, _first_line(exc))
@@ -212,7 +218,8 @@ class _Pages:
 
         async def page() -> Response:
             view = await self._view(name)
-            letters = await self.monitor.dead_letters(name) if view.valid else []
+            subscription = await self._subscription(request, name)
+            letters = await self.monitor.dead_letters(name, subscription) if view.valid else []
             done = request.query_params.get("done", "")
             count = request.query_params.get("count", "")
             notice = None
@@ -225,6 +232,7 @@ class _Pages:
                 letters=letters,
                 limit=DEAD_LETTER_LIMIT,
                 notice=notice,
+                **_of_subscription(view, subscription),
             )
 
         return await self._guarded(request, page)
@@ -235,16 +243,38 @@ class _Pages:
 
         async def page() -> Response:
             view = await self._view(name)
-            letter = await self.monitor.queue.dead_letter(name, message_id)
+            subscription = await self._subscription(request, name)
+            queue = self.monitor.queue
+            letter = await queue.dead_letter(name, message_id, subscription=subscription)
             if letter is None:
                 return self._problem(request, 404, f"no dead letter {message_id!r} in {name!r}")
-            return self._render(request, "dead_letter.html", view=view, letter=letter)
+            return self._render(
+                request,
+                "dead_letter.html",
+                view=view,
+                letter=letter,
+                **_of_subscription(view, subscription),
+            )
 
         return await self._guarded(request, page)
 
     async def registry(self, request: Request) -> Response:
         heartbeat = self.monitor.queue.config.registry.heartbeat_interval_seconds
         return self._render(request, "registry.html", window=2 * heartbeat)
+
+    async def _subscription(self, request: Request, topic: str) -> str | None:
+        """The subscription of ``topic`` whose dead letters the page is about (``?subscription=``;
+        None: the topic's own). ArgumentError if it is not a name, SubscriptionNotFoundError
+        if the topic has no such subscription (its index, as the queue reads it)."""
+        name = request.query_params.get("subscription") or None
+        if name is None:
+            return None
+        layout.validate_name(name, "subscription name")
+        queue = layout.subscription_queue(topic, name)
+        destinations = await self.monitor.queue.runtime.subscriptions.destinations(topic)
+        if all(d.queue != queue for d in destinations):
+            raise SubscriptionNotFoundError(f"topic {topic!r} has no subscription {name!r}")
+        return name
 
     async def _view(self, name: str) -> TopicView:
         """The topic's view, its counts no older than ``refresh`` (one the dashboard did not
@@ -290,6 +320,7 @@ class _Pages:
 
         async def act() -> Response:
             view = await self._view(name)
+            subscription = await self._subscription(request, name)
             if form.get("confirmed") != ["yes"]:
                 return self._render(
                     request,
@@ -298,11 +329,14 @@ class _Pages:
                     action="redrive",
                     ids=ids,
                     everything=everything,
+                    **_of_subscription(view, subscription),
                 )
-            count = await self.monitor.queue.redrive(name, ids=None if everything else ids)
-            self._log(request, "redrive", name, count)
+            count = await self.monitor.queue.redrive(
+                name, subscription=subscription, ids=None if everything else ids
+            )
+            self._log(request, "redrive", name, subscription, count)
             await self.monitor.changed(name)
-            return _after(name, "redrove", count)
+            return _after(name, subscription, "redrove", count)
 
         return await self._guarded(request, act)
 
@@ -314,21 +348,35 @@ class _Pages:
 
         async def act() -> Response:
             view = await self._view(name)
+            subscription = await self._subscription(request, name)
             if form.get("confirmed") != ["yes"]:
                 return self._render(
-                    request, "confirm.html", view=view, action="purge", ids=[], everything=True
+                    request,
+                    "confirm.html",
+                    view=view,
+                    action="purge",
+                    ids=[],
+                    everything=True,
+                    **_of_subscription(view, subscription),
                 )
-            count = await self.monitor.queue.purge_dead_letters(name)
-            self._log(request, "purge", name, count)
+            count = await self.monitor.queue.purge_dead_letters(name, subscription=subscription)
+            self._log(request, "purge", name, subscription, count)
             await self.monitor.changed(name)
-            return _after(name, "purged", count)
+            return _after(name, subscription, "purged", count)
 
         return await self._guarded(request, act)
 
-    def _log(self, request: Request, action: str, topic: str, count: int) -> None:
+    def _log(
+        self, request: Request, action: str, topic: str, subscription: str | None, count: int
+    ) -> None:
         client = request.client.host if request.client else "-"
         logger.warning(
-            "dashboard action=%s topic=%s dead_letters=%d client=%s", action, topic, count, client
+            "dashboard action=%s topic=%s subscription=%s dead_letters=%d client=%s",
+            action,
+            topic,
+            subscription or "-",
+            count,
+            client,
         )
 
     async def refresh(self, request: Request) -> Response:
@@ -407,9 +455,26 @@ class _Pages:
         )
 
 
-def _after(topic: str, done: str, count: int) -> Response:
+def _after(topic: str, subscription: str | None, done: str, count: int) -> Response:
     url = f"/topics/{_quote(topic)}/dead-letters?done={done}&count={count}"
+    if subscription is not None:
+        url += f"&subscription={_quote(subscription)}"
     return RedirectResponse(url, status_code=303)
+
+
+def _of_subscription(view: TopicView, subscription: str | None) -> dict[str, Any]:
+    """What the dead-letter pages show of the subscription they are about: its name, the
+    query that keeps their links on it, and its dead-letter count when read."""
+    if subscription is None:
+        count = view.stats.dead_letter if view.stats else None
+        return {"subscription": None, "sq": "", "dead_count": count}
+    sub = (view.subscriptions or {}).get(subscription)
+    count = sub.stats.dead_letter if sub is not None and sub.stats else None
+    return {
+        "subscription": subscription,
+        "sq": f"?subscription={_quote(subscription)}",
+        "dead_count": count,
+    }
 
 
 def _quote(value: str) -> str:

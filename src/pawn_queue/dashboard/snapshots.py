@@ -89,7 +89,8 @@ class Monitor:
         self.group_names: dict[str, str] = {}  # group hash -> name, learnt from peeks
         self.scraper = Scraper(settings.metrics_urls)
         self._peeks: dict[str, tuple[int, list[PeekedMessage]]] = {}
-        self._letters: dict[str, tuple[int, list[DeadLetter]]] = {}
+        # (topic, subscription) -> the topic's version when read, and its dead letters
+        self._letters: dict[tuple[str, str | None], tuple[int, list[DeadLetter]]] = {}
         self._listed_at: float | None = None  # epoch seconds of the last topic listing
         self._missing: dict[str, float] = {}  # topic -> until when it is known missing
         self._reads: dict[str, asyncio.Future[Any]] = {}  # reads under way, by what they read
@@ -497,20 +498,29 @@ class Monitor:
             self._peeks[topic] = (view.version, peeked)
         return peeked
 
-    async def dead_letters(self, topic: str) -> list[DeadLetter]:
-        """The topic's oldest dead letters (at most DEAD_LETTER_LIMIT; cached likewise)."""
+    async def dead_letters(self, topic: str, subscription: str | None = None) -> list[DeadLetter]:
+        """The oldest dead letters of the topic (or of one of its subscriptions): at most
+        DEAD_LETTER_LIMIT, cached while the topic's counts (its subscriptions' with them)
+        stay the same."""
         view = self.topics.get(topic)
-        cached = self._letters.get(topic)
+        cached = self._letters.get((topic, subscription))
         if view is not None and cached is not None and cached[0] == view.version:
             return cached[1]
-        letters = await self.queue.dead_letters(topic, limit=DEAD_LETTER_LIMIT)
+        letters = await self.queue.dead_letters(
+            topic, subscription=subscription, limit=DEAD_LETTER_LIMIT
+        )
         if view is not None:
-            self._letters[topic] = (view.version, letters)
+            self._letters[(topic, subscription)] = (view.version, letters)
         return letters
 
     async def changed(self, topic: str) -> None:
-        """Read ``topic`` now: an action of the dashboard changed it."""
-        if topic in self.topics:
+        """Read ``topic`` now: an action of the dashboard changed it (or its subscriptions,
+        whose counts are read again with the next page)."""
+        for key in [key for key in self._letters if key[0] == topic]:
+            del self._letters[key]
+        view = self.topics.get(topic)
+        if view is not None:
+            view.subscriptions_read_at = None
             await self.refresh_topics([topic])
 
     # -- Prometheus -------------------------------------------------------------------------
