@@ -9,6 +9,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,6 +187,62 @@ def test_subscription_declaration_errors_are_clear() -> None:
         app.subscriber("orders", subscription="eu", filter={"region": "us"}, name="other")
     # A subscriber without a filter reads whatever the subscription has.
     app.subscriber("orders", subscription="eu", name="any")(first)
+
+
+def test_linger_declaration_errors_are_clear() -> None:
+    app = App("memory://")
+    with pytest.raises(ArgumentError, match="give subscription= too"):
+        app.subscriber("orders", linger_seconds=0.1)
+    for bad in (-0.1, 1.5, float("nan"), float("inf"), True, "0.1"):
+        with pytest.raises(ArgumentError, match="linger_seconds"):
+            app.subscriber("orders", subscription="eu", linger_seconds=bad)  # type: ignore[arg-type]
+
+    @app.subscriber("orders", subscription="eu", linger_seconds=0.1)
+    def first(order: Any) -> None: ...
+
+    app.subscriber("orders", subscription="eu", linger_seconds=0.1, name="same")(first)
+    with pytest.raises(ArgumentError, match="a subscription has one linger_seconds"):
+        app.subscriber("orders", subscription="eu", linger_seconds=0.2, name="other")
+    app.subscriber("orders", subscription="eu", name="any")(first)  # reads what it has
+
+
+async def test_a_declared_linger_is_given_to_a_new_subscription_and_checked_on_an_old_one(
+    tmp_path: Path,
+) -> None:
+    url = f"file://{tmp_path / 'queue'}"
+    app = App(url, name="sparse", create_topics=True)
+
+    @app.subscriber("orders", subscription="eu", filter={"region": "eu"}, linger_seconds=0.25)
+    async def eu(order: dict[str, Any]) -> None: ...
+
+    @app.subscriber("orders", subscription="all", linger_seconds=0.5)
+    async def every(order: dict[str, Any]) -> None: ...
+
+    await app.start()
+    try:
+        made = {s.name: s for s in await app.queue.list_subscriptions("orders")}
+    finally:
+        await app.stop()
+    assert made["eu"].linger_seconds == 0.25 and made["eu"].filter == {"region": "eu"}
+    assert made["all"].linger_seconds == 0.5
+    # Another app on the same queue declaring another linger does not start, filter or not.
+    cases: list[dict[str, Any]] = [{"filter": {"region": "eu"}}, {}]
+    for declared in cases:
+        other = App(url, name="other")
+
+        @other.subscriber("orders", subscription="eu", linger_seconds=0.1, **declared)
+        async def wrong(order: dict[str, Any]) -> None: ...
+
+        with pytest.raises(SubscriptionConflictError, match=r"linger_seconds is 0\.25"):
+            await other.start()
+    # Declaring the same one, or none, it does.
+    same = App(url, name="same")
+
+    @same.subscriber("orders", subscription="eu", linger_seconds=0.25)
+    async def right(order: dict[str, Any]) -> None: ...
+
+    await same.start()
+    await same.stop()
 
 
 async def test_the_testing_client_drives_subscription_subscribers() -> None:

@@ -5,9 +5,9 @@
 created (those whose attributes its filter takes), with the other consumers of ``billing``
 competing for them, whatever the topic's other subscriptions do. When the app starts it
 creates each subscription that is missing (:func:`ensure_subscriptions`), all at once: a new
-one takes about 2 s, until every producer copies to it. A declared ``filter`` is checked
-against an existing subscription's (SubscriptionConflictError: the app does not start);
-without one, an existing subscription is read with the filter it has.
+one takes about 2 s, until every producer copies to it. A declared ``filter`` or
+``linger_seconds`` is checked against an existing subscription's (SubscriptionConflictError:
+the app does not start); what is not declared, an existing subscription keeps.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pawn_queue.exceptions import (
     SubscriptionConflictError,
     SubscriptionNotFoundError,
 )
+from pawn_queue.subscriptions import Subscription, linger_seconds
 
 logger = logging.getLogger("pawn_queue.app")
 
@@ -40,6 +41,8 @@ class Reader(Protocol):
     def subscription(self) -> str | None: ...
     @property
     def filter(self) -> dict[str, Any] | None: ...
+    @property
+    def linger_seconds(self) -> float | None: ...
 
 
 def declared_filter(
@@ -59,51 +62,89 @@ def declared_filter(
     if given is None:
         return None
     wanted = parse_filter(given).to_json() or {}
-    for other in others:
-        if (
-            other.subscription == subscription
-            and other.filter is not None
-            and other.filter != wanted
-            and set(other.topics) & set(topics)
-        ):
-            raise ArgumentError(
-                f"subscriber {other.name!r} reads subscription {subscription!r} with filter "
-                f"{other.filter!r}, not {wanted!r}: a subscription has one filter"
-            )
+    _check_others(others, topics, subscription, "filter", wanted)
     return wanted
 
 
+def declared_linger(
+    others: Sequence[Reader], topics: Sequence[str], subscription: str | None, given: object
+) -> float | None:
+    """The ``linger_seconds`` a new subscriber declares (None: not declared), checked like
+    :func:`declared_filter`'s filter. ArgumentError if it is invalid."""
+    if given is None:
+        return None
+    if subscription is None:
+        raise ArgumentError("linger_seconds= is a subscription's: give subscription= too")
+    wanted = linger_seconds(given)
+    _check_others(others, topics, subscription, "linger_seconds", wanted)
+    return wanted
+
+
+def _check_others(
+    others: Sequence[Reader], topics: Sequence[str], subscription: str, setting: str, wanted: object
+) -> None:
+    """ArgumentError if one of ``others`` reads ``subscription`` of one of ``topics`` with
+    another ``setting`` declared: a subscription has one."""
+    for other in others:
+        declared = getattr(other, setting)
+        if (
+            other.subscription == subscription
+            and declared is not None
+            and declared != wanted
+            and set(other.topics) & set(topics)
+        ):
+            raise ArgumentError(
+                f"subscriber {other.name!r} reads subscription {subscription!r} with "
+                f"{setting} {declared!r}, not {wanted!r}: a subscription has one {setting}"
+            )
+
+
 async def ensure_subscriptions(queue: PawnQueue, subscribers: Sequence[Reader]) -> None:
-    """Create the subscriptions ``subscribers`` read that are missing, and check those
-    whose filter is declared (SubscriptionConflictError if it differs), concurrently."""
-    wanted: dict[tuple[str, str], dict[str, Any] | None] = {}
+    """Create the subscriptions ``subscribers`` read that are missing, and check the
+    declared filter and ``linger_seconds`` of those that exist (SubscriptionConflictError if
+    one differs), concurrently."""
+    filters: dict[tuple[str, str], dict[str, Any] | None] = {}
+    lingers: dict[tuple[str, str], float | None] = {}
     for sub in subscribers:
         if sub.subscription is not None:
             for topic in sub.topics:
                 key = (topic, sub.subscription)
-                wanted[key] = wanted.get(key) if sub.filter is None else sub.filter
+                filters[key] = filters.get(key) if sub.filter is None else sub.filter
+                lingers[key] = (
+                    lingers.get(key) if sub.linger_seconds is None else sub.linger_seconds
+                )
 
-    async def ensure(topic: str, name: str, declared: dict[str, Any] | None) -> None:
-        if declared is None:
-            try:
-                await queue.subscription(topic, name)
-                return
-            except SubscriptionNotFoundError:
-                pass
+    async def ensure(topic: str, name: str) -> None:
+        declared, linger = filters[(topic, name)], lingers[(topic, name)]
+        if declared is not None:
+            await queue.create_subscription(topic, name, filter=declared, linger_seconds=linger)
+            return
+        # No filter declared: an existing subscription is read with the one it has.
         try:
-            await queue.create_subscription(topic, name, filter=declared)
-        except SubscriptionConflictError:
-            if declared is not None:
-                raise
-            # Created meanwhile by another process, with a filter: read it as it is.
+            existing = await queue.subscription(topic, name)
+        except SubscriptionNotFoundError:
+            try:
+                await queue.create_subscription(topic, name, linger_seconds=linger)
+                return
+            except SubscriptionConflictError:
+                # Created meanwhile by another process, with a filter: read it as it is.
+                existing = await queue.subscription(topic, name)
+        _check_linger(existing, linger)
 
     results = await asyncio.gather(
-        *(ensure(topic, name, declared) for (topic, name), declared in wanted.items()),
-        return_exceptions=True,
+        *(ensure(topic, name) for topic, name in filters), return_exceptions=True
     )
     for result in results:
         if isinstance(result, BaseException):
             raise result
+
+
+def _check_linger(existing: Subscription, declared: float | None) -> None:
+    if declared is not None and existing.linger_seconds != declared:
+        differences: dict[str, tuple[object, object]] = {
+            "linger_seconds": (existing.linger_seconds, declared)
+        }
+        raise SubscriptionConflictError(existing.topic, existing.name, differences)
 
 
 async def warn_of_subscriptions(queue: PawnQueue, subscribers: Sequence[Reader]) -> None:
@@ -122,4 +163,4 @@ async def warn_of_subscriptions(queue: PawnQueue, subscribers: Sequence[Reader])
             )
 
 
-__all__ = ["declared_filter", "ensure_subscriptions", "warn_of_subscriptions"]
+__all__ = ["declared_filter", "declared_linger", "ensure_subscriptions", "warn_of_subscriptions"]

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from pawn_queue._app_subscriptions import (
     declared_filter,
+    declared_linger,
     ensure_subscriptions,
     warn_of_subscriptions,
 )
@@ -82,6 +83,7 @@ class Subscriber:
     batch_wait: float = 0.0
     subscription: str | None = None  # None: the topics' own messages
     filter: dict[str, Any] | None = None  # the subscription's, as declared (None: not declared)
+    linger_seconds: float | None = None  # likewise
 
     @property
     def is_async(self) -> bool:
@@ -143,6 +145,7 @@ class App:
         batch_wait: float | None = None,
         subscription: str | None = None,
         filter: Mapping[str, Any] | None = None,
+        linger_seconds: float | None = None,
     ) -> Callable[[F], F]:
         """Decorate a handler (``async def`` or plain) of the messages of ``topics``.
 
@@ -161,6 +164,8 @@ class App:
         ``{"exists": bool}`` or ``{"prefix": str}``); an existing subscription with another
         filter stops the app from starting (SubscriptionConflictError). Without ``filter``
         an existing subscription keeps its own, a new one takes every message (as ``{}``).
+        ``linger_seconds``: the subscription's likewise (how long producers hold its copies
+        back so that more share an object, for a sparse filter; 0 to 1 s).
 
         ``batch=N``: the handler takes lists of up to N payloads (``list[Order]``) and/or
         messages (``list[Message]``), what one poll brought or, with ``batch_wait`` seconds,
@@ -176,6 +181,7 @@ class App:
         if not names:
             raise ArgumentError("a subscriber needs at least one topic")
         wanted = declared_filter(self.subscribers, names, subscription, filter)
+        linger = declared_linger(self.subscribers, names, subscription, linger_seconds)
         check_concurrency(concurrency)
         if batch is not None or batch_wait is not None:
             batch, batch_wait = check_batch(batch, batch_wait)
@@ -204,6 +210,7 @@ class App:
                 batch_wait=batch_wait or 0.0,
                 subscription=subscription,
                 filter=wanted,
+                linger_seconds=linger,
             )
             return handler
 
