@@ -52,6 +52,8 @@ from pawn_queue.topics import (
 
 logger = logging.getLogger(__name__)
 
+_BACKGROUND_CLOSE_SECONDS = 10.0  # a teardown waits this long at most for background work
+
 
 class PawnQueue:
     """A queue on one store. Use ``async with`` (or ``setup()`` / ``teardown()``)."""
@@ -148,6 +150,10 @@ class PawnQueue:
         try:
             for consumer in self._consumers:
                 await consumer.release_all()
+            # What publishes began (a replay log's or dedup markers' sweep, a one-shot
+            # process's at its first publish), within the store's own close wait.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(runtime.background.done(), _BACKGROUND_CLOSE_SECONDS)
             await runtime.signals.close()
             if self._heartbeat is not None:
                 self._heartbeat.cancel()

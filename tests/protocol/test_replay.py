@@ -14,7 +14,9 @@ from pawn_queue._protocol import layout, retained
 from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.exceptions import ConfigError
+from pawn_queue.store import open_store
 from tests.conftest import FAST_POLLING
+from tests.helpers.faults import FaultyStore
 
 pytestmark = pytest.mark.usefixtures("quick_subscription_changes")  # all in this process
 
@@ -176,6 +178,38 @@ async def test_a_one_shot_publisher_may_sweep_the_log_at_its_first_publish(
         [young] = await retained_keys(pq, "t")
         message = await pq.store.get(young)
         assert b"young" in message.data
+
+
+async def test_closing_the_queue_waits_for_the_sweep_its_publish_began(
+    queue_config: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-shot publisher's sweep (above) runs in the background: leaving ``async with``
+    waits for it, or a process that publishes and exits would cut it short."""
+    monkeypatch.setattr(retained, "FIRST_SWEEP_CHANCE", 1.0)
+    now = [datetime(2030, 1, 1, tzinfo=UTC)]
+    async with PawnQueue(load_config(queue_config), clock=lambda: now[0]) as pq:
+        await pq.create_topic("t", replay_window_seconds=600)
+        await (await pq.register_producer("p")).publish("t", "old")
+        [old] = await retained_keys(pq, "t")
+    now[0] += timedelta(hours=1)
+    config = load_config(queue_config)
+    store = FaultyStore(open_store(config))
+    log = layout.messages_prefix(layout.retained_log("t"))
+    deleted: list[str] = []
+
+    async def slow_sweep(operation: str, key: str) -> None:
+        if operation == "list" and key.startswith(log):
+            await asyncio.sleep(0.5)
+
+    async def note(operation: str, key: str) -> None:
+        if operation == "delete":
+            deleted.append(key)
+
+    store.hooks.append(slow_sweep)
+    store.observers.append(note)
+    async with PawnQueue(config, store=store, clock=lambda: now[0]) as pq:
+        await (await pq.register_producer("p")).publish("t", "young")
+    assert old in deleted
 
 
 @pytest.mark.parametrize("bad", [-1, math.nan, math.inf, True, "60"])

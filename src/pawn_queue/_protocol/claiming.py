@@ -254,7 +254,7 @@ class Claimer:
             candidates = [
                 (pending, meta.key)
                 for pending, meta in scanned.found
-                if self._leases.worth_claiming(topic, pending.lease_id(), meta.key)
+                if self._leases.worth_claiming_listed(topic, pending.lease_id(), meta.key)
             ]
             if contended:
                 candidates = await self.lanes.candidates(topic, candidates)

@@ -86,20 +86,23 @@ class LeaseManager(LeaseProtocol):
         """False if this process knows the message is leased or gone (saves requests)."""
         key = layout.lease_key(topic, lease_id)
         if key in self._held_here or key in self._claiming_here:
-            self._drop_superseded_tombstone(key, message_key)
             return False
         if message_key in self._settled_here:
             return False
         until = self._busy_until.get(key)
         return until is None or until <= self.clock()
 
-    def _drop_superseded_tombstone(self, key: str, message_key: str) -> None:
-        """A lease kept after its message was acked holds up a new message with the same id
-        (a replayed copy, docs/protocol.md "Replay"): delete it now, then have the queue's
-        consumers look again, rather than leave the copy until the next sweep."""
-        lease = self._tombstones.take_superseded(key, message_key)
-        if lease is not None:
-            self._background.start(self._release_superseded(lease))
+    def worth_claiming_listed(self, topic: str, lease_id: str, message_key: str) -> bool:
+        """:meth:`worth_claiming`, for a message a listing just showed. A lease kept after
+        an ack (a tombstone) that such a message supersedes is deleted first, and the
+        queue's consumers look again: a replayed copy has the id, so the lease key, of the
+        message acked (docs/protocol.md "Replay"), and would wait for the next sweep."""
+        key = layout.lease_key(topic, lease_id)
+        if key in self._held_here or key in self._claiming_here:
+            lease = self._tombstones.take_superseded(key, message_key)
+            if lease is not None:
+                self._background.start(self._release_superseded(lease))
+        return self.worth_claiming(topic, lease_id, message_key)
 
     async def _release_superseded(self, lease: Lease) -> None:
         await self.release_gone(lease)

@@ -271,7 +271,7 @@ class StreamDriver:
             (pending, meta)
             for pending, meta in scanned.found
             if layout.lease_key(queue, pending.lease_id()) not in self._keeper
-            and self._leases.worth_claiming(queue, pending.lease_id(), meta.key)
+            and self._leases.worth_claiming_listed(queue, pending.lease_id(), meta.key)
         ]
         return claimable, scanned.ends or len(page) < layout.LIST_PAGE
 
