@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 _RETURN_TURNS = 16  # turns of the loop a write waits at most for the callers it released
 _QUIET_TURNS = 4  # ... and no more once this many passed without a call (a fan-out's caller
-# comes back after 4: its copies' futures, their tasks, the gather, then its next copies)
+# comes back within a few: its copies' futures, the wait on them, then its next publish)
 
 
 @dataclass(frozen=True, slots=True)
