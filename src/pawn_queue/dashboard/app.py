@@ -162,7 +162,7 @@ class _Pages:
         """``page()``, with the library's errors as one-line error pages."""
         try:
             return await page()
-        except (TopicNotFoundError, SubscriptionNotFoundError) as exc:
+        except TopicNotFoundError as exc:  # a SubscriptionNotFoundError too
             return self._problem(request, 404, str(exc))
         except (ConfigError, ArgumentError) as exc:
             return self._problem(request, 400, _first_line(exc))
