@@ -279,6 +279,41 @@ async def test_a_claim_that_fails_after_its_poll_returned_is_listed_again(
         await second.ack()
 
 
+@conditional  # csprng_verify bounds the claim within the poll's patience: it fails, not late
+async def test_a_claim_that_wins_after_its_poll_returned_wakes_the_waiting_poll(
+    queue_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim slower than the poll's patience that wins later keeps its message for the
+    next poll. A poll (or listener) waiting for a change signal meanwhile takes it at once:
+    no signal comes, the message was published before (it used to wait for the backfill,
+    60 s)."""
+    config = load_config(queue_config)
+    faulty = FaultyStore(open_store(config))
+    async with PawnQueue(config, store=faulty) as pq:
+        await pq.create_topic("t")
+        message_id = await (await pq.register_producer("p")).publish("t", {"n": 1})
+        consumer = await pq.register_consumer("c", topics=["t"])
+        waiting = asyncio.Event()
+        signals = pq.runtime.signals
+        signals_wait = signals.wait
+
+        async def wait(*args: Any, **kwargs: Any) -> bool:
+            waiting.set()
+            return await signals_wait(*args, **kwargs)
+
+        monkeypatch.setattr(signals, "wait", wait)
+
+        async def late_claim(operation: str, key: str) -> None:
+            if operation == "put" and key == layout.lease_key("t", message_id):
+                await waiting.wait()  # won only once the poll gave up on it and waits
+
+        faulty.hooks.append(late_claim)
+        async with asyncio.timeout(20):  # well before the backfill
+            [message] = await consumer.poll(wait=50)
+        assert message.id == message_id
+        await message.ack()
+
+
 async def test_poll_refreshes_leases_and_lost_lease_ack_deletes_nothing(
     queue_config: dict[str, Any],
 ) -> None:

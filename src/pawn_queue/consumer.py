@@ -142,7 +142,21 @@ class Consumer:
                     for message in messages:
                         self._observers.delivered(message)
                 return messages
-            await self._signals.wait(self._topics, min(remaining, self._idle_seconds()), seen)
+            await self._wait_for_change(seen, min(remaining, self._idle_seconds()))
+
+    async def _wait_for_change(self, seen: dict[str, int], seconds: float) -> None:
+        """Wait until a signal says one of the topics changed since ``seen``, a late claim
+        kept messages for the next poll, or ``seconds`` pass."""
+        if self._claimer.arrived.is_set():
+            return
+        signal = asyncio.ensure_future(self._signals.wait(self._topics, seconds, seen))
+        arrived = asyncio.ensure_future(self._claimer.arrived.wait())
+        try:
+            await asyncio.wait({signal, arrived}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in (signal, arrived):
+                waiting.cancel()
+            await asyncio.gather(signal, arrived, return_exceptions=True)
 
     def _idle_seconds(self) -> float:
         """How long to wait before polling again when idle: until the backfill, or until a
@@ -355,9 +369,7 @@ class Consumer:
                 self._handout.round_settled()
 
     async def _idle(self, seen: dict[str, int], running: set[asyncio.Task[None]]) -> None:
-        waiting = asyncio.ensure_future(
-            self._signals.wait(self._topics, self._idle_seconds(), seen)
-        )
+        waiting = asyncio.ensure_future(self._wait_for_change(seen, self._idle_seconds()))
         try:
             await asyncio.wait({waiting, *running}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -400,8 +412,8 @@ class Consumer:
             poll=lambda wanted: self._poll_once(wanted, listening=True),
             snapshot=lambda: self._signals.snapshot(self._topics),
             idle=self._idle,
-            wait=lambda seen, seconds: self._signals.wait(
-                self._topics, max(0.0, min(seconds, self._idle_seconds())), seen
+            wait=lambda seen, seconds: self._wait_for_change(
+                seen, max(0.0, min(seconds, self._idle_seconds()))
             ),
             handout=self._handout,
             observers=self._observers,

@@ -133,6 +133,9 @@ class Claimer:
         # is there): the next poll should come soon, not after an idle wait for a signal
         # that may not come.
         self.candidates_left = False
+        # Set when a late claim kept messages for the next poll: a consumer waiting for a
+        # change signal wakes for it (no signal comes: the message was published before).
+        self.arrived = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
         self.lanes = Lanes(runtime, visibility)
         self.memory = ListingMemory(runtime.signals, runtime.leases, runtime.clock)
@@ -153,9 +156,11 @@ class Claimer:
         return self._next_due
 
     def start_poll(self) -> None:
-        """A poll begins: :attr:`next_due` and :attr:`candidates_left` start afresh."""
+        """A poll begins: :attr:`next_due`, :attr:`candidates_left` and :attr:`arrived`
+        start afresh."""
         self._next_due = None
         self.candidates_left = False
+        self.arrived.clear()
 
     @property
     def buffered_topics(self) -> list[str]:
@@ -397,6 +402,7 @@ class Claimer:
             lease = await claim
             if lease is not None:
                 self.keep(await self._read(topic, pending, key, lease) or [])
+                self.arrived.set()
         except StoreError as exc:
             logger.warning("claim failed topic=%s error=%s", topic, exc)
             # The listing that found it took it as claimed here: list again, or the message
