@@ -279,14 +279,15 @@ async def test_a_claim_that_fails_after_its_poll_returned_is_listed_again(
         await second.ack()
 
 
-@conditional  # csprng_verify bounds the claim within the poll's patience: it fails, not late
 async def test_a_claim_that_wins_after_its_poll_returned_wakes_the_waiting_poll(
     queue_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A claim slower than the poll's patience that wins later keeps its message for the
     next poll. A poll (or listener) waiting for a change signal meanwhile takes it at once:
     no signal comes, the message was published before (it used to wait for the backfill,
-    60 s)."""
+    60 s). Under csprng_verify (s3rver) the held write makes the claim fail within the poll,
+    at its request bound, instead: the poll then tries again after a second, rather than
+    wait for a signal too."""
     config = load_config(queue_config)
     faulty = FaultyStore(open_store(config))
     async with PawnQueue(config, store=faulty) as pq:

@@ -36,6 +36,7 @@ MessageHandler = Callable[[Message], Awaitable[Any]]  # the async kind of handle
 
 _DUE_SLACK = 0.01
 _RETRY_SOON = 0.05  # after a poll that left candidates unclaimed (a race lost, a probe)
+_RETRY_AFTER_FAILURE = 1.0  # after a poll whose claim failed (not sooner: the store may be down)
 
 # Retry lived here once: still importable from here.
 __all__ = ["Consumer", "MessageHandler", "Retry", "check_concurrency"]
@@ -164,6 +165,8 @@ class Consumer:
         idle = self._signals.idle_wait(self._polling.interval_seconds)
         if self._claimer.candidates_left:
             return min(idle, _RETRY_SOON)
+        if self._claimer.claim_failed:
+            return min(idle, _RETRY_AFTER_FAILURE)
         due = [
             t
             for t in (

@@ -133,6 +133,9 @@ class Claimer:
         # is there): the next poll should come soon, not after an idle wait for a signal
         # that may not come.
         self.candidates_left = False
+        # A claim of this poll failed (a store error): its message needs another poll, and
+        # no change signal will say so.
+        self.claim_failed = False
         # Set when a late claim kept messages for the next poll: a consumer waiting for a
         # change signal wakes for it (no signal comes: the message was published before).
         self.arrived = asyncio.Event()
@@ -156,10 +159,11 @@ class Claimer:
         return self._next_due
 
     def start_poll(self) -> None:
-        """A poll begins: :attr:`next_due`, :attr:`candidates_left` and :attr:`arrived`
-        start afresh."""
+        """A poll begins: :attr:`next_due`, :attr:`candidates_left`, :attr:`claim_failed`
+        and :attr:`arrived` start afresh."""
         self._next_due = None
         self.candidates_left = False
+        self.claim_failed = False
         self.arrived.clear()
 
     @property
@@ -321,6 +325,7 @@ class Claimer:
                     raise result
                 elif isinstance(result, BaseException):
                     logger.warning("claim failed topic=%s error=%s", topic, result)
+                    self.claim_failed = True
             if probe and not any(isinstance(r, list) for r in results):
                 break  # lost, failed or not answered yet: the rest waits for the next poll
             probe = False
