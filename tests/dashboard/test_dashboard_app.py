@@ -36,6 +36,7 @@ from pawn_queue.store.memory import MemoryStore
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 from pawn_queue.sync import PawnQueue as SyncPawnQueue
 from tests.conftest import queue_config_dict
+from tests.helpers.dashboard_pages import csrf_of, dead_letter
 
 T = TypeVar("T")
 TOKEN = "dash-ToKeN-4b7c9e1f-do-not-print"
@@ -99,25 +100,6 @@ def counts_of(client: TestClient, topic: str) -> dict[str, Any]:
     stats = rows[topic]["stats"]
     assert isinstance(stats, dict)
     return stats
-
-
-def csrf_of(html: str) -> str:
-    match = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
-    assert match, "no CSRF token in the page"
-    return match.group(1)
-
-
-def dead_letter(pq: SyncPawnQueue, topic: str, count: int) -> list[str]:
-    pq.create_topic(topic)
-    producer = pq.register_producer("checkout")
-    ids = [producer.publish(topic, {"n": n}) for n in range(count)]
-    consumer = pq.register_consumer("billing", [topic])
-    done = 0
-    while done < count:
-        for message in consumer.poll(wait=2):
-            message.nack()
-            done += 1
-    return ids
 
 
 # -- counts -----------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from pawn_queue.store.wrapper import StoreCall, StoreWrapper  # noqa: E402
 from pawn_queue.sync import PawnQueue  # noqa: E402
 from tests.conftest import queue_config_dict  # noqa: E402
 from tests.helpers.browser import Watched, screenshot, served_dashboard  # noqa: E402
+from tests.helpers.dashboard_pages import csrf_of, dead_letter  # noqa: E402
 
 pytest_plugins = ["tests.helpers.browser"]  # the browser and watched fixtures
 pytestmark = pytest.mark.usefixtures("quick_subscription_changes")  # all in this process
@@ -189,25 +190,6 @@ def test_a_topic_without_subscriptions_says_so_and_an_unknown_one_is_404(
         assert client.get("/api/topics/nope/subscriptions").status_code == 404
 
 
-def dead_letter_in(pq: PawnQueue, subscription: str, count: int) -> list[str]:
-    """``count`` messages to ``orders``, nacked (dead-lettered) in ``subscription`` only."""
-    producer = pq.register_producer("checkout")
-    ids = [producer.publish("orders", {"n": n}) for n in range(count)]
-    consumer = pq.register_consumer("refuser", ["orders"], subscription=subscription)
-    done = 0
-    while done < count:
-        for message in consumer.poll(wait=2):
-            message.nack()
-            done += 1
-    return ids
-
-
-def csrf_of(html: str) -> str:
-    match = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
-    assert match, "no CSRF token in the page"
-    return match.group(1)
-
-
 def test_a_subscription_s_dead_letters_are_listed_redriven_and_purged_apart(
     tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -215,7 +197,7 @@ def test_a_subscription_s_dead_letters_are_listed_redriven_and_purged_apart(
     config = queue_config_dict("filesystem", request, tmp_path)
     asyncio.run(subscribe(config, "orders", {"billing": None, "shipping": None}))
     with PawnQueue.from_config(config) as pq:
-        ids = dead_letter_in(pq, "billing", 3)
+        ids = dead_letter(pq, "orders", 3, subscription="billing")
         store = open_store(load_config(config))
         dashboard = DashboardSettings(refresh=0.1, allow_actions=True)
         with client_for(config, dashboard, store, Clock()) as client:
@@ -338,7 +320,7 @@ def test_a_subscription_s_dead_letter_is_opened_and_redriven_from_the_page(
         pq.create_topic("orders")
         for name in ("billing", "shipping"):
             pq.create_subscription("orders", name)
-        ids = dead_letter_in(pq, "billing", 2)
+        ids = dead_letter(pq, "orders", 2, subscription="billing")
         settings = DashboardSettings(refresh=0.3, full_refresh=30, allow_actions=True)
         with served_dashboard(config, settings) as served:
             page = watched.page
