@@ -256,7 +256,15 @@ class Message:
         self._claimed = claimed
         self._index = index
         self._settled = False
-        self._lock = asyncio.Lock()
+        # One settlement at a time; made when first needed, since most messages are settled
+        # once, by ack_together, which locks a whole batch with one lock.
+        self._lock: asyncio.Lock | None = None
+
+    def _settling_lock(self) -> asyncio.Lock:
+        lock = self._lock
+        if lock is None:
+            lock = self._lock = asyncio.Lock()
+        return lock
 
     @property
     def id(self) -> str:
@@ -348,7 +356,7 @@ class Message:
         """Keep the message for ``seconds`` from now (SQS's ChangeMessageVisibility); the
         background refresh then keeps renewing it by that much."""
         seconds = seconds_argument("extend", seconds)
-        async with self._lock:
+        async with self._settling_lock():
             if not self._settled:
                 await self._claimed.extend(seconds)
 
@@ -384,31 +392,30 @@ async def ack_together(messages: list[Message]) -> None:
     store allows: the members of one batch object share one lease write (or its delete), and
     no task, lock wait or future is spent per message. A message being settled meanwhile is
     acked on its own. Raises the first error once all are tried; the others stay acked."""
-    objects: dict[ClaimedObject, list[Message]] = {}
+    groups: dict[ClaimedObject, _Group] = {}
     alone: list[Message] = []
     try:
         for message in messages:
+            if message._settled:
+                continue
             lock = message._lock
-            if message._settled:
-                continue
-            if lock.locked():
-                alone.append(message)
-                continue
-            await lock.acquire()  # free: returns at once
-            if message._settled:
-                lock.release()
-                continue
-            members = objects.get(message._claimed)
-            if members is None:
-                objects[message._claimed] = [message]
-            else:
-                members.append(message)
+            if lock is not None:
+                if lock.locked():
+                    alone.append(message)
+                    continue
+                await lock.acquire()  # free: returns at once
+                if message._settled:
+                    lock.release()
+                    continue
+            group = groups.get(message._claimed)
+            if group is None:
+                group = groups[message._claimed] = _Group()
+            await group.add(message, lock)
     except BaseException:  # cancelled while a lock had waiters: give back what was taken
-        for members in objects.values():
-            for message in members:
-                message._lock.release()
+        for group in groups.values():
+            group.release()
         raise
-    work = [_ack_members(claimed, members) for claimed, members in objects.items()]
+    work = [_ack_members(claimed, group) for claimed, group in groups.items()]
     work += [m.ack() for m in alone]
     if len(work) == 1:
         await work[0]
@@ -418,8 +425,39 @@ async def ack_together(messages: list[Message]) -> None:
             raise result
 
 
-async def _ack_members(claimed: ClaimedObject, members: list[Message]) -> None:
-    """Ack ``members`` of ``claimed``, whose locks the caller took."""
+class _Group:
+    """Members of one object that ack_together settles, and the locks it holds for them: a
+    message's own lock if it had one (taken), else one lock the group makes and shares."""
+
+    __slots__ = ("locks", "members", "shared")
+
+    def __init__(self) -> None:
+        self.members: list[Message] = []
+        self.locks: list[asyncio.Lock] = []
+        self.shared: asyncio.Lock | None = None
+
+    async def add(self, message: Message, lock: asyncio.Lock | None) -> None:
+        if lock is None:
+            lock = self.shared
+            if lock is None:
+                lock = self.shared = asyncio.Lock()
+                await lock.acquire()  # free: returns at once
+                self.locks.append(lock)
+            message._lock = lock
+        else:
+            self.locks.append(lock)
+        self.members.append(message)
+
+    def release(self) -> None:
+        for lock in self.locks:
+            lock.release()
+
+
+async def _ack_members(claimed: ClaimedObject, group: _Group) -> None:
+    """Ack the members of ``claimed`` in ``group``, then release the group's locks. Each
+    group releases its own as soon as its write is over, so two calls that share messages
+    never wait on each other."""
+    members = group.members
     try:
         await claimed.ensure_held()
         await claimed.settle_acked([m._index for m in members])
@@ -428,11 +466,12 @@ async def _ack_members(claimed: ClaimedObject, members: list[Message]) -> None:
             claimed.abandon(message._index)
             if isinstance(exc, LeaseLostError) and claimed.observers:
                 claimed.observers.lease_lost(message)
-            message._lock.release()
         raise
-    for message in members:
-        message._settled = True
-        message._lock.release()
+    else:
+        for message in members:
+            message._settled = True
+    finally:
+        group.release()
     observers = claimed.observers
     if observers:
         for message in members:
@@ -454,7 +493,7 @@ class _Settling:
         self._message = message
 
     async def __aenter__(self) -> None:
-        await self._message._lock.acquire()
+        await self._message._settling_lock().acquire()
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -467,4 +506,4 @@ class _Settling:
                 if isinstance(exc, LeaseLostError) and message._claimed.observers:
                     message._claimed.observers.lease_lost(message)
         finally:
-            message._lock.release()
+            message._settling_lock().release()

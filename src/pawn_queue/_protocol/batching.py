@@ -152,7 +152,7 @@ class BatchListener:
     async def _dispatch(self, handed: _Batch) -> None:
         batch = handed.messages
         observers = self._source.observers
-        if observers:
+        if observers.wants("delivered", "handler_started"):
             for message in batch:
                 observers.delivered(message)
                 observers.handler_started(message)
@@ -162,7 +162,7 @@ class BatchListener:
         except BaseException as exc:
             handed.returned = True
             failures = self._failures(batch, exc) if isinstance(exc, Exception) else {}
-            if observers:
+            if observers.wants("handler_finished"):
                 seconds = time.perf_counter() - started
                 # Last started, first finished: what a hook set up per message unwinds in order.
                 for message in reversed(batch):
@@ -173,7 +173,7 @@ class BatchListener:
             await self._settle(batch, failures)
             return
         handed.returned = True
-        if observers:
+        if observers.wants("handler_finished"):
             seconds = time.perf_counter() - started
             for message in reversed(batch):
                 observers.handler_finished(message, seconds, None)

@@ -84,9 +84,11 @@ def _require_str(obj: dict[str, Any], name: str, what: str) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Envelope:
-    """A message as stored: identity, metadata and payload."""
+    """A message as stored: identity, metadata and payload. Never changed once built (use
+    ``dataclasses.replace``); not frozen because a frozen dataclass's ``__init__`` costs four
+    times as much, and one is built per message received."""
 
     id: str
     topic: str

@@ -104,6 +104,11 @@ class Observers:
             called = self._calls[hook] = [o for o in self._observers if _overrides(o, hook)]
         return called
 
+    def wants(self, *hooks: str) -> bool:
+        """Whether an observer implements one of ``hooks``: a batch asks once, not a call
+        per message and hook."""
+        return any(self._implementing(hook) for hook in hooks)
+
     def _each(self, hook: str, *args: object) -> None:
         for o in self._implementing(hook):
             try:
