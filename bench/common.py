@@ -233,8 +233,10 @@ async def drain(
     expected: int,
     time_limit: float,
     backoff: tuple[float, float] = (0.01, 0.25),
+    one_by_one: bool = False,
 ) -> DrainResult:
-    """Every consumer loops ``poll()`` then acks what it got (concurrently) until
+    """Every consumer loops ``poll()`` then acks what it got (concurrently; with
+    ``one_by_one``, each ``ack()`` awaited before the next) until
     ``expected`` distinct messages are acked or ``time_limit`` passes. After an empty poll
     a consumer sleeps ``backoff[0]``, doubling up to ``backoff[1]`` while polls stay empty
     (without it, consumers that find nothing to claim spin on LIST requests)."""
@@ -259,7 +261,11 @@ async def drain(
                 pause = min(pause * 2, backoff[1])
                 continue
             pause = backoff[0]
-            await asyncio.gather(*(ack(m) for m in messages))
+            if one_by_one:
+                for message in messages:
+                    await ack(message)
+            else:
+                await asyncio.gather(*(ack(m) for m in messages))
 
     started = time.perf_counter()
     tasks = [asyncio.create_task(run(c)) for c in consumers]

@@ -14,7 +14,8 @@
    messages at AWS list prices (PUT/LIST $5, GET/HEAD $0.40 per million). ``poll-100``:
    the ``poll()`` loop with ``polling.max_messages_per_poll: 100``, so a poll takes a whole
    group-commit object (each poll's acks of an object's members cost a lease write while
-   members remain: docs/protocol.md, "Group commit").
+   members remain: docs/protocol.md, "Group commit"). ``poll-each``: the ``poll()`` loop
+   awaiting each ``ack()`` before the next, as the quick start does, so each is a write.
 
 Each run uses fresh buckets; medians of ``--runs`` runs. Run from the repository root::
 
@@ -64,6 +65,7 @@ logger = logging.getLogger("bench.idle")
 POLLERS = 10
 PUBLISHERS = 32
 DRAINERS = 4
+DRAIN_MODES = ("poll", "listen", "poll-100", "poll-each")
 # Targets of issue #31: requests a minute at 1,000 idle topics, LISTs of the 10 pollers in
 # a minute, USD per million messages drained by poll() loops, wake-up p50 in seconds.
 TARGETS = {"idle_1000_per_min": 70, "pollers_list": 20, "poll_usd": 0.60, "wake_p50_s": 1.0}
@@ -208,7 +210,7 @@ async def drain_case(server: SeaweedFS, mode: str, args: argparse.Namespace) -> 
 
         publishing = asyncio.gather(*(publish(count) for count in share))
         if mode.startswith("poll"):
-            result = await drain(consumers, messages, 300)
+            result = await drain(consumers, messages, 300, one_by_one=mode == "poll-each")
             if result.timed_out:
                 raise TimeoutError(f"{result.unique} of {messages} acked in 300 s")
         else:
@@ -250,7 +252,7 @@ async def run_all(server: SeaweedFS, args: argparse.Namespace) -> dict[str, Any]
             logger.info("run %d pollers: %s", run, row)
             results["pollers"].append(row)
         if not args.no_drain:
-            modes = ("poll", "listen", "poll-100")
+            modes = DRAIN_MODES
             for mode in modes if run % 2 == 0 else modes[::-1]:
                 row = await drain_case(server, mode, args)
                 logger.info("run %d drain %s: %s", run, mode, row)
@@ -288,7 +290,7 @@ def summary(results: dict[str, Any], args: argparse.Namespace) -> tuple[str, dic
         ]
     if results["drain"]:
         lines += ["", f"3. {args.messages} messages, {PUBLISHERS} publishers, {DRAINERS} consumers"]
-        for mode in ("poll", "listen", "poll-100"):
+        for mode in DRAIN_MODES:
             rows = [r for r in results["drain"] if r["mode"] == mode]
             if not rows:
                 continue

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import PawnQueue, PayloadError, TopicNotFoundError
+from pawn_queue import ArgumentError, PawnQueue, PayloadError, TopicNotFoundError
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreError
 from pawn_queue.store import open_store
@@ -44,6 +45,44 @@ async def test_batch_is_one_object_delivered_in_order(pq: PawnQueue) -> None:
     assert sizes == [10, 10, 5]
     assert got == ids
     assert await keys_under(pq, "t/") == ["t/.topic"]
+
+
+async def test_ack_all_settles_a_poll_together_and_skips_what_is_settled(pq: PawnQueue) -> None:
+    await pq.create_topic("t")
+    producer = await pq.register_producer("p")
+    members = await producer.publish_batch("t", list(range(12)))
+    alone = await producer.publish("t", "alone")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    first = await consumer.poll()
+    assert [m.id for m in first] == members[:10]
+    await first[0].ack()
+    await consumer.ack_all(first + first[:2])  # a settled message and repeats are skipped
+    assert all(m.settled for m in first)
+    lease = await pq.store.get(layout.lease_key("t", first[0]._claimed.lease.message_id))
+    assert LeaseBody.decode(lease.data).settled == tuple(range(10))  # durable on return
+    rest = await consumer.poll(wait=5)
+    while len(rest) < 3:
+        rest += await consumer.poll(wait=5)
+    assert sorted(m.id for m in rest) == sorted([*members[10:], alone])
+    await consumer.ack_all(iter(rest))  # two objects: the batch's last members, a message
+    assert await consumer.poll() == []
+    await settled(pq)
+    assert await keys_under(pq, "t/") == ["t/.topic"]
+
+
+@pytest.mark.parametrize("bad", [None, "abc", b"x", 3, ["not a message"]])
+async def test_ack_all_takes_a_list_of_messages(pq: PawnQueue, bad: Any) -> None:
+    await pq.create_topic("t")
+    await (await pq.register_producer("p")).publish("t", 1)
+    consumer = await pq.register_consumer("c", topics=["t"])
+    [message] = await consumer.poll()
+    with pytest.raises(ArgumentError, match="ack_all takes"):
+        await consumer.ack_all(bad)
+    with pytest.raises(ArgumentError, match="a list of messages, got Message"):
+        await consumer.ack_all(message)  # type: ignore[arg-type]
+    assert not message.settled
+    await consumer.ack_all([message])
+    assert message.settled
 
 
 async def test_batch_member_nack_goes_alone_to_dead_letter(pq: PawnQueue) -> None:

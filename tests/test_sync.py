@@ -10,15 +10,17 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import PawnQueue as AsyncPawnQueue
 from pawn_queue import (
+    ArgumentError,
     PawnQueueBuilder,
     PawnQueueError,
     PayloadError,
     Retry,
     TopicNotFoundError,
 )
+from pawn_queue import PawnQueue as AsyncPawnQueue
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue.sync import Message, PawnQueue
 
 
@@ -28,6 +30,15 @@ def keys_under(config: dict[str, Any], prefix: str) -> list[str]:
     async def read() -> list[str]:
         async with await AsyncPawnQueue.from_config(config) as pq:
             return [m.key for m in await pq.store.list(prefix)]
+
+    return asyncio.run(read())
+
+
+def leases(config: dict[str, Any], topic: str) -> list[LeaseBody]:
+    async def read() -> list[LeaseBody]:
+        async with await AsyncPawnQueue.from_config(config) as pq:
+            found = await pq.store.list(layout.leases_prefix(topic))
+            return [LeaseBody.decode((await pq.store.get(m.key)).data) for m in found]
 
     return asyncio.run(read())
 
@@ -67,6 +78,26 @@ def test_publish_poll_ack_nack(queue_config: dict[str, Any]) -> None:
     assert leftovers(queue_config, "orders") == []
     dead = keys_under(queue_config, layout.dead_letter_prefix("orders"))
     assert dead == [layout.dead_letter_key("orders", second)]
+
+
+def test_ack_all_acks_a_poll_of_batch_members_in_one_write(queue_config: dict[str, Any]) -> None:
+    with PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("t")
+        ids = pq.register_producer("p").publish_batch("t", list(range(30)))
+        consumer = pq.register_consumer("c", topics=["t"])
+        messages = consumer.poll()
+        consumer.ack_all(messages)
+        assert all(m.settled for m in messages)
+        # Durable on return: the object's lease lists the 10 as settled.
+        assert [lease.settled for lease in leases(queue_config, "t")] == [tuple(range(10))]
+        with pytest.raises(ArgumentError, match="ack_all takes messages, got str"):
+            consumer.ack_all(["x"])
+        while len(messages) < 30:
+            more = consumer.poll(wait=5)
+            consumer.ack_all(more)
+            messages += more
+        assert sorted(m.id for m in messages) == sorted(ids)
+    assert leftovers(queue_config, "t") == []
 
 
 def test_requeue_delay_extend_and_retry(queue_config: dict[str, Any]) -> None:

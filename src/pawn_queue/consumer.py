@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -26,7 +26,7 @@ from pawn_queue.exceptions import (
     StoreError,
     TopicNotFoundError,
 )
-from pawn_queue.message import Message
+from pawn_queue.message import Message, ack_together
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.retry import Retry
 
@@ -144,6 +144,15 @@ class Consumer:
                         self._observers.delivered(message)
                 return messages
             await self._wait_for_change(seen, min(remaining, self._idle_seconds()))
+
+    async def ack_all(self, messages: Iterable[Message]) -> None:
+        """Ack ``messages`` together, as ``ack()`` on each would: the members of one batch
+        object share one write (a lease write, or the object's delete when none is left),
+        where acking them one after another costs a write each. Messages already settled
+        are skipped. Raises the first error once every message was tried; the others stay
+        acked."""
+        batch = handlers.messages_argument("ack_all", messages, Message)
+        await ack_together(list({id(m): m for m in batch}.values()))
 
     async def _wait_for_change(self, seen: dict[str, int], seconds: float) -> None:
         """Wait until a signal says one of the topics changed since ``seen``, a late claim

@@ -176,6 +176,32 @@ async def test_batch_of_100_costs_a_lease_write_per_poll(
     )
 
 
+@pytest.mark.parametrize("settle", ["one by one", "ack_all"])
+async def test_a_poll_loop_pays_a_lease_write_per_ack_unless_it_acks_together(
+    counted: tuple[PawnQueue, CountingStore], settle: str
+) -> None:
+    """Polls of 10 from an object of 30: each ack() of a member the object outlives is a
+    lease write of its own (rule 13), where a poll's acks given together share one."""
+    pq, store = counted
+    producer = await pq.register_producer("p")
+    consumer = await pq.register_consumer("c", topics=["t"])
+    await producer.publish_batch("t", [{"n": n} for n in range(30)])
+    await spent(pq, store)
+    acked = 0
+    while acked < 30:
+        messages = await consumer.poll()
+        if settle == "ack_all":
+            await consumer.ack_all(messages)
+        else:
+            for message in messages:
+                await message.ack()
+        acked += len(messages)
+    lease_writes = 2 if settle == "ack_all" else 29
+    assert await spent(pq, store) == Counter(
+        {"LIST": 1, "PUT create": 1, "GET": 1, "PUT if-match": lease_writes, "DELETE": 2}
+    )
+
+
 async def listen_until(
     consumer: Any, count: int, handle: Any, concurrency: int | None = None
 ) -> None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import Executor
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 from pawn_queue import message
-from pawn_queue.exceptions import PawnQueueError
+from pawn_queue.exceptions import ArgumentError, PawnQueueError
 
 T = TypeVar("T")
 
@@ -173,3 +173,14 @@ def _on_loop(
         return result
 
     return in_thread
+
+
+def messages_argument(call: str, messages: object, kind: type[T]) -> list[T]:
+    """``messages`` as a list, each a ``kind``; else an ArgumentError naming ``call``."""
+    if isinstance(messages, kind | str | bytes) or not isinstance(messages, Iterable):
+        raise ArgumentError(f"{call} takes a list of messages, got {type(messages).__name__}")
+    batch = list(messages)
+    for item in batch:
+        if not isinstance(item, kind):
+            raise ArgumentError(f"{call} takes messages, got {type(item).__name__}")
+    return batch
