@@ -154,15 +154,18 @@ class Consumer:
         batch = handlers.messages_argument("ack_all", messages, Message)
         await ack_together(list({id(m): m for m in batch}.values()))
 
-    async def _wait_for_change(self, seen: dict[str, int], seconds: float) -> None:
+    async def _wait_for_change(
+        self, seen: dict[str, int], seconds: float, running: Iterable[asyncio.Task[None]] = ()
+    ) -> None:
         """Wait until a signal says one of the topics changed since ``seen``, a late claim
-        kept messages for the next poll, or ``seconds`` pass."""
+        kept messages for the next poll, one of the handlers ``running`` ends, or
+        ``seconds`` pass."""
         if self._claimer.arrived.is_set():
             return
         signal = asyncio.ensure_future(self._signals.wait(self._topics, seconds, seen))
         arrived = asyncio.ensure_future(self._claimer.arrived.wait())
         try:
-            await asyncio.wait({signal, arrived}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({signal, arrived, *running}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiting in (signal, arrived):
                 waiting.cancel()
@@ -381,12 +384,7 @@ class Consumer:
                 self._handout.round_settled()
 
     async def _idle(self, seen: dict[str, int], running: set[asyncio.Task[None]]) -> None:
-        waiting = asyncio.ensure_future(self._wait_for_change(seen, self._idle_seconds()))
-        try:
-            await asyncio.wait({waiting, *running}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
+        await self._wait_for_change(seen, self._idle_seconds(), running)
 
     async def _dispatch(
         self, handler: handlers.AsyncHandler, message: Message, retry: Retry | None

@@ -85,8 +85,13 @@ class LeaseManager(LeaseProtocol):
     def worth_claiming(self, topic: str, lease_id: str, message_key: str) -> bool:
         """False if this process knows the message is leased or gone (saves requests)."""
         key = layout.lease_key(topic, lease_id)
-        if key in self._held_here or key in self._claiming_here:
-            return False
+        return not self._leased_here(key) and self._not_known_busy(key, message_key)
+
+    def _leased_here(self, key: str) -> bool:
+        return key in self._held_here or key in self._claiming_here
+
+    def _not_known_busy(self, key: str, message_key: str) -> bool:
+        """Not settled here, and not known to be leased elsewhere."""
         if message_key in self._settled_here:
             return False
         until = self._busy_until.get(key)
@@ -98,11 +103,12 @@ class LeaseManager(LeaseProtocol):
         queue's consumers look again: a replayed copy has the id, so the lease key, of the
         message acked (docs/protocol.md "Replay"), and would wait for the next sweep."""
         key = layout.lease_key(topic, lease_id)
-        if key in self._held_here or key in self._claiming_here:
+        if self._leased_here(key):
             lease = self._tombstones.take_superseded(key, message_key)
             if lease is not None:
                 self._background.start(self._release_superseded(lease))
-        return self.worth_claiming(topic, lease_id, message_key)
+            return False
+        return self._not_known_busy(key, message_key)
 
     async def _release_superseded(self, lease: Lease) -> None:
         await self.release_gone(lease)
