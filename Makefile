@@ -4,13 +4,21 @@ VENV := .venv
 PY := $(VENV)/bin/python
 COMPAT_VENV := .venv-pq013
 VSQS_VENV := .venv-vsqs
+DEMO_STAMP := $(VENV)/.demo-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck docs docs-check pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-replay bench-soak chromium clean
+.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck docs docs-check pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-replay bench-soak chromium systemd clean
 
-$(STAMP): pyproject.toml
+# What `make demo` needs: the library, its command line (Rich) and PySpark.
+$(DEMO_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[cli,spark]"
+	touch $(DEMO_STAMP)
+
+# What `make test` and the benchmarks need besides: the other extras and the dev group (the
+# test and lint tools, the S3 servers, Playwright, MkDocs).
+$(STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install --quiet -e ".[cli,metrics,spark,dashboard]" --group dev
 	touch $(STAMP)
 
@@ -25,10 +33,10 @@ $(COMPAT_VENV)/.installed:
 # service's consumers) and revenue (the Spark query): each is checked to get every order once.
 demo: demo-queue demo-spark
 
-demo-queue: $(STAMP)
+demo-queue: $(DEMO_STAMP)
 	$(PY) examples/demo.py
 
-demo-spark: $(STAMP)
+demo-spark: $(DEMO_STAMP)
 	$(PY) examples/orders_pipeline.py --reset --url file://./pipeline-demo --out ./pipeline-demo-out
 
 lint: $(STAMP)
@@ -49,17 +57,30 @@ docs-check: $(STAMP)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 		$(MKDOCS) build --strict --site-dir "$$tmp"
 
+# $(call apt_install,PACKAGES): Debian packages with apt-get, as root or through sudo.
+apt_install = if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+	$$sudo apt-get update -qq && $$sudo apt-get install -y --no-install-recommends $(1)
+
 # Debian's Chromium for the dashboard's browser tests (Playwright drives it; it downloads
 # no browser of its own). Without apt-get those tests are skipped, saying why.
 CHROMIUM := /usr/bin/chromium
 chromium:
 	@if [ -x $(CHROMIUM) ]; then :; \
 	elif command -v apt-get >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
-		$$sudo apt-get update -qq && \
-		$$sudo apt-get install -y --no-install-recommends chromium; \
+		$(call apt_install,chromium); \
 	else \
 		echo "apt-get not found: install Chromium at $(CHROMIUM), or the dashboard's browser tests are skipped"; \
+	fi
+
+# Debian's systemd for tests/docs/test_systemd_units.py: `systemd-analyze verify` loads the
+# docs' units (nothing is started). Without apt-get that test is skipped, saying why.
+SYSTEMD_ANALYZE := /usr/bin/systemd-analyze
+systemd:
+	@if [ -x $(SYSTEMD_ANALYZE) ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		$(call apt_install,systemd); \
+	else \
+		echo "apt-get not found: install systemd (systemd-analyze), or the docs' unit test is skipped"; \
 	fi
 
 # The store matrix's servers besides SeaweedFS (a Python package) and moto (in the dev
@@ -68,9 +89,7 @@ CEPH_PACKAGES := ceph-mon ceph-osd radosgw
 ceph:
 	@if command -v radosgw >/dev/null 2>&1 && command -v ceph-osd >/dev/null 2>&1; then :; \
 	elif command -v apt-get >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
-		$$sudo apt-get update -qq && \
-		$$sudo apt-get install -y --no-install-recommends $(CEPH_PACKAGES); \
+		$(call apt_install,$(CEPH_PACKAGES)); \
 	else \
 		echo "apt-get not found: install $(CEPH_PACKAGES) (Ceph 16.2+), the Ceph RGW tests need them"; \
 		exit 1; \
@@ -83,7 +102,7 @@ $(NPM_DIR)/node_modules/.installed: $(NPM_DIR)/package.json $(NPM_DIR)/package-l
 
 test-servers: ceph $(NPM_DIR)/node_modules/.installed
 
-pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium test-servers
+pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
 	PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q --durations=40
 
 test: lint typecheck docs-check pytest

@@ -1,9 +1,11 @@
-"""Helpers shared by the queue benchmarks, standard library only.
+"""What the benchmarks share, standard library only: where the repository and the results
+are, the one results writer, statistics, S3 request counts and their price, and the queue
+drivers.
 
-``bench/queue.py`` imports this as ``bench.common``; ``bench/pq013_runner.py`` and
-``bench/vsqs_bench.py`` run under other interpreters (pawn-queue 0.1.3's and vsqs's venvs)
-and load it as ``common``. Nothing here imports ``pawn_queue``: the drivers below only use
-what both queue libraries expose (``producer.publish``, ``consumer.poll``/``listen``,
+Every benchmark imports this as ``bench.common``, the runners of the other venvs
+(``bench.queue.pq013_runner`` under pawn-queue 0.1.3's, ``bench.queue.vsqs_runner`` under
+vsqs's) too. Nothing here imports ``pawn_queue``: the drivers below only use what both queue
+libraries expose (``producer.publish``, ``consumer.poll``/``listen``,
 ``message.id``/``payload``/``ack``), so both are measured by the same code.
 """
 
@@ -25,8 +27,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-# AWS S3 Standard list prices, USD per million requests (us-east-1). DELETE is free.
 REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"  # each benchmark's JSON: RESULTS / "<name>.json"
+
+# AWS S3 Standard list prices, USD per million requests (us-east-1). DELETE is free.
 PRICE_PUT_LIST = 5.00  # PUT, COPY, POST, LIST
 PRICE_GET_HEAD = 0.40  # GET, HEAD (and everything else that is not a write or a list)
 MINUTES_PER_MONTH = 60 * 24 * 30

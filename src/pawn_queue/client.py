@@ -7,13 +7,13 @@ import contextlib
 import logging
 import os
 import reprlib
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from datetime import datetime
 from types import EllipsisType, TracebackType
 from typing import Any
 
 from pawn_queue._internal.aio import Background
-from pawn_queue._internal.durations import seconds_argument
+from pawn_queue._internal.durations import count_argument, rate_argument, seconds_argument
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.dedup import MarkerSweeper
 from pawn_queue._protocol.envelope import now_utc
@@ -21,14 +21,14 @@ from pawn_queue._protocol.lease_protocol import ResolvedStrategy
 from pawn_queue._protocol.leases import LeaseManager
 from pawn_queue._protocol.listings import SharedListings
 from pawn_queue._protocol.notify import ChangeSignals
-from pawn_queue._protocol.replay import replay
+from pawn_queue._protocol.replay import check_replayable, replay
 from pawn_queue._protocol.retained import RetainedSweeper
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue._protocol.strategy import known_conditional, resolve_strategy
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
-from pawn_queue.exceptions import ArgumentError, PawnQueueError, RootNotFound
+from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError, RootNotFound
 from pawn_queue.observe import Observer, Observers
 from pawn_queue.producer import Producer
 from pawn_queue.registry import Registry
@@ -68,9 +68,19 @@ class PawnQueue:
     ) -> None:
         """``store`` replaces the one ``config`` selects (custom stores, fault injection);
         ``clock`` the host's UTC wall clock (tests of clock skew); ``observers`` are called
-        as messages are published, delivered, handled and settled (:mod:`pawn_queue.observe`)."""
+        as messages are published, delivered, handled and settled (:mod:`pawn_queue.observe`).
+        A bad value raises ConfigError (``config``) or ArgumentError (the others)."""
+        if not isinstance(config, PawnQueueConfig):
+            raise ConfigError(
+                f"config: got {type(config).__name__}, must be a PawnQueueConfig "
+                "(PawnQueue.from_config takes a YAML path or a mapping)"
+            )
+        if store is not None and not isinstance(store, Store):
+            raise ArgumentError(f"store: got {reprlib.repr(store)}, must be a Store or None")
+        if clock is not None and not callable(clock):
+            raise ArgumentError(f"clock: got {reprlib.repr(clock)}, must be a function or None")
         self.config = config
-        self._observers = Observers(observers)
+        self._observers = Observers(_observers_argument(observers))
         self._custom_store = store
         self._clock = clock or now_utc
         self._runtime: Runtime | None = None
@@ -78,16 +88,27 @@ class PawnQueue:
         self._heartbeat: asyncio.Task[None] | None = None
 
     @classmethod
-    async def from_config(
-        cls, config: str | os.PathLike[str] | dict[str, Any] | PawnQueueConfig
+    def from_config(
+        cls, config: str | os.PathLike[str] | Mapping[str, Any] | PawnQueueConfig
     ) -> PawnQueue:
-        """Create from a YAML path, a dict or a PawnQueueConfig (not set up yet)."""
+        """Create from a YAML path, a mapping or a PawnQueueConfig; not set up yet.
+
+        ``async with PawnQueue.from_config(...) as pq`` sets it up and tears it down; awaited
+        (``pq = await PawnQueue.from_config(...)``) or not, it is the queue itself. The same
+        holds for :meth:`from_url`."""
         return cls(load_config(config))
 
     @classmethod
     def from_url(cls, url: str) -> PawnQueue:
-        """Create from a store URL: ``file:///dir``, ``memory://``, ``s3://bucket/prefix?...``."""
+        """Create from a store URL: ``file:///dir``, ``memory://``, ``s3://bucket/prefix?...``;
+        not set up yet. Used as :meth:`from_config` is: in ``async with``, awaited or not."""
         return cls(PawnQueueConfig.from_url(url))
+
+    def __await__(self) -> Generator[None, None, PawnQueue]:
+        """``await pq`` is ``pq`` (not set up), so that ``await PawnQueue.from_config(...)``
+        and ``await PawnQueue.from_url(...)`` both work."""
+        yield from ()
+        return self
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -277,6 +298,7 @@ class PawnQueue:
         """The oldest messages of the topic (or of one of its subscriptions), at most
         ``limit``, each with its state (``pending``, ``in_flight`` or ``delayed``), read
         without claiming them. Costs two LISTs and a GET per message object shown."""
+        count_argument("limit", limit, minimum=0)
         visibility = self.config.polling.visibility_timeout_seconds
         return await self._ready().topics.peek(_queue(topic, subscription), limit, visibility)
 
@@ -330,7 +352,7 @@ class PawnQueue:
             await replay(runtime, subscription, since)
         return subscription
 
-    async def seek(self, topic: str, name: str, to: str | datetime) -> None:
+    async def seek(self, topic: str, name: str, to: str | datetime, *, drop: bool = False) -> None:
         """Make a subscription receive the topic's messages from ``to`` on: ``"earliest"``,
         a timezone-aware datetime, or ``"latest"`` (nothing of what waits now).
 
@@ -339,13 +361,25 @@ class PawnQueue:
         ``replay_window_seconds`` after publish, acked or not) is delivered again, oldest
         first, as the subscription's filter takes it. Consumers receive the first messages
         while the rest are copied; this returns once all are. A seek that fails half-way is
-        finished by calling it again.
+        finished by calling it again. Deliveries of the dropped messages in progress in this
+        process can no longer be settled (LeaseLostError); elsewhere, from their next lease
+        refresh.
+
+        A seek that would drop a message it cannot bring back raises ReplayUnavailableError
+        and changes nothing: to ``"earliest"`` or a time on a topic with no replay window,
+        to a time before the window, or while a message from before the log's oldest waits.
+        ``drop=True`` seeks all the same.
         """
         since = parse_start(to, "to")
+        if not isinstance(drop, bool):
+            raise ArgumentError(f"drop: got {drop!r}, must be True or False")
         runtime = self._ready()
         subscription = await runtime.subscriptions.get(topic, name)
+        if since != "latest" and not drop:
+            await check_replayable(runtime, subscription, since)
         # What the purge could delete was published before it ended: it is copied again.
         await runtime.topics.purge(subscription.queue)
+        runtime.leases.forget_queue(subscription.queue)
         if since != "latest":
             await replay(runtime, subscription, since)
 
@@ -394,12 +428,16 @@ class PawnQueue:
     ) -> list[DeadLetter]:
         """The dead letters of the topic (or of one of its subscriptions), oldest first,
         with why they ended there."""
+        if limit is not None:
+            count_argument("limit", limit, minimum=0)
         return await self._dead_letters().list(_queue(topic, subscription), limit=limit)
 
     async def dead_letter(
         self, topic: str, message_id: str, *, subscription: str | None = None
     ) -> DeadLetter | None:
         """One dead letter by its message id (one GET); None if the topic has none by that id."""
+        if not isinstance(message_id, str):
+            raise ArgumentError(f"message_id: got {reprlib.repr(message_id)}, must be a string")
         return await self._dead_letters().get(_queue(topic, subscription), message_id)
 
     async def redrive(
@@ -412,7 +450,12 @@ class PawnQueue:
         per_second: float | None = None,
     ) -> int:
         """Move dead letters back to the topic, or to the subscription they came from (same
-        id, payload, attributes); returns how many."""
+        id, payload, attributes); returns how many. ``ids``: only those; ``limit``: that many
+        at most; ``per_second``: at most that many a second."""
+        if limit is not None:
+            count_argument("limit", limit, minimum=0)
+        if per_second is not None:
+            rate_argument("per_second", per_second)
         return await self._dead_letters().redrive(
             _queue(topic, subscription), ids=ids, limit=limit, per_second=per_second
         )
@@ -499,6 +542,17 @@ def _queue(topic: str, subscription: str | None) -> str:
     if subscription is None:
         return topic
     return layout.subscription_queue(topic, layout.validate_name(subscription, "subscription name"))
+
+
+def _observers_argument(observers: object) -> list[Observer]:
+    """``observers`` as a list of :class:`Observer`; else ArgumentError."""
+    if isinstance(observers, Iterable) and not isinstance(observers, str | bytes):
+        found = list(observers)
+        if all(isinstance(observer, Observer) for observer in found):
+            return found
+    raise ArgumentError(
+        f"observers: got {reprlib.repr(observers)}, must be a list of pawn_queue.observe.Observer"
+    )
 
 
 def _not_set_up() -> PawnQueueError:

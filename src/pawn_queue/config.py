@@ -313,6 +313,8 @@ def parse_url(url: str) -> dict[str, Any]:
     ``file://localhost/abs``, ``memory://`` (a fresh store), ``memory://name`` (shared in the
     process). Credentials in the URL are refused.
     """
+    if not isinstance(url, str):
+        raise ConfigError(f"url: got {type(url).__name__}, must be a store URL string")
     data = parse_store_url(url, {"s3": S3_URL_KEYS, "az": AZURE_URL_KEYS})
     section = data[data["backend"]]
     for key, raw in section.items():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import reprlib
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
@@ -11,6 +13,7 @@ from typing import Any
 
 from pawn_queue._internal import handlers
 from pawn_queue._internal.aio import IO_CONCURRENCY, gather_limited
+from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._internal.handlers import Handler
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.batching import BatchListener, BatchSource, check_batch
@@ -39,7 +42,7 @@ _RETRY_SOON = 0.05  # after a poll that left candidates unclaimed (a race lost, 
 _RETRY_AFTER_FAILURE = 1.0  # after a poll whose claim failed (not sooner: the store may be down)
 
 # Retry lived here once: still importable from here.
-__all__ = ["Consumer", "MessageHandler", "Retry", "check_concurrency"]
+__all__ = ["Consumer", "MessageHandler", "Retry", "check_concurrency", "check_listen"]
 
 
 async def _cancel_and_wait(tasks: set[asyncio.Task[None]]) -> None:
@@ -62,6 +65,43 @@ def check_concurrency(concurrency: object) -> None:
     """Refuse a ``concurrency`` that is not a positive integer."""
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ArgumentError(f"concurrency must be a positive integer, got {concurrency!r}")
+
+
+def check_listen(
+    handler: object,
+    *,
+    retry: object,
+    grace: object,
+    concurrency: object = None,
+    batch: object = None,
+    batch_wait: object = None,
+) -> None:
+    """Refuse what ``listen()`` (async or blocking) cannot use, before it claims anything."""
+    check_handler(handler)
+    if retry is not None and not isinstance(retry, Retry):
+        raise ArgumentError(f"retry: got {reprlib.repr(retry)}, must be a pawn_queue.Retry or None")
+    if grace is not None:
+        seconds_argument("grace", grace, zero=True)
+    if concurrency is not None:
+        check_concurrency(concurrency)
+    if batch is not None or batch_wait is not None:
+        check_batch(batch, batch_wait)
+
+
+def check_handler(handler: object) -> None:
+    """Refuse a ``handler`` that cannot be called with one argument (a message, or a batch's
+    list of them): it would fail on every message and dead-letter them all."""
+    if not callable(handler):
+        raise ArgumentError(f"handler: got {reprlib.repr(handler)}, must be a function")
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):
+        return  # a builtin without a readable signature: its call will tell
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        name = getattr(handler, "__qualname__", repr(handler))
+        raise ArgumentError(f"handler: {name} cannot take a message: {exc}") from None
 
 
 class Consumer:
@@ -130,10 +170,11 @@ class Consumer:
         signal (about ``notify.idle_check_interval_seconds``; bounds in
         docs/protocol.md, rule 14). With ``wait`` (seconds), an empty poll waits on the
         signals as ``listen()`` does: it returns as soon as a poll finds a message, or ``[]``
-        when ``wait`` has passed. Messages of a batch object beyond the maximum stay leased
-        here and come first in the next poll.
+        when ``wait`` has passed (a number of seconds >= 0, else ArgumentError). Messages of
+        a batch object beyond the maximum stay leased here and come first in the next poll.
         """
-        deadline = time.monotonic() + (wait or 0.0)
+        wait = 0.0 if wait is None else seconds_argument("wait", wait, zero=True)
+        deadline = time.monotonic() + wait
         while True:
             seen = self._signals.snapshot(self._topics)
             messages = await self._poll_once()
@@ -296,9 +337,23 @@ class Consumer:
         returned; with ``batch_wait`` seconds, what polls brought within that time, until
         N) and ``concurrency`` counts batches; when it returns, the messages it left
         unsettled are acked together (:mod:`pawn_queue._protocol.batching`).
+
+        A bad argument (a handler that cannot take a message, a ``retry`` that is not a
+        :class:`~pawn_queue.retry.Retry`, a negative ``grace``...) raises ArgumentError
+        before anything is claimed.
         """
-        if concurrency is not None:
-            check_concurrency(concurrency)
+        check_listen(
+            handler,
+            retry=retry,
+            grace=grace,
+            concurrency=concurrency,
+            batch=batch,
+            batch_wait=batch_wait,
+        )
+        if executor is not None and not isinstance(executor, Executor):
+            raise ArgumentError(
+                f"executor: got {reprlib.repr(executor)}, must be a concurrent.futures.Executor"
+            )
         batches: BatchListener | None = None
         if batch is not None or batch_wait is not None:
             size, wait = check_batch(batch, batch_wait)

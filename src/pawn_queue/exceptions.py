@@ -5,6 +5,7 @@ One root, so ``except PawnQueueError`` catches everything the library raises::
     PawnQueueError
     ├── ConfigError                  invalid configuration (raised before any I/O): see below
     ├── ArgumentError                a bad value for an option of one call: see below
+    │   └── ReplayUnavailableError   seek would drop messages it cannot bring back
     ├── StoreError                   the storage failed or refused a request
     │   ├── NotFoundError            the key does not exist
     │   ├── AlreadyExistsError       create-only put on an existing key
@@ -61,6 +62,12 @@ class ConfigError(PawnQueueError, ValueError):
 class ArgumentError(PawnQueueError, ValueError):
     """A bad value for an option of one call, such as ``publish(delay=-1)`` (see the module
     docstring); raised before anything is written."""
+
+
+class ReplayUnavailableError(ArgumentError):
+    """``seek`` was asked for messages the topic no longer keeps (or never kept: no
+    ``replay_window_seconds``), so it would drop what waits and not bring it back; nothing
+    was changed. ``seek(..., drop=True)`` drops what waits all the same."""
 
 
 class StoreError(PawnQueueError):

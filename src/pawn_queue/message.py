@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import reprlib
 from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import timedelta
@@ -26,6 +27,7 @@ from pawn_queue._protocol.lease_protocol import Lease
 from pawn_queue._protocol.observers import Outcome
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue.exceptions import (
+    ArgumentError,
     LeaseLostError,
     StoreError,
 )
@@ -363,10 +365,12 @@ class Message:
     async def nack(self, requeue: bool = False, delay: float = 0) -> None:
         """Dead-letter the message (the copy is durable before the message is removed), or
         with ``requeue=True`` make it visible again after ``delay`` seconds."""
+        if not isinstance(requeue, bool):
+            raise ArgumentError(f"requeue: got {reprlib.repr(requeue)}, must be True or False")
+        delay = seconds_argument("delay", delay, zero=True)
         if not requeue:
             await self.dead_letter("nack")
             return
-        delay = seconds_argument("delay", delay, zero=True)
         async with _Settling(self):
             if self._settled:
                 return
@@ -377,6 +381,10 @@ class Message:
 
     async def dead_letter(self, reason: str, error: str | None = None) -> None:
         """Dead-letter with a reason (and the error text of a failed handler)."""
+        if not isinstance(reason, str) or not reason:
+            raise ArgumentError(f"reason: got {reprlib.repr(reason)}, must be a non-empty string")
+        if error is not None and not isinstance(error, str):
+            raise ArgumentError(f"error: got {reprlib.repr(error)}, must be a string or None")
         async with _Settling(self):
             if self._settled:
                 return

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import os
+import reprlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -13,6 +14,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import dedup, layout
 from pawn_queue._protocol.envelope import Envelope, encode_batch
 from pawn_queue._protocol.group_commit import Copy, GroupCommit
@@ -90,9 +92,12 @@ class Producer:
         - On a topic with ``max_pending``, waits up to ``wait_for_room`` seconds for room,
           then raises QueueFullError.
 
-        Raises TopicNotFoundError for an unknown topic and PayloadError for a payload that
-        cannot be encoded (both before anything is written), PublishError if the write fails.
+        Raises TopicNotFoundError for an unknown topic, PayloadError for a payload that
+        cannot be encoded and ArgumentError for a bad option (all before anything is
+        written), PublishError if the write fails.
         """
+        _check_delay(delay)
+        seconds_argument("wait_for_room", wait_for_room, zero=True)
         settings = await self._topics.settings(topic)
         if group is not None and (not isinstance(group, str) or not group):
             raise ArgumentError(f"group: got {group!r}, must be a non-empty string")
@@ -268,9 +273,9 @@ class Producer:
         object is deleted once all of them are acked or dead-lettered. Same errors as
         :meth:`publish`; nothing is written if any payload cannot be encoded.
         """
+        payloads = payloads_argument(payloads)
         settings = await self._topics.settings(topic)
         checked = _check_attributes(attributes)
-        payloads = list(payloads)
         if not payloads:
             return []
         return await self._observed(
@@ -330,19 +335,40 @@ def _uuid4s(count: int) -> list[str]:
     return ids
 
 
+def payloads_argument(payloads: object) -> list[Any]:
+    """``publish_batch``'s ``payloads`` as a list; ArgumentError for what is not a collection
+    of payloads (a string or a mapping would be taken apart)."""
+    if isinstance(payloads, str | bytes | bytearray | Mapping) or not isinstance(
+        payloads, Iterable
+    ):
+        raise ArgumentError(
+            f"payloads: got {reprlib.repr(payloads)}, must be a list (or iterable) of payloads"
+        )
+    return list(payloads)
+
+
+def _check_delay(seconds: object) -> None:
+    """Refuse a ``delay`` that is not None or a number of seconds >= 0."""
+    if seconds is not None and (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 <= seconds < math.inf
+    ):
+        raise _delay_error(seconds)
+
+
 def _due(now: datetime, seconds: float | None) -> datetime:
-    """When a message published ``now`` with ``delay=seconds`` becomes visible."""
+    """When a message published ``now`` with ``delay=seconds`` (checked) becomes visible."""
     if seconds is None:
         return now
-    error = ArgumentError(
-        f"delay: got {seconds!r}, must be a number of seconds >= 0 (< 9999 years)"
-    )
-    if not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
-        raise error
     try:
         return now + timedelta(seconds=seconds)
     except OverflowError:
-        raise error from None
+        raise _delay_error(seconds) from None
+
+
+def _delay_error(seconds: object) -> ArgumentError:
+    return ArgumentError(f"delay: got {seconds!r}, must be a number of seconds >= 0 (< 9999 years)")
 
 
 def _check_attributes(attributes: Mapping[str, str] | None) -> dict[str, str]:

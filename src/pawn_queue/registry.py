@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Literal, TypeVar
 
 from pawn_queue._internal.aio import gather_limited
+from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import codec, layout
 from pawn_queue._protocol.envelope import encode_json, now_utc
 from pawn_queue._protocol.layout import ROLES, Role
@@ -177,6 +178,7 @@ class Registry:
         ``window`` seconds; stopped: it stopped cleanly; dead: neither), by name. An entry
         no process record names is judged by its own ``last_seen`` (pawn-queue 0.1.x
         heartbeats it), or ``unknown`` if that never moved (a one-shot publisher's)."""
+        seconds_argument("window", window)
         entries = await self.list(role)
         instances = await self.instances()
         now = now_utc()

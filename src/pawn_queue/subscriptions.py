@@ -307,6 +307,7 @@ class Subscriptions:
         layout.validate_name(name, "subscription name")
         wanted = None if given_filter is ... else parse_filter(given_filter)
         wanted_linger = None if linger is None else linger_seconds(linger)
+        replace(TopicSettings(), **given)  # invalid settings fail before any I/O
         queue = layout.subscription_queue(topic, name)
         await self.get(topic, name)  # SubscriptionNotFoundError
         settings = await self._topics.update(queue, given) if given else None

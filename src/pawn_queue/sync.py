@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import concurrent.futures
 import os
+import reprlib
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import datetime
@@ -22,14 +23,14 @@ from typing import Any, TypeVar
 from pawn_queue import client, consumer, producer, registry
 from pawn_queue._internal import handlers
 from pawn_queue._internal.daemon_pool import DaemonThreadPool
+from pawn_queue._internal.durations import count_argument
 from pawn_queue._internal.handlers import Forwarded
 from pawn_queue._internal.loop_thread import CLOSED, Call, LoopThread, sigterm_raises
-from pawn_queue._protocol.batching import check_batch
 from pawn_queue._protocol.layout import Role
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.dead_letters import DeadLetter
-from pawn_queue.exceptions import PawnQueueError
+from pawn_queue.exceptions import ArgumentError, PawnQueueError
 from pawn_queue.observe import Observer
 from pawn_queue.registry import Liveness, RegistryEntry
 from pawn_queue.store.base import Store
@@ -80,12 +81,14 @@ class PawnQueue:
     def from_config(
         cls, config: str | os.PathLike[str] | Mapping[str, Any] | PawnQueueConfig
     ) -> PawnQueue:
-        """Create from a YAML path, a dict or a PawnQueueConfig (not set up yet)."""
+        """Create from a YAML path, a mapping or a PawnQueueConfig, not set up yet: ``with
+        PawnQueue.from_config(...) as pq`` sets it up and closes it."""
         return cls(load_config(config))
 
     @classmethod
     def from_url(cls, url: str) -> PawnQueue:
-        """Create from a store URL: ``file:///dir``, ``memory://``, ``s3://bucket/prefix?...``."""
+        """Create from a store URL: ``file:///dir``, ``memory://``, ``s3://bucket/prefix?...``;
+        not set up yet, as :meth:`from_config`."""
         return cls(PawnQueueConfig.from_url(url))
 
     def setup(self) -> None:
@@ -333,11 +336,12 @@ class PawnQueue:
         """The counts of :meth:`topic_stats` for one subscription."""
         return self._runner.call(self._ready_queue().subscription_stats(topic, name))
 
-    def seek(self, topic: str, name: str, to: str | datetime) -> None:
+    def seek(self, topic: str, name: str, to: str | datetime, *, drop: bool = False) -> None:
         """Make a subscription receive the topic's retained messages from ``to`` on
         (``"earliest"``, a timezone-aware datetime, or ``"latest"``: nothing that waits now).
-        As the async :meth:`pawn_queue.client.PawnQueue.seek`."""
-        self._runner.call(self._ready_queue().seek(topic, name, to))
+        As the async :meth:`pawn_queue.client.PawnQueue.seek`, which refuses to drop what it
+        cannot bring back unless ``drop=True``."""
+        self._runner.call(self._ready_queue().seek(topic, name, to, drop=drop))
 
     @property
     def registry(self) -> Registry:
@@ -410,7 +414,8 @@ class Producer:
         self, topic: str, payloads: Iterable[Any], *, attributes: Mapping[str, str] | None = None
     ) -> list[str]:
         """Publish many messages as one batch object (one write); return their ids."""
-        items = list(payloads)  # iterate here: a generator must not run on the loop thread
+        # Iterated here: a generator must not run on the loop thread.
+        items = producer.payloads_argument(payloads)
         return self._runner.call(self._inner.publish_batch(topic, items, attributes=attributes))
 
 
@@ -473,10 +478,15 @@ class Consumer:
 
         With ``batch=N`` (and ``batch_wait`` seconds), ``handler`` takes a list of up to N
         messages, and those it left unsettled are acked together when it returns, as in
-        the async API (:mod:`pawn_queue._protocol.batching`).
+        the async API (:mod:`pawn_queue._protocol.batching`). A bad argument raises
+        ArgumentError before anything is claimed.
         """
-        if batch is not None or batch_wait is not None:
-            check_batch(batch, batch_wait)
+        # Checked here, before the listener starts: a stop set meanwhile would hide its error.
+        consumer.check_listen(handler, retry=retry, grace=grace, batch=batch, batch_wait=batch_wait)
+        if stop is not None and not isinstance(stop, threading.Event):
+            raise ArgumentError(f"stop: got {reprlib.repr(stop)}, must be a threading.Event")
+        if workers is not None:
+            count_argument("workers", workers, minimum=1)
         runner = self._runner
         pool = DaemonThreadPool(workers or self._workers, f"pawn-queue-{self.name}")
         listening: list[Call[None]] = []

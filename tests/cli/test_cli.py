@@ -360,7 +360,8 @@ def test_publish_batch_and_count(url: str) -> None:
     result = cli(url, "publish", "orders", "--batch", "3", input=lines)
     assert len(result.stdout.split()) == 7
     stats = json.loads(cli(url, "--json", "topics", "stats", "orders").stdout)
-    assert stats["pending"] == 3  # batch objects: 3 + 3 + 1
+    assert stats["pending"] == 7  # messages, in batch objects of 3 + 3 + 1
+    assert stats["pending_objects"] == 3
     first = json_lines(cli(url, "consume", "orders", "--count", "4").stdout)
     assert [m["payload"]["n"] for m in first] == [0, 1, 2, 3]
     rest = json_lines(cli(url, "consume", "orders").stdout)
@@ -471,6 +472,7 @@ def test_consumers_and_producers(url: str) -> None:
 
 
 def test_doctor_on_a_local_directory(url: str) -> None:
+    Path(url.removeprefix("file://")).mkdir()  # doctor checks a store, it creates none
     report = json.loads(cli(url, "doctor", "--json").stdout)
     assert report["ok"] is True
     assert report["strategy"] == "conditional_write"
@@ -639,16 +641,27 @@ def store_target(
 
 
 class Proc:
-    def __init__(self, url: str, env: dict[str, str]) -> None:
-        self.url, self.env = url, env
+    """``python -m pawn_queue --url URL --log-level debug ARGS`` (no ``--url`` if ``url`` is
+    None), in ``cwd``; asserts the exit code and keeps every output."""
+
+    def __init__(self, url: str | None, env: dict[str, str], cwd: Path | None = None) -> None:
+        self.url, self.env, self.cwd = url, env, cwd
         self.outputs: list[str] = []
 
     def __call__(
         self, *args: str, input: str | None = None, code: int = 0
     ) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "pawn_queue", "--url", self.url, "--log-level", "debug"]
+        argv = [sys.executable, "-m", "pawn_queue", "--log-level", "debug"]
+        if self.url is not None:
+            argv += ["--url", self.url]
         done = subprocess.run(
-            [*argv, *args], input=input, capture_output=True, text=True, env=self.env, timeout=120
+            [*argv, *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=self.cwd,
+            timeout=120,
         )
         self.outputs += [done.stdout, done.stderr]
         assert done.returncode == code, (args, done.stdout, done.stderr)

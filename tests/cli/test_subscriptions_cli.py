@@ -216,7 +216,11 @@ def test_replay_window_start_and_seek(config: Path) -> None:
     cli(config, "subscriptions", "seek", "orders", "late", "latest", "--yes")
     shown = as_json(cli(config, "subscriptions", "show", "orders", "late", "--json"))
     assert shown["stats"]["pending"] == 0
-    cli(config, "subscriptions", "seek", "orders", "late", "2000-01-01T00:00:00Z", "--yes")
+    # Before the window: refused, saying why, unless --drop.
+    long_ago = ("subscriptions", "seek", "orders", "late", "2000-01-01T00:00:00Z", "--yes")
+    refused = cli(config, *long_ago, code=2)
+    assert "keeps messages 3600 s" in refused.stderr and "--drop" in refused.stderr
+    cli(config, *long_ago, "--drop")
     shown = as_json(cli(config, "subscriptions", "show", "orders", "late", "--json"))
     assert shown["stats"]["pending"] == 3
     # A time without its zone, or any other word, is a usage error that changes nothing.
@@ -228,6 +232,21 @@ def test_replay_window_start_and_seek(config: Path) -> None:
     assert [
         s["subscription"] for s in as_json(cli(config, "subscriptions", "list", "orders", "--json"))
     ] == ["late"]
+
+
+def test_a_seek_that_would_lose_what_waits_is_refused(config: Path) -> None:
+    cli(config, "topics", "create", "orders")  # no replay window
+    cli(config, "subscriptions", "create", "orders", "billing")
+    for n in range(5):
+        cli(config, "publish", "orders", f'{{"n": {n}}}')
+    refused = cli(config, "subscriptions", "seek", "orders", "billing", "earliest", "--yes", code=2)
+    assert "keeps no history (replay_window_seconds=0)" in refused.stderr
+    assert "is at" not in refused.stderr
+    shown = as_json(cli(config, "subscriptions", "show", "orders", "billing", "--json"))
+    assert shown["stats"]["pending"] == 5
+    cli(config, "subscriptions", "seek", "orders", "billing", "earliest", "--yes", "--drop")
+    shown = as_json(cli(config, "subscriptions", "show", "orders", "billing", "--json"))
+    assert shown["stats"]["pending"] == 0
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,8 @@ import pytest
 import yaml
 
 from tests.conftest import queue_config_dict
+from tests.helpers.markdown import REPO, fenced_blocks, markdown_files
 
-REPO = Path(__file__).resolve().parents[2]
-FENCE = re.compile(r"^(?P<indent>\s*)(?P<ticks>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)")
 NOT_RUN = re.compile(r"^\s*<!--\s*not run:(?P<reason>.*?)-->\s*$")
 PYTHON = frozenset({"python", "py", "python3"})
 TIMEOUT_SECONDS = 120
@@ -39,38 +38,14 @@ class Block:
         return f"{self.path.relative_to(REPO)}:{self.line}"
 
 
-def markdown_files() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-
-
 def python_blocks(path: Path) -> list[Block]:
-    """The file's ```python blocks (in tabs and admonitions too: indented fences)."""
+    """The file's ```python blocks, each with the reason it is not run, if marked so."""
     blocks: list[Block] = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    index = 0
-    while index < len(lines):
-        match = FENCE.match(lines[index])
-        if match is None:
-            index += 1
-            continue
-        indent, ticks, lang = match["indent"], match["ticks"], match["lang"].lower()
-        start = index
-        index += 1
-        body: list[str] = []
-        while index < len(lines) and not re.match(
-            rf"^{re.escape(indent)}{re.escape(ticks)}\s*$", lines[index]
-        ):
-            line = lines[index]
-            body.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
-            index += 1
-        index += 1  # the closing fence
-        if lang not in PYTHON:
-            continue
-        previous = next((lines[i] for i in range(start - 1, -1, -1) if lines[i].strip()), "")
-        marker = NOT_RUN.match(previous)
-        blocks.append(
-            Block(path, start + 1, "\n".join(body) + "\n", marker["reason"] if marker else None)
-        )
+    for fenced in fenced_blocks(path):
+        if fenced.lang in PYTHON:
+            marker = NOT_RUN.match(fenced.before)
+            reason = marker["reason"] if marker else None
+            blocks.append(Block(path, fenced.line, fenced.text, reason))
     return blocks
 
 

@@ -44,6 +44,14 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     assert 'id="pawn_queue.PawnQueue"' in api, "the API reference lost PawnQueue"
     changelog = (tmp_path / "changelog" / "index.html").read_text(encoding="utf-8")
     assert "Unreleased" in changelog, "CHANGELOG.md is not included"
+    # The home page shows the comparison with SQS, Kafka, Celery and a database queue that
+    # it speaks of (the README's table, included), not a pointer to a file off the site.
+    home = (tmp_path / "index.html").read_text(encoding="utf-8")
+    headers = [
+        re.findall(r"<th>(.*?)</th>", head)
+        for head in re.findall(r"<thead>.*?</thead>", home, re.S)
+    ]
+    assert any({"Amazon SQS", "Kafka", "Celery"} <= set(row) for row in headers), headers
 
 
 def test_the_configuration_reference_is_up_to_date() -> None:

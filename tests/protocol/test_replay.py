@@ -13,7 +13,7 @@ from pawn_queue import ArgumentError, PawnQueue
 from pawn_queue._protocol import layout, retained
 from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
-from pawn_queue.exceptions import ConfigError
+from pawn_queue.exceptions import ConfigError, LeaseLostError, ReplayUnavailableError
 from pawn_queue.store import open_store
 from tests.conftest import FAST_POLLING
 from tests.helpers.faults import FaultyStore
@@ -232,3 +232,90 @@ async def test_a_bad_seek_target_is_refused_before_anything_changes(
         await pq.create_subscription("t", "s2", start=bad)  # type: ignore[arg-type]
     assert (await pq.subscription_stats("t", "s")).pending == 1
     assert [s.name for s in await pq.list_subscriptions("t")] == ["s"]
+
+
+async def test_a_seek_into_a_topic_without_history_refuses_and_keeps_what_waits(
+    pq: PawnQueue,
+) -> None:
+    await pq.create_topic("t")  # no replay window: nothing to bring back
+    await pq.create_subscription("t", "s")
+    producer = await pq.register_producer("p")
+    for i in range(5):
+        await producer.publish("t", i)
+    for to in ("earliest", datetime.now(UTC) - timedelta(minutes=5)):
+        with pytest.raises(ReplayUnavailableError, match="replay_window_seconds"):
+            await pq.seek("t", "s", to)
+        assert (await pq.subscription_stats("t", "s")).pending == 5
+    consumer = await pq.register_consumer("c", ["t"], subscription="s")
+    assert await drain(consumer) == [0, 1, 2, 3, 4]
+    # Asked for: what waits is dropped, and nothing comes back.
+    await producer.publish("t", "again")
+    await pq.seek("t", "s", "earliest", drop=True)
+    assert (await pq.subscription_stats("t", "s")).pending == 0
+
+
+async def test_a_seek_before_the_replay_window_refuses(pq: PawnQueue) -> None:
+    await pq.create_topic("t", replay_window_seconds=60)
+    await pq.create_subscription("t", "s")
+    producer = await pq.register_producer("p")
+    await producer.publish("t", "kept")
+    with pytest.raises(ReplayUnavailableError, match="60"):
+        await pq.seek("t", "s", datetime.now(UTC) - timedelta(hours=1))
+    assert (await pq.subscription_stats("t", "s")).pending == 1
+    await pq.seek("t", "s", datetime.now(UTC) - timedelta(hours=1), drop=True)
+    consumer = await pq.register_consumer("c", ["t"], subscription="s")
+    assert await drain(consumer) == ["kept"]  # what the window holds comes back
+
+
+async def test_a_seek_refuses_to_drop_what_waits_from_before_the_history(
+    pq: PawnQueue,
+) -> None:
+    """A window given to a topic later keeps the messages published from then on: an
+    earlier one that still waits would be dropped and not brought back."""
+    await pq.create_topic("t")
+    await pq.create_subscription("t", "s")
+    producer = await pq.register_producer("p")
+    await producer.publish("t", "from before")
+    await pq.update_topic("t", replay_window_seconds=3600)
+    await producer.publish("t", "kept")
+    with pytest.raises(ReplayUnavailableError, match="1 message"):
+        await pq.seek("t", "s", "earliest")
+    assert (await pq.subscription_stats("t", "s")).pending == 2
+    # Seeking past it skips it, as asked.
+    middle = layout.due_from_key(sorted(await retained_keys(pq, "t"))[0])
+    assert middle is not None
+    await pq.seek("t", "s", middle)
+    consumer = await pq.register_consumer("c", ["t"], subscription="s")
+    assert await drain(consumer) == ["kept"]
+
+
+async def test_a_seek_frees_at_once_what_this_process_held(
+    queue_config: dict[str, object],
+) -> None:
+    """Messages claimed and not acked when a seek drops them come back as replayed copies
+    with the same ids, so the same lease keys: consumers here take them at once, and the
+    old deliveries can no longer be settled."""
+    queue_config["polling"] = {
+        **FAST_POLLING,
+        "visibility_timeout_seconds": 60,
+        "lease_refresh_interval_seconds": 30,
+    }
+    async with await PawnQueue.from_config(queue_config) as pq:
+        await pq.create_topic("t", replay_window_seconds=3600)
+        await pq.create_subscription("t", "s")
+        producer = await pq.register_producer("p")
+        for i in range(3):
+            await producer.publish("t", i)
+        held = await (await pq.register_consumer("c", ["t"], subscription="s")).poll()
+        assert sorted(m.payload for m in held) == [0, 1, 2]
+
+        await pq.seek("t", "s", "earliest")
+        other = await pq.register_consumer("c2", ["t"], subscription="s")
+        got: list[object] = []
+        for _ in range(3):  # each poll waits for a change signal: the replay's
+            got += [m.payload for m in await other.poll(wait=5.0)]
+            if len(got) == 3:
+                break
+        assert sorted(got) == [0, 1, 2]
+        with pytest.raises(LeaseLostError):
+            await held[0].ack()

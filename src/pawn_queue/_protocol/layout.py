@@ -210,9 +210,14 @@ def replayed_key(key: str, queue: str, at: datetime, *, delayed: bool, object_id
     return f"{messages_prefix(queue)}{_stamp(at, delayed)}-{object_id}{tail[1 + len(old_id) :]}"
 
 
+def messages_from(queue: str, since: datetime) -> str:
+    """A ``start_after`` for ``queue``'s messages that lists those due from ``since`` on."""
+    return f"{messages_prefix(queue)}{_stamp(since, False)}"
+
+
 def retained_from(topic: str, since: datetime) -> str:
     """A ``start_after`` for the replay log that lists the messages due from ``since`` on."""
-    return f"{messages_prefix(retained_log(topic))}{_stamp(since, False)}"
+    return messages_from(retained_log(topic), since)
 
 
 def queue_of(key: str) -> str:

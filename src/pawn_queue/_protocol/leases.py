@@ -69,7 +69,7 @@ class LeaseManager(LeaseProtocol):
         # What this process knows without asking the store: lease keys held here or being
         # claimed here, lease keys seen live elsewhere (until when: the protocol's
         # _busy_until), and message keys settled here a moment ago.
-        self._held_here: set[str] = set()
+        self._held_here: dict[str, Lease] = {}
         self._claiming_here: set[str] = set()
         self._settled_here: dict[str, float] = {}
         # Told when a message is given back (a requeue, a stop): consumers that looked at
@@ -81,6 +81,27 @@ class LeaseManager(LeaseProtocol):
             self.on_freed(topic)
 
     # -- claiming ---------------------------------------------------------------------------
+
+    def _let_go(self, lease: Lease) -> None:
+        """Forget that ``lease`` is held here (not another lease of that key held since)."""
+        if self._held_here.get(lease.key) is lease:
+            del self._held_here[lease.key]
+
+    def forget_queue(self, topic: str) -> None:
+        """Every lease of ``topic`` is gone (a seek purged them): those held here are lost,
+        so their messages can no longer be settled, and what this process learned of the
+        others is forgotten, so the replayed copies, which have the same lease keys, are
+        claimed at once. docs/protocol.md, "Replay"."""
+        prefix = layout.leases_prefix(topic)
+        # Not the kept leases of acked messages: the purge did not see them (their messages
+        # were gone), and worth_claiming_listed deletes one as its replayed copy shows up.
+        for key in [
+            k for k in self._held_here if k.startswith(prefix) and k not in self._tombstones
+        ]:
+            self._held_here.pop(key).lost = True
+        for key in [k for k in self._busy_until if k.startswith(prefix)]:
+            del self._busy_until[key]
+        self._freed(topic)
 
     def worth_claiming(self, topic: str, lease_id: str, message_key: str) -> bool:
         """False if this process knows the message is leased or gone (saves requests)."""
@@ -178,8 +199,9 @@ class LeaseManager(LeaseProtocol):
             return None
         etag, body = won
         self._busy_until.pop(key, None)
-        self._held_here.add(key)
-        return Lease(topic, message_id, message_key, key, etag, body, visibility)
+        lease = Lease(topic, message_id, message_key, key, etag, body, visibility)
+        self._held_here[key] = lease
+        return lease
 
     # -- keeping ----------------------------------------------------------------------------
 
@@ -206,7 +228,7 @@ class LeaseManager(LeaseProtocol):
     def let_expire(self, lease: Lease) -> None:
         """The lease is no longer refreshed (its holder could not settle the message): this
         process's consumers may take it over once it expired, as any other may (rule 10)."""
-        self._held_here.discard(lease.key)
+        self._let_go(lease)
         self._busy_until[lease.key] = lease.expires + self.margin
         self._freed(lease.topic)  # consumers here and elsewhere learn when it frees up
 
@@ -241,7 +263,7 @@ class LeaseManager(LeaseProtocol):
         if message_gone:
             self._note_settled(lease.message_key)
         async with lease.lock:
-            self._held_here.discard(lease.key)
+            self._let_go(lease)
             if lease.lost or lease.released:
                 return
             delay = requeue_delay or 0.0
@@ -322,7 +344,7 @@ class LeaseManager(LeaseProtocol):
             await self.refresh(lease, visibility)
         except LeaseLostError:
             return None
-        self._held_here.add(key)
+        self._held_here[key] = lease
         return lease
 
     async def release_gone(self, lease: Lease) -> None:
@@ -425,7 +447,10 @@ class LeaseManager(LeaseProtocol):
         etag = await self._replace(lease, body)
         if etag is None:
             lease.lost = True
-            self._held_here.discard(lease.key)
+            self._let_go(lease)
             logger.warning("lease lost key=%s", lease.key)
+            # Taken over, or dropped by a seek whose replayed copy has its key: consumers
+            # here that skipped that copy as held here look again.
+            self._freed(lease.topic)
             raise LeaseLostError(f"lease on message {lease.message_id} was taken over")
         lease.etag, lease.body, lease.visibility = etag, body, seconds

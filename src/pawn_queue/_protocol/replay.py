@@ -23,11 +23,74 @@ from pawn_queue._protocol.envelope import CorruptObject, Envelope, decode_batch,
 from pawn_queue._protocol.filters import Filter, parse_filter
 from pawn_queue._protocol.landing import write_new
 from pawn_queue._protocol.runtime import Runtime
-from pawn_queue.exceptions import NotFound
-from pawn_queue.store.base import LIST_PAGE
+from pawn_queue.exceptions import NotFound, ReplayUnavailableError
+from pawn_queue.store.base import LIST_PAGE, ObjectMeta
 from pawn_queue.subscriptions import Subscription
 
 logger = logging.getLogger(__name__)
+
+
+async def check_replayable(
+    runtime: Runtime, subscription: Subscription, since: datetime | Literal["earliest"]
+) -> None:
+    """Raise ReplayUnavailableError if seeking ``subscription`` to ``since`` would drop a
+    message that waits in it and that the replay log cannot bring back: the topic keeps no
+    log, ``since`` is before its window, or a message due from ``since`` on is older than
+    the log's oldest entry (published before the window was given, or past it). Two LISTs
+    of one key each, besides the topic's settings."""
+    topic, queue = subscription.topic, subscription.queue
+    window = (await runtime.topics.settings(topic, fresh=True)).replay_window_seconds
+    how = (
+        "drop=True (or --drop) drops what waits all the same; update_topic(..., "
+        "replay_window_seconds=...) keeps the messages published from then on"
+    )
+    if not window:
+        raise ReplayUnavailableError(
+            f"topic {topic!r} keeps no history (replay_window_seconds=0): seeking "
+            f"subscription {subscription.name!r} to {since} would drop what waits in it and "
+            f"bring nothing back; {how}"
+        )
+    kept_from = runtime.clock() - timedelta(seconds=window)
+    if since != "earliest" and since < kept_from:
+        raise ReplayUnavailableError(
+            f"topic {topic!r} keeps messages {window:g} s (replay_window_seconds): "
+            f"{since.isoformat()} is before {kept_from.isoformat()}; seek to 'earliest' for "
+            f"what it keeps, or {how}"
+        )
+    prefix = layout.messages_prefix(queue)
+    cursor = None if since == "earliest" else layout.messages_from(queue, since)
+    waiting = _first_due(await runtime.store.list(prefix, start_after=cursor, limit=1))
+    if waiting is None:
+        return
+    log = layout.messages_prefix(layout.retained_log(topic))
+    logged = _first_due(await runtime.store.list(log, limit=1))
+    if logged is None or waiting < logged:
+        older = await _count_due_before(runtime, prefix, cursor, logged)
+        plural = "message" if older == 1 else "messages"
+        raise ReplayUnavailableError(
+            f"subscription {subscription.name!r} of topic {topic!r} holds {older} {plural} "
+            f"published before the oldest one its replay log keeps: seeking to {since} would "
+            f"drop them; seek to a later time, or {how}"
+        )
+
+
+def _first_due(page: list[ObjectMeta]) -> datetime | None:
+    return layout.due_from_key(page[0].key) if page else None
+
+
+async def _count_due_before(
+    runtime: Runtime, prefix: str, cursor: str | None, before: datetime | None
+) -> int:
+    """How many messages under ``prefix`` after ``cursor`` are due before ``before``."""
+    count = 0
+    while page := await runtime.store.list(prefix, start_after=cursor, limit=LIST_PAGE):
+        for meta in page:
+            due = layout.due_from_key(meta.key)
+            if due is not None and before is not None and due >= before:
+                return count
+            count += due is not None
+        cursor = page[-1].key
+    return count
 
 
 async def replay(

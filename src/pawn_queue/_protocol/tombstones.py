@@ -44,6 +44,9 @@ class Tombstones:
     def __len__(self) -> int:
         return len(self._kept)
 
+    def __contains__(self, key: str) -> bool:
+        return key in self._kept
+
     def keep(self, lease: Lease, seconds: float) -> None:
         """Delete ``lease`` in ``seconds``."""
         loop = asyncio.get_running_loop()

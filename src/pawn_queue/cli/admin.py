@@ -24,6 +24,7 @@ from pawn_queue.cli.common import (
     YesOption,
     fail,
     limit,
+    message_counts,
     open_queue,
     options,
     print_json,
@@ -33,9 +34,10 @@ from pawn_queue.cli.common import (
     shown,
     stdout_console,
 )
+from pawn_queue.dashboard.counts import Counts
 from pawn_queue.exceptions import TopicSettingsConflictError
 from pawn_queue.registry import Liveness
-from pawn_queue.topics import TopicSettings, TopicStats, given_settings
+from pawn_queue.topics import TopicSettings, given_settings
 
 topics_app = typer.Typer(
     help="Create, update, list, show, purge and delete topics; show their counts.",
@@ -189,11 +191,11 @@ def topics_show(
     """
     opts = options(ctx, json_output)
 
-    async def main() -> tuple[TopicSettings, TopicStats, list[str]]:
+    async def main() -> tuple[TopicSettings, Counts, list[str]]:
         async with open_queue(opts, must_exist=True) as pq:
             settings = await pq.topic_settings(name)
             subscriptions = [s.name for s in await pq.list_subscriptions(name)]
-            return settings, await pq.topic_stats(name), subscriptions
+            return settings, await message_counts(pq, name), subscriptions
 
     settings, stats, subscriptions = run(ctx, main)
     if opts.json:
@@ -271,6 +273,9 @@ def topics_stats(
 
     Of every topic and its subscriptions (a row each), of one topic, or with
     --subscription of one subscription of the topic (its lag: the oldest age).
+
+    The counts are of messages, as the dashboard shows them: a batch object (publish
+    --batch) is read to count its messages. --json adds the objects (pending_objects...).
     """
     opts = options(ctx, json_output)
     if subscription is not None and name is None:
@@ -281,14 +286,14 @@ def topics_stats(
             if name is not None:
                 if subscription is not None:
                     await pq.topic_settings(name)  # a missing topic, said as such
-                    stats = await pq.topic_stats(name, subscription=subscription)
+                    stats = await message_counts(pq, name, subscription)
                     return [{"topic": name, "subscription": subscription, **asdict(stats)}]
-                return [{"topic": name, **asdict(await pq.topic_stats(name))}]
+                return [{"topic": name, **asdict(await message_counts(pq, name))}]
             rows = []
             for topic in await pq.list_topics():
-                rows.append({"topic": topic, **asdict(await pq.topic_stats(topic))})
+                rows.append({"topic": topic, **asdict(await message_counts(pq, topic))})
                 for sub in await pq.list_subscriptions(topic):
-                    stats = await pq.topic_stats(topic, subscription=sub.name)
+                    stats = await message_counts(pq, topic, sub.name)
                     rows.append({"topic": topic, "subscription": sub.name, **asdict(stats)})
             return rows
 
@@ -375,5 +380,5 @@ def consumers(ctx: typer.Context, json_output: JsonOption = False) -> None:
 
 def producers(ctx: typer.Context, json_output: JsonOption = False) -> None:
     """Registered producers, one row per process running each (a process that only
-    publishes is listed after its first heartbeat), as ``consumers`` shows them."""
+    publishes is listed after its first heartbeat), as 'pawn-queue consumers' shows them."""
     _registry(ctx, "producers", json_output)

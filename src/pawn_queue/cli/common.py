@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import importlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -22,8 +24,10 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 
+from pawn_queue._protocol import layout
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import URL_ENV_VAR, PawnQueueConfig, load_config
+from pawn_queue.dashboard.counts import BatchSizes, Counts, read_topic
 from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError
 from pawn_queue.store import open_store
 from pawn_queue.topics import NotGiven, TopicSettings
@@ -150,10 +154,46 @@ def open_queue(
     )
 
 
+async def message_counts(pq: PawnQueue, topic: str, subscription: str | None = None) -> Counts:
+    """The counts of the topic, or of one of its subscriptions, in messages as the dashboard
+    shows them, with the objects beside them (``pending_objects``...): ``topic_stats`` counts
+    objects, and one batch object holds many messages (a GET each tells how many)."""
+    queue = layout.validate_name(topic, "topic name")
+    if subscription is not None:
+        name = layout.validate_name(subscription, "subscription name")
+        queue = layout.subscription_queue(topic, name)
+    await pq.runtime.topics.settings(queue)  # TopicNotFoundError, as topic_stats raises it
+    visibility = pq.config.polling.visibility_timeout_seconds
+    reading = await read_topic(pq.store, queue, visibility, pq.runtime.clock, BatchSizes())
+    return reading.counts
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code`` (anywhere in a command)."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Exit 2 (missing_extra) unless ``module``, of ``extra``, imports."""
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        missing_extra(extra, what, exc)
+
+
+def missing_extra(extra: str, what: str, error: ImportError) -> NoReturn:
+    """Exit 2 naming the extra to install: ``what`` (a command, an option) is refused before
+    it does anything."""
+    install = f"pip install 'pawn-queue[{extra}]'"
+    fail(f"{what} needs the {extra} extra: {install} ({error})", EXIT_USAGE)
+
+
+def finite_seconds(value: float | None, option: str) -> None:
+    """Exit 2 if ``value`` (an option's seconds) is infinite: the option's ``min`` already
+    refuses a negative value and NaN, not infinity."""
+    if value is not None and not math.isfinite(value):
+        fail(f"{option}: expected a finite number of seconds, got {value}", EXIT_USAGE)
 
 
 def run(ctx: typer.Context, main: Callable[[], Awaitable[T]]) -> T:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pawn_queue.cli.common import CliError, build_config, fail, options, run
+from pawn_queue.cli.common import CliError, build_config, fail, missing_extra, options, run
 from pawn_queue.dashboard.settings import TOKEN_ENV_VAR
 from pawn_queue.exceptions import ArgumentError
 
@@ -59,9 +59,7 @@ def dashboard(
     try:
         from pawn_queue.dashboard import DashboardServer, DashboardSettings, create_app, listen
     except ImportError as exc:
-        fail(
-            f"the dashboard needs the dashboard extra (pip install 'pawn-queue[dashboard]'): {exc}"
-        )
+        missing_extra("dashboard", "pawn-queue dashboard", exc)
     try:
         settings = DashboardSettings(
             host=host,

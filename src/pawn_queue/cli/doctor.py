@@ -22,11 +22,14 @@ from rich.table import Table
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.strategy import probe_store
 from pawn_queue.cli.common import (
+    CliError,
     JsonOption,
     build_config,
+    finite_seconds,
     open_queue,
     options,
     print_json,
+    require_extra,
     run,
     stdout_console,
 )
@@ -246,11 +249,14 @@ async def diagnose(pq: PawnQueue) -> Report:
 def doctor(ctx: typer.Context, json_output: JsonOption = False) -> None:
     """Check the store: access, its Server header, each conditional write the queue relies
     on (tested, not assumed), a create-only race, read-after-write, latency, clock skew; print
-    the strategy the queue uses there and any risk. Exit 1 on a failure."""
+    the strategy the queue uses there and any risk. Exit 1 on a failure.
+
+    A local directory must exist: doctor checks a store, it does not create one."""
     opts = options(ctx, json_output)
 
     async def main() -> Report:
-        pq = open_queue(opts)
+        # Its probes write: on a mistyped path they would create a new, empty store.
+        pq = open_queue(opts, must_exist=True)
         try:
             return await diagnose(pq)
         finally:
@@ -291,14 +297,17 @@ def _check(c: Check) -> dict[str, Any]:
 def metrics(
     ctx: typer.Context,
     topics: Annotated[list[str], typer.Argument(metavar="TOPIC...", help="Topics to watch.")],
-    port: Annotated[int, typer.Option(help="HTTP port for /metrics.")] = 9464,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="HTTP port for /metrics (0: any free port).")
+    ] = 9464,
     addr: Annotated[
         str,
         typer.Option(help="Address to bind (0.0.0.0: every interface, for a scraper elsewhere)."),
     ] = "127.0.0.1",
     interval: Annotated[float, typer.Option(min=0.1, help="Seconds between stats.")] = 15.0,
     duration: Annotated[
-        float | None, typer.Option(help="Stop after this many seconds (default: run forever).")
+        float | None,
+        typer.Option(min=0, help="Stop after this many seconds (default: run forever)."),
     ] = None,
 ) -> None:
     """Serve Prometheus metrics on --addr (this host only by default): topic gauges every
@@ -307,21 +316,26 @@ def metrics(
     Needs the metrics extra (pip install 'pawn-queue\\[metrics]').
     """
     opts = options(ctx)
+    finite_seconds(interval, "--interval")
+    finite_seconds(duration, "--duration")
+    require_extra("prometheus_client", "metrics", "pawn-queue metrics")
 
     async def main() -> None:
-        try:
-            from pawn_queue.metrics import default_metrics, start_exporter
-        except ImportError as exc:
-            raise ImportError(
-                "prometheus-client is missing: pip install 'pawn-queue[metrics]'"
-            ) from exc
+        from pawn_queue.metrics import default_metrics, start_exporter
+
         config = build_config(opts)
         queue_metrics = default_metrics()
         async with open_queue(opts, queue_metrics, config) as pq:
             for topic in topics:
                 await pq.topic_settings(topic)  # TopicNotFoundError before serving anything
-            start_exporter(port, addr)
-            typer.echo(f"serving metrics on http://{addr}:{port}/metrics", err=True)
+            try:
+                server, _ = start_exporter(port, addr)
+            except OSError as exc:
+                raise CliError(f"cannot listen on {addr}:{port}: {exc}") from None
+            host = f"[{addr}]" if ":" in addr else addr
+            # The port bound, which --port 0 leaves to the system.
+            bound = f"http://{host}:{server.server_port}/metrics"
+            typer.echo(f"serving metrics on {bound}", err=True)
             deadline = None if duration is None else time.monotonic() + duration
             while True:
                 for topic in topics:
@@ -348,7 +362,9 @@ def demo(
         float, typer.Option(min=0.0, max=1.0, help="Fraction of orders that fail (0 to 1).")
     ] = 0.05,
 ) -> None:
-    """Run the demo job (the same as make demo) on a local directory."""
+    """Run the queue demo on a local directory: orders published, processed by concurrent
+    workers, a fraction dead-lettered, then a summary. This is examples/demo.py (make
+    demo-queue); make demo then runs a Spark pipeline, which this command does not."""
     from pawn_queue.cli.demo import run_demo
 
     run_demo(orders, workers, directory, fail_rate)

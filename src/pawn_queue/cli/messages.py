@@ -28,6 +28,7 @@ from pawn_queue.cli.common import (
     options,
     payload_fields,
     print_json,
+    require_extra,
     run,
     short,
     stderr_console,
@@ -352,7 +353,13 @@ def consume(
         str, typer.Option("--consumer", help="Consumer name to register as.")
     ] = "pawn-queue-cli",
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus metrics on this port meanwhile.")
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on this port (0: any free port) meanwhile; needs "
+            "the metrics extra.",
+        ),
     ] = None,
 ) -> None:
     """Print messages as JSON lines on stdout (acked once printed, unless --no-ack).
@@ -363,6 +370,8 @@ def consume(
     read (a message then has a "subscription" field), competing with its other consumers.
     """
     opts = options(ctx)
+    if metrics_port is not None:
+        require_extra("prometheus_client", "metrics", "--metrics-port")
     consumer = _Reader(consumer_name, topics, subscription)
     run(ctx, lambda: _consume(opts, consumer, count, follow, ack, wait, metrics_port))
 
@@ -391,10 +400,15 @@ async def _consume(
         config = config.model_copy(update={"polling": polling})
     metrics = None
     if metrics_port is not None:
-        from pawn_queue.metrics import default_metrics, start_exporter
+        from pawn_queue.metrics import LOOPBACK, default_metrics, start_exporter
 
         metrics = default_metrics()
-        start_exporter(metrics_port)
+        try:
+            server, _ = start_exporter(metrics_port)
+        except OSError as exc:
+            raise CliError(f"cannot listen on port {metrics_port}: {exc}") from None
+        # The port bound, which --metrics-port 0 leaves to the system.
+        typer.echo(f"serving metrics on http://{LOOPBACK}:{server.server_port}/metrics", err=True)
     printed = 0
     async with open_queue(opts, metrics, config, must_exist=True) as pq:
         if reader.subscription is not None:

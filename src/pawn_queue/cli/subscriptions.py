@@ -36,6 +36,7 @@ from pawn_queue.cli.common import (
     fail,
     json_line,
     limit,
+    message_counts,
     open_queue,
     options,
     print_json,
@@ -43,9 +44,10 @@ from pawn_queue.cli.common import (
     shown,
     stdout_console,
 )
+from pawn_queue.dashboard.counts import Counts
 from pawn_queue.exceptions import ArgumentError, SubscriptionConflictError
 from pawn_queue.subscriptions import MAX_LINGER_SECONDS, Subscription
-from pawn_queue.topics import TopicSettings, TopicStats, given_settings
+from pawn_queue.topics import TopicSettings, given_settings
 
 subscriptions_app = typer.Typer(
     help="A topic's subscriptions (each gets a copy of every message published to the "
@@ -253,11 +255,11 @@ def subscriptions_show(
     oldest pending message)."""
     opts = options(ctx, json_output)
 
-    async def main() -> tuple[Subscription, TopicStats]:
+    async def main() -> tuple[Subscription, Counts]:
         async with open_queue(opts, must_exist=True) as pq:
             await pq.topic_settings(topic)  # a missing topic, said as such
             subscription = await pq.subscription(topic, name)
-            return subscription, await pq.subscription_stats(topic, name)
+            return subscription, await message_counts(pq, topic, name)
 
     subscription, stats = run(ctx, main)
     if opts.json:
@@ -365,9 +367,19 @@ def subscriptions_seek(
         ),
     ],
     yes: YesOption = False,
+    drop: Annotated[
+        bool,
+        typer.Option(
+            "--drop",
+            help="Seek even when messages that wait would be dropped and not brought back "
+            "(the topic keeps no replay window, or not that far back).",
+        ),
+    ] = False,
 ) -> None:
     """Drop what waits in a subscription, then deliver again what the topic's replay
-    window kept from a time on (latest: nothing; the subscription skips its backlog)."""
+    window kept from a time on (latest: nothing; the subscription skips its backlog).
+    Refused, changing nothing, when a message that waits could not be brought back,
+    unless --drop."""
     since = _start(to, "TIME")
     asked = f"drop what waits in subscription {name!r} of topic {topic!r} and seek to {to}?"
     if not yes and not typer.confirm(asked):
@@ -377,7 +389,7 @@ def subscriptions_seek(
     async def main() -> None:
         _check(topic, name, {})
         async with open_queue(opts, must_exist=True) as pq:
-            await pq.seek(topic, name, since)
+            await pq.seek(topic, name, since, drop=drop)
 
     run(ctx, main)
     typer.echo(f"subscription {name} of topic {topic} is at {to}", err=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 from typing import Annotated, Any
@@ -11,7 +10,15 @@ from typing import Annotated, Any
 import typer
 
 from pawn_queue.app import App
-from pawn_queue.cli.common import EXIT_USAGE, CliError, Options, build_config, fail, options
+from pawn_queue.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    Options,
+    build_config,
+    fail,
+    options,
+    require_extra,
+)
 from pawn_queue.exceptions import PawnQueueError
 from pawn_queue.service.logs import LOG_FORMATS, LogFormat, setup_logging
 from pawn_queue.service.runner import WorkerOptions, run_worker
@@ -114,8 +121,8 @@ def worker(
         app = _load(target, topic or [], publish_to, opts, batch, batch_wait, subscription)
     except CliError as exc:
         fail(str(exc), exc.code)
-    if metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
-        fail("--metrics-port needs the metrics extra: pip install 'pawn-queue[metrics]'", 2)
+    if metrics_port is not None:
+        require_extra("prometheus_client", "metrics", "--metrics-port")
     if concurrency is not None:
         app.set_concurrency(concurrency)
     if create_topics:
@@ -151,7 +158,8 @@ def _load(
 ) -> App:
     """The app ``target`` names (``module:attribute``); a function becomes an app of one
     subscriber (a batch subscriber with ``batch``, one reading ``subscription`` of its
-    topics). ``--url``/``--config`` replace the app's own store."""
+    topics). ``--url``/``--config`` replace the app's own store; an app without one, and a
+    function, take the store as every command does (build_config)."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise CliError(f"expected module:app or module:function, got {target!r}", EXIT_USAGE)
@@ -166,7 +174,6 @@ def _load(
         if not hasattr(found, part):
             raise CliError(f"module {module_name!r} has no {attribute!r}", EXIT_USAGE)
         found = getattr(found, part)
-    given = build_config(opts) if opts.url or opts.config else None
     try:
         if isinstance(found, App):
             for_functions = (publish_to, batch, batch_wait, subscription)
@@ -176,8 +183,8 @@ def _load(
                     "module:function (an App declares them in @app.subscriber)",
                     EXIT_USAGE,
                 )
-            if given is not None:
-                found.source = given
+            if opts.url or opts.config or found.source is None:
+                found.source = build_config(opts)
             return found
         if not callable(found):
             raise CliError(f"{target} is neither an App nor a function", EXIT_USAGE)
@@ -185,7 +192,7 @@ def _load(
             raise CliError(f"{target} is a function: give its topics with --topic", EXIT_USAGE)
         if batch_wait is not None and batch is None:
             raise CliError("--batch-wait needs --batch", EXIT_USAGE)
-        app = App(given, name="worker")
+        app = App(build_config(opts), name="worker")
         app.subscriber(
             topics,
             publish_to=publish_to,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -15,18 +16,20 @@ from pawn_queue.store.wrapper import StoreCall
 T = TypeVar("T")
 
 WINDOW_SECONDS = 60.0
-_MIN_WINDOW_SECONDS = 10.0  # a younger dashboard's first reads are not a rate yet
 
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """What the dashboard's reads cost: in total, and over the last minute."""
+    """What the dashboard's reads cost: in total, and over the last minute. At start it reads
+    everything once, a burst that is no rate: until a minute has passed, it says what it sent
+    so far and in how long, not that scaled to a minute."""
 
     total: int
     by_operation: dict[str, int]
-    last_minute: int
-    window_seconds: float  # the last minute, or less while the dashboard is younger
-    per_minute: float  # last_minute scaled to a minute
+    last_minute: int  # requests in the last minute, or since start while younger
+    window_seconds: float  # the last minute, or the seconds since start while younger
+    per_minute: int | None  # last_minute once a minute has passed, else None
+    summary: str  # "91 requests in the last minute", "131 requests in the first 12 s"
 
 
 class RequestMeter(CountingStore):
@@ -74,13 +77,21 @@ class RequestMeter(CountingStore):
         now = self._clock()
         self._forget(now)
         last_minute = sum(count for _, _, count in self._recent)
-        window = min(WINDOW_SECONDS, max(now - self._started, _MIN_WINDOW_SECONDS))
+        age = now - self._started
+        requests = f"{last_minute} request{'' if last_minute == 1 else 's'}"
+        if age >= WINDOW_SECONDS:
+            per_minute: int | None = last_minute
+            summary = f"{requests} in the last minute"
+        else:
+            per_minute = None
+            summary = f"{requests} in the first {max(1, math.ceil(age))} s"
         return Cost(
             total=self.counts.total(),
             by_operation=dict(sorted(self.counts.items())),
             last_minute=last_minute,
-            window_seconds=round(window, 1),
-            per_minute=round(last_minute * 60.0 / window, 1),
+            window_seconds=round(min(age, WINDOW_SECONDS), 1),
+            per_minute=per_minute,
+            summary=summary,
         )
 
     def recent_by_operation(self) -> Counter[str]:

@@ -46,9 +46,7 @@
         if (!state) {
           return null;
         }
-        setText("cost-per-minute", state.cost.per_minute);
-        setText("cost-last-minute", state.cost.last_minute);
-        setText("cost-window", state.cost.window_seconds);
+        setText("cost-summary", state.cost.summary);
         setText("cost-total", state.cost.total);
         setText("cost-idle", state.idle_per_minute);
         setText("cost-open", state.open_per_minute);

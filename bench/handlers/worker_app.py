@@ -1,4 +1,4 @@
-"""Handlers ``bench/worker.py`` runs with ``pawn-queue worker`` and in-process."""
+"""Handlers ``bench/handlers/worker.py`` runs with ``pawn-queue worker`` and in-process."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""vsqs 0.3 (PyPI) on a local directory, for bench/queue.py's local-directory comparison.
+"""vsqs 0.3 (PyPI) on a local directory, for bench/queue/compare.py's local-directory comparison.
 
 Runs under its own virtualenv (``make .venv-vsqs/.installed``)::
 
-    .venv-vsqs/bin/python -P bench/vsqs_bench.py '{"dir": "/tmp/x", "backlogs": [2000, 10000],
+    .venv-vsqs/bin/python -P bench/queue/vsqs_runner.py '{"dir": "/tmp/x", "backlogs": [2000, 10000],
                                                    "ops": 300, "runs": 3}'
 
 For each backlog: fill the queue up to it, then per run time ``ops`` serial ``publish()``
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# bench/queue.py must not shadow the standard library's ``queue`` (watchdog imports it).
+# bench/queue/compare.py must not shadow the standard library's ``queue`` (watchdog imports it).
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != _HERE]
 sys.path.append(str(_HERE))

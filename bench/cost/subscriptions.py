@@ -25,7 +25,7 @@ in the same run on the same server.
    ``--processes one``: producer and every consumer in this process (one PawnQueue; 2 cores
    here, SeaweedFS on the same host). ``--processes per-subscription``: the producer here and
    each subscription's 4 consumers (the baseline's 4 too) in a child process of their own
-   (``python -m bench.subscriptions --child``), each its own PawnQueue, woken by change
+   (``python -m bench.cost.subscriptions --child``), each its own PawnQueue, woken by change
    signals like any other process. ``both`` (the default) measures both.
 
 2. filter: one topic with two subscriptions, ``all`` (no filter) and ``one`` (filter
@@ -46,9 +46,9 @@ filtered subscription's cost <= 0.1x the unfiltered one's.
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.subscriptions            # 3 runs, 6-12 min
-    .venv/bin/python -m bench.subscriptions --quick    # 1 run of 2,000 messages, ~1.5 min
-    .venv/bin/python -m bench.subscriptions --processes one --subscriptions 3 --no-filter
+    .venv/bin/python -m bench.cost.subscriptions            # 3 runs, 6-12 min
+    .venv/bin/python -m bench.cost.subscriptions --quick    # 1 run of 2,000 messages, ~1.5 min
+    .venv/bin/python -m bench.cost.subscriptions --processes one --subscriptions 3 --no-filter
 
 Prints a table; writes ``bench/results/subscriptions.json`` (``--out``).
 """
@@ -89,7 +89,7 @@ from bench.common import (
     scrubbed_env,
     write_results,
 )
-from bench.queue_batch import ListenDrain
+from bench.queue.batch import ListenDrain
 
 from pawn_queue import Consumer, Message, PawnQueue
 from pawn_queue._protocol import layout
@@ -342,7 +342,7 @@ def register_consumers(pq: PawnQueue, subscription: str | None) -> Awaitable[lis
 
 
 def child_argv(spec: dict[str, Any]) -> list[str]:
-    return [sys.executable, "-m", "bench.subscriptions", "--child", json.dumps(spec)]
+    return [sys.executable, "-m", "bench.cost.subscriptions", "--child", json.dumps(spec)]
 
 
 async def child_main(spec: dict[str, Any]) -> dict[str, Any]:

@@ -21,8 +21,8 @@ order of the modes; the ratios are of the medians of one run of this script, and
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.batch_handlers                 # 3 runs, ~2 min
-    .venv/bin/python -m bench.batch_handlers --runs 1 --stores memory
+    .venv/bin/python -m bench.handlers.batch                 # 3 runs, ~2 min
+    .venv/bin/python -m bench.handlers.batch --runs 1 --stores memory
 
 Prints a table; writes ``bench/results/batch_handlers.json``.
 """

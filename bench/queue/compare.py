@@ -20,18 +20,18 @@ Cases (each figure the median of ``--runs`` runs):
 9. wake: publish-to-handler latency of an idle ``listen()`` (defaults) when another process
    publishes after idle gaps of 1-60 s (``--wake-gaps``), on a directory and on S3
 
-Run from the repository root (``bench/queue.py`` is named like the standard library's
+Run from the repository root (``bench/queue/compare.py`` is named like the standard library's
 ``queue``, so it must be run as a module)::
 
-    .venv/bin/python -m bench.queue                 # everything but --backlog, < 17 min
-    .venv/bin/python -m bench.queue --quick         # smaller sizes, ~3.5 min
-    .venv/bin/python -m bench.queue --cases drain,idle --backlog
+    .venv/bin/python -m bench.queue.compare                 # everything but --backlog, < 17 min
+    .venv/bin/python -m bench.queue.compare --quick         # smaller sizes, ~3.5 min
+    .venv/bin/python -m bench.queue.compare --cases drain,idle --backlog
 
-0.1.3 runs in ``.venv-pq013`` (bench/pq013_runner.py) and vsqs in ``.venv-vsqs``
-(bench/vsqs_bench.py); a case whose venv is missing is skipped with a note. The cases are in
-bench/queue_throughput.py (1-3, 6, 8), bench/queue_batch.py (7) and bench/queue_waiting.py
+0.1.3 runs in ``.venv-pq013`` (bench/queue/pq013_runner.py) and vsqs in ``.venv-vsqs``
+(bench/queue/vsqs_runner.py); a case whose venv is missing is skipped with a note. The cases are in
+bench/queue/throughput.py (1-3, 6, 8), bench/queue/batch.py (7) and bench/queue/waiting.py
 (4-5, 9), the plumbing in
-bench/queue_support.py, the printed tables in bench/queue_report.py.
+bench/queue/support.py, the printed tables in bench/queue/report.py.
 """
 
 from __future__ import annotations
@@ -55,11 +55,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.queue_batch import case_batch
-from bench.queue_report import table
-from bench.queue_support import CASES, DEFAULT_CASES, QUICK, REPO, Bench, Sizes, Skipped
-from bench.queue_throughput import case_backlog, case_drain, case_local, case_publish
-from bench.queue_waiting import case_idle, case_latency, case_wake
+from bench.queue.batch import case_batch
+from bench.queue.report import table
+from bench.queue.support import CASES, DEFAULT_CASES, QUICK, REPO, Bench, Sizes, Skipped
+from bench.queue.throughput import case_backlog, case_drain, case_local, case_publish
+from bench.queue.waiting import case_idle, case_latency, case_wake
 
 logger = logging.getLogger("bench.queue")
 

@@ -1,4 +1,4 @@
-"""Queue benchmark case 7 (``python -m bench.queue --cases batch``): ``publish_batch`` objects
+"""Queue benchmark case 7 (``python -m bench.queue.compare --cases batch``): ``publish_batch`` objects
 of 100 drained by ``listen()``, on SeaweedFS and on the memory store.
 
 Setups: 1 and 4 consumers polling with the default settings (polls of 10), and 1 consumer
@@ -33,7 +33,7 @@ from typing import Any
 
 from bench import common
 from bench.common import RequestClasses
-from bench.queue_support import TOPIC, Bench, Skipped, queues
+from bench.queue.support import TOPIC, Bench, Skipped, queues
 
 from pawn_queue import Consumer, Message, PawnQueueConfig
 

@@ -4,8 +4,8 @@ for the memory, filesystem and S3 stores, with 1 and 32 requests in flight.
 The S3 store runs against a SeaweedFS this script starts on loopback ports. Each figure is the
 median of ``--runs`` runs; objects are ~200 bytes. Run from the repository root::
 
-    python -m bench.store                       # all stores, 1 s per measurement
-    python bench/store.py --stores s3 --ops 2000 --out /tmp/s3.json
+    python -m bench.micro.store                       # all stores, 1 s per measurement
+    python bench/micro/store.py --stores s3 --ops 2000 --out /tmp/s3.json
 """
 
 from __future__ import annotations

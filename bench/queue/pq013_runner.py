@@ -1,8 +1,8 @@
-"""Drives pawn-queue 0.1.3 (PyPI) for bench/queue.py, through its public API only.
+"""Drives pawn-queue 0.1.3 (PyPI) for bench/queue/compare.py, through its public API only.
 
 Runs under the 0.1.3 virtualenv, never imports this checkout's package::
 
-    .venv-pq013/bin/python -P bench/pq013_runner.py '{"action": "publish", ...}'
+    .venv-pq013/bin/python -P bench/queue/pq013_runner.py '{"action": "publish", ...}'
 
 The argument is a JSON spec (see ``ACTIONS``); the last line printed is the JSON result.
 Requests are counted by the caller's SeaweedFS metrics, per bucket (``common.scrape``).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# This directory holds bench/queue.py, which must not shadow the standard library's
+# This directory holds bench/queue/compare.py, which must not shadow the standard library's
 # ``queue`` (urllib3 imports it): drop the script's directory from the front of sys.path
 # and keep it only at the end, for ``common``.
 _HERE = Path(__file__).resolve().parent
@@ -148,7 +148,7 @@ async def latency(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def listen_drain(spec: dict[str, Any]) -> dict[str, Any]:
-    """bench/group_commit.py's workload: ``publishers`` tasks call ``publish()`` one message at
+    """bench/cost/group_commit.py's workload: ``publishers`` tasks call ``publish()`` one message at
     a time on one producer while ``consumers`` consumers of the same PawnQueue ``listen()``
     and ack, all started together; stops when every message is acked or after ``timeout``
     seconds (then ``bounded``: the rate is what was acked by then)."""

@@ -1,4 +1,4 @@
-"""The printed report of the queue benchmarks (``python -m bench.queue``): one table per case
+"""The printed report of the queue benchmarks (``python -m bench.queue.compare``): one table per case
 from the results, then the notes on how the figures were measured.
 """
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.queue_support import IN_FLIGHT
-from bench.queue_waiting import wake_table
+from bench.queue.support import IN_FLIGHT
+from bench.queue.waiting import wake_table
 
 # -- table --------------------------------------------------------------------------------------
 
@@ -189,6 +189,6 @@ NOTES = (
     "GET; a DeleteObjects batch as one DELETE). USD at AWS list prices: PUT/COPY/POST/LIST",
     "$5 per million, GET/HEAD $0.40, DELETE free; per month = 30 days. limit: the drain's",
     "msgs/s as a share of what the server allows for the drain's own PUT, GET, HEAD and",
-    "DELETE requests, at the rates bench/store.py's pass measures on it (32 in flight) in",
+    "DELETE requests, at the rates bench/micro/store.py's pass measures on it (32 in flight) in",
     "the same run; LISTs left out (their cost grows with the prefix listed).",
 )

@@ -17,7 +17,7 @@ by a lease that expired; one after an ack (a publish written twice) is unexplain
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.soak --minutes 10 --out bench/results/soak-10min.json
+    .venv/bin/python -m bench.soak.faults --minutes 10 --out bench/results/soak-10min.json
 """
 
 from __future__ import annotations

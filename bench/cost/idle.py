@@ -3,7 +3,7 @@
 1. idle: ``--topics`` topics (10, 100, 1,000), one consumer ``listen()``-ing on each, all in
    one process at default settings, nothing published: the requests of ``--idle-seconds``
    (after the start-up polls are over), per minute. Then a producer in another process
-   (bench/wake_producer.py) publishes ``--wakes`` messages, one at a time, to one of the
+   (bench/queue/wake_producer.py) publishes ``--wakes`` messages, one at a time, to one of the
    topics: wake-up latency from just before its ``publish`` to the handler (one host, one
    clock).
 2. pollers: 10 consumers in one process, each calling ``poll()`` on its own idle topic once a
@@ -19,8 +19,8 @@
 
 Each run uses fresh buckets; medians of ``--runs`` runs. Run from the repository root::
 
-    .venv/bin/python -m bench.idle                      # 3 runs, ~15 min
-    .venv/bin/python -m bench.idle --runs 1 --topics 10 --idle-seconds 20
+    .venv/bin/python -m bench.cost.idle                      # 3 runs, ~15 min
+    .venv/bin/python -m bench.cost.idle --runs 1 --topics 10 --idle-seconds 20
 
 Prints a table; writes ``bench/results/idle.json`` (``--out``).
 """
@@ -51,16 +51,16 @@ from bench.common import (
     scrape,
     write_results,
 )
-from bench.queue_batch import ListenDrain
-from bench.queue_support import REPO
-from bench.queue_waiting import producer_process
+from bench.queue.batch import ListenDrain
+from bench.queue.support import REPO
+from bench.queue.waiting import producer_process
 from tests.servers.seaweedfs import SeaweedFS
 
 import pawn_queue
 from pawn_queue import Message, PawnQueue
 from pawn_queue.config import NotifyConfig
 
-logger = logging.getLogger("bench.idle")
+logger = logging.getLogger("bench.cost.idle")
 
 POLLERS = 10
 PUBLISHERS = 32

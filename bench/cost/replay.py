@@ -12,8 +12,8 @@ otherwise.
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.replay               # 3 runs of 100,000 messages, ~5 min
-    .venv/bin/python -m bench.replay --quick       # 1 run of 5,000
+    .venv/bin/python -m bench.cost.replay               # 3 runs of 100,000 messages, ~5 min
+    .venv/bin/python -m bench.cost.replay --quick       # 1 run of 5,000
 
 Prints a table; writes ``bench/results/replay.json``.
 """

@@ -7,8 +7,8 @@ Each run times every library on every case, one after the other; a figure is the
 ``--runs`` runs, and each speed-up is the median of the ratios to the standard library measured
 in the same run. Run from the repository root::
 
-    python -m bench.codec                     # writes bench/results/codec.json
-    python bench/codec.py --runs 3 --seconds 0.1
+    python -m bench.micro.codec                     # writes bench/results/codec.json
+    python bench/micro/codec.py --runs 3 --seconds 0.1
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Queue benchmark cases on throughput and requests (``python -m bench.queue``): 1. publish,
+"""Queue benchmark cases on throughput and requests (``python -m bench.queue.compare``): 1. publish,
 2-3. drain and requests per message (also split by step), 8. local directory against
-vsqs 0.3, and 6. backlog (7. batch objects is in bench/queue_batch.py).
+vsqs 0.3, and 6. backlog (7. batch objects is in bench/queue/batch.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from bench import common
 from bench import store as store_bench
 from bench.common import RequestClasses
-from bench.queue_support import (
+from bench.queue.support import (
     IN_FLIGHT,
     PQ013_PYTHON,
     PQ013_RUNNER,
@@ -226,7 +226,7 @@ async def case_drain(b: Bench) -> list[dict[str, Any]]:
 
 
 async def raw_store_rates(b: Bench) -> dict[str, float]:
-    """What this server does per operation with 32 requests in flight (bench/store.py's
+    """What this server does per operation with 32 requests in flight (bench/micro/store.py's
     pass, on a bucket of its own), medians of the runs."""
     config = PawnQueueConfig.from_dict(b.ours_s3(await b.bucket("raw-store")))
     store = open_store(config)
@@ -243,7 +243,7 @@ async def raw_store_rates(b: Bench) -> dict[str, float]:
 def store_limit(requests: dict[str, int], messages: int, rates: dict[str, float]) -> float:
     """Messages per second the store allows for a drain that made ``requests``: the time
     each kind of request takes at the store's rate, summed per message. LISTs are left out:
-    their cost grows with the prefix, and bench/store.py lists a larger one than a drain."""
+    their cost grows with the prefix, and bench/micro/store.py lists a larger one than a drain."""
     seconds = sum(
         count / rates[kind]
         for kind, count in requests.items()

@@ -1,10 +1,6 @@
-"""Plumbing of the queue benchmarks (``python -m bench.queue``): paths, case names and sizes,
-the one SeaweedFS every case measures on, the runners of the other venvs, and counting of
+"""Plumbing of the queue benchmarks (``python -m bench.queue.compare``): paths, case names and
+sizes, the one SeaweedFS every case measures on, the runners of the other venvs, and counting of
 store calls where there are no server metrics.
-
-Importing this module puts ``src/`` (pawn_queue from this checkout) and the repository root
-(``tests.servers.seaweedfs``) on ``sys.path``; the other ``bench.queue*`` modules import it before
-``pawn_queue``.
 """
 
 from __future__ import annotations
@@ -12,22 +8,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.servers.seaweedfs
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+from bench import common
+from bench.common import REPO
 
-from bench import common  # noqa: E402
-
-from pawn_queue import PawnQueue, PawnQueueConfig  # noqa: E402
-from pawn_queue.store import counting, open_store  # noqa: E402
+from pawn_queue import PawnQueue, PawnQueueConfig
+from pawn_queue.store import counting, open_store
 
 PQ013_PYTHON = REPO / ".venv-pq013" / "bin" / "python"
 VSQS_PYTHON = REPO / ".venv-vsqs" / "bin" / "python"

@@ -8,21 +8,21 @@ Cases (medians of ``--runs`` runs, a fresh topic per run):
   ``rows_per_s`` includes starting and stopping the query; ``micro_batch_rows_per_s`` is
   what its micro-batches sustain (Spark's triggerExecution time).
 - ``read.json``: ``spark.read.json`` on the cluster over the same messages written to a local
-  directory store (files both workers see), as in bench/spark.py.
+  directory store (files both workers see), as in bench/spark/local.py.
 
 The breakdown, per kind of object (medians): the query's time outside its micro-batches
 (start, stop) and inside them by Spark's progress durations (latestOffset: the driver's
 claims; addBatch: the tasks; queryPlanning, walCommit, commitOffsets); the tasks' metrics from
 the driver's REST API (run time, JVM CPU, deserialisation, scheduler delay, tasks per
 executor); S3 requests by type from SeaweedFS's metrics. One more run goes through a traced
-copy of the reader (bench/spark_trace.py) for what Spark does not show: the driver side's
+copy of the reader (bench/spark/trace.py) for what Spark does not show: the driver side's
 store checks, claims and acks (Spark calls the acks of the last micro-batch in one more
 latestOffset, after it, before the query stops), when its Python process made its first call,
 and per task the wait for S3, the decoding into Arrow, the hand-over of each record batch to
 the JVM, and the delay from the task's launch to its Python read (Python worker, unpickling).
 
-    python -m bench.spark_cluster                 # JSON to bench/results/spark_cluster.json
-    python -m bench.spark_cluster --batched 50000 --singles 1000 --runs 1
+    python -m bench.spark.cluster                 # JSON to bench/results/spark_cluster.json
+    python -m bench.spark.cluster --batched 50000 --singles 1000 --runs 1
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
 from bench.common import delta, git_state, host_report, median, scrape  # noqa: E402
-from bench.spark import publish, read_json  # noqa: E402
-from bench.spark_trace import TRACE_ENV, TracedSource  # noqa: E402
+from bench.spark.local import publish, read_json  # noqa: E402
+from bench.spark.trace import TRACE_ENV, TracedSource  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from tests.helpers.spark_cluster import standalone_cluster  # noqa: E402
 from tests.servers.seaweedfs import SeaweedFS  # noqa: E402

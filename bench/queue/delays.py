@@ -19,9 +19,9 @@ publishing process (one PawnQueue):
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.delays                  # both stores, ~1 min
-    .venv/bin/python -m bench.delays --quick          # fewer messages, shorter delays
-    .venv/bin/python -m bench.delays --stores filesystem
+    .venv/bin/python -m bench.queue.delays                  # both stores, ~1 min
+    .venv/bin/python -m bench.queue.delays --quick          # fewer messages, shorter delays
+    .venv/bin/python -m bench.queue.delays --stores filesystem
 
 Prints a table; writes ``bench/results/delays.json``.
 """
@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.queue_support import REPO, filesystem_config, queues
+from bench.queue.support import REPO, filesystem_config, queues
 
 from pawn_queue import Message, PawnQueue, Retry
 
-logger = logging.getLogger("bench.delays")
+logger = logging.getLogger("bench.queue.delays")
 
 STORES = ("filesystem", "s3")
 LATE = 0.5  # seconds after due that still count as on time

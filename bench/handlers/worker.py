@@ -6,14 +6,14 @@ local directory (one-message objects, published before each run).
    run by the worker's own event loop code with its message log at INFO to a file, its
    store-health wrapper, stopped by SIGTERM). Each run is a fresh process; the rate is
    counted from the first delivery to the last settlement.
-2. processes: ``pawn-queue worker bench.worker_app:spin --processes N`` (real processes,
+2. processes: ``pawn-queue worker bench.handlers.worker_app:spin --processes N`` (real processes,
    the supervisor), each message 2 ms of pure Python; the rate is counted from the first
    handler's start to the last handler's end (wall clock), so process start-up is left out.
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.worker            # 3 runs of each, ~2 min
-    .venv/bin/python -m bench.worker --runs 1 --messages 1000
+    .venv/bin/python -m bench.handlers.worker            # 3 runs of each, ~2 min
+    .venv/bin/python -m bench.handlers.worker --runs 1 --messages 1000
 
 Prints a table; writes ``bench/results/worker.json``.
 """
@@ -103,7 +103,7 @@ async def child_listen(url: str, count: int) -> float:
 
 
 def child_worker(url: str, count: int, log: Path) -> float:
-    from bench.worker_app import noop
+    from bench.handlers.worker_app import noop
 
     from pawn_queue.service.logs import TextFormatter
     from pawn_queue.service.runner import WorkerOptions, run_app
@@ -124,7 +124,7 @@ def child_worker(url: str, count: int, log: Path) -> float:
 
 
 def run_child(case: str, url: str, count: int, log: Path) -> float:
-    argv = [sys.executable, "-m", "bench.worker", "--child", case, "--url", url]
+    argv = [sys.executable, "-m", "bench.handlers.worker", "--child", case, "--url", url]
     argv += ["--messages", str(count), "--log", str(log)]
     done = subprocess.run(
         argv, cwd=REPO, env=scrubbed_env(), capture_output=True, text=True, timeout=600
@@ -136,7 +136,7 @@ def run_child(case: str, url: str, count: int, log: Path) -> float:
 
 def run_processes(url: str, count: int, processes: int, spin: float) -> float:
     asyncio.run(publish(url, count, {"spin": spin}))
-    argv = [sys.executable, "-m", "pawn_queue", "--url", url, "worker", "bench.worker_app:spin"]
+    argv = [sys.executable, "-m", "pawn_queue", "--url", url, "worker", "bench.handlers.worker_app:spin"]
     argv += ["--topic", TOPIC, "--processes", str(processes), "--concurrency", "1"]
     worker = subprocess.Popen(
         argv, cwd=REPO, env=scrubbed_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL

@@ -7,7 +7,7 @@
    counted for the bucket (publish + consume + ack, change signals included), as USD per
    million messages at AWS list prices (PUT/LIST $5, GET/HEAD $0.40 per million).
    Group commit on and off, and pawn-queue 0.1.3 (PyPI, ``.venv-pq013``, through
-   bench/pq013_runner.py) on the same workload: one PawnQueue, one producer, 4 consumers
+   bench/queue/pq013_runner.py) on the same workload: one PawnQueue, one producer, 4 consumers
    ``listen()``-ing at 0.1.3's poll interval ``--pq013-interval`` (its rate hardly depends
    on it: 23-24 msg/s at 1, 0.1 and 0.01 s). 0.1.3 drains at tens of messages a second, so
    its drain stops after ``--pq013-timeout`` s: the rate is then what it acked by then,
@@ -22,8 +22,8 @@ least 5x off, at least 20x 0.1.3).
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.group_commit            # 3 runs, ~20 min
-    .venv/bin/python -m bench.group_commit --runs 1 --messages 1000 --pq013-timeout 20
+    .venv/bin/python -m bench.cost.group_commit            # 3 runs, ~20 min
+    .venv/bin/python -m bench.cost.group_commit --runs 1 --messages 1000 --pq013-timeout 20
 
 Prints a table; writes ``bench/results/group_commit.json``.
 """
@@ -51,8 +51,8 @@ from bench.common import (
     scrape,
     write_results,
 )
-from bench.queue_batch import ListenDrain
-from bench.queue_support import PQ013_PYTHON, PQ013_RUNNER, Skipped, run_child
+from bench.queue.batch import ListenDrain
+from bench.queue.support import PQ013_PYTHON, PQ013_RUNNER, Skipped, run_child
 
 from pawn_queue import PawnQueue
 
@@ -118,7 +118,7 @@ async def drain_case(
 async def pq013_case(
     server: SeaweedFS, publishers: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """drain_case's workload on pawn-queue 0.1.3, in its own venv (bench/pq013_runner.py)."""
+    """drain_case's workload on pawn-queue 0.1.3, in its own venv (bench/queue/pq013_runner.py)."""
     bucket = f"gc013-{uuid.uuid4().hex[:16]}"
     server.create_bucket(bucket)
     spec = {

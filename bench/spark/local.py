@@ -22,8 +22,8 @@ of messages read; the micro-batch ratio does not.
 
 Run from the repository root (JSON to bench/results/spark.json)::
 
-    python -m bench.spark
-    python bench/spark.py --singles 500 --batched 100000 --runs 1
+    python -m bench.spark.local
+    python bench/spark/local.py --singles 500 --batched 100000 --runs 1
 """
 
 from __future__ import annotations

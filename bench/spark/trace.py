@@ -1,4 +1,4 @@
-"""The ``pawnqueue`` stream reader with timers around Spark's calls, for bench/spark_cluster.py.
+"""The ``pawnqueue`` stream reader with timers around Spark's calls, for bench/spark/cluster.py.
 
 Registered as ``pawnqueue_traced``: the same source, whose calls on the driver side (schema,
 streamReader, initialOffset, latestOffset, partitions, commit; the claims and acks inside

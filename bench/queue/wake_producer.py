@@ -1,7 +1,7 @@
-"""The producer process of the queue benchmark's wake case (``bench/queue_waiting.py``): a
+"""The producer process of the queue benchmark's wake case (``bench/queue/waiting.py``): a
 publish from another process than the listening consumer's.
 
-Started as ``python -m bench.wake_producer`` from the repository root. Reads lines from stdin:
+Started as ``python -m bench.queue.wake_producer`` from the repository root. Reads lines from stdin:
 first ``{"queue": <PawnQueue config>, "topic": name}`` (on stdin, so connection settings never
 show in a process list), then one ``{"i": n}`` per message to publish. Answers ``ready`` once
 its producer is registered, then per message one JSON line ``{"i", "t", "publish_s"}``, where
@@ -17,7 +17,7 @@ import logging
 import sys
 import time
 
-from bench.queue_support import REPO  # noqa: F401  (puts this checkout's src/ on sys.path)
+from bench.queue.support import REPO  # noqa: F401  (puts this checkout's src/ on sys.path)
 
 from pawn_queue import PawnQueue
 
