@@ -39,9 +39,11 @@ demo-queue: $(DEMO_STAMP)
 demo-spark: $(DEMO_STAMP)
 	$(PY) examples/orders_pipeline.py --reset --url file://./pipeline-demo --out ./pipeline-demo-out
 
+# ruff, and the package's layers (the contract in pyproject.toml's [tool.importlinter]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -107,58 +109,58 @@ pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
 
 test: lint typecheck docs-check pytest
 
-# vsqs 0.3 from PyPI, in its own venv, for the local-directory comparison in bench/queue.py.
+# vsqs 0.3 from PyPI, in its own venv, for the local-directory comparison in bench/queue/compare.py.
 $(VSQS_VENV)/.installed:
 	test -x $(VSQS_VENV)/bin/python || $(PYTHON) -m venv $(VSQS_VENV)
 	$(VSQS_VENV)/bin/python -m pip install --quiet "vsqs==0.3"
 	touch $(VSQS_VENV)/.installed
 
 bench-store: $(STAMP)
-	$(PY) -m bench.store
+	$(PY) -m bench.micro.store
 
 bench-queue: $(STAMP) $(COMPAT_VENV)/.installed $(VSQS_VENV)/.installed
-	$(PY) -m bench.queue
+	$(PY) -m bench.queue.compare
 
 # When delayed, requeued and retried messages arrive against when they were asked for.
 bench-delays: $(STAMP)
-	$(PY) -m bench.delays
+	$(PY) -m bench.queue.delays
 
 # local[2] on a local directory, then a standalone cluster (two one-core workers) on SeaweedFS.
 bench-spark: $(STAMP)
-	$(PY) -m bench.spark
-	$(PY) -m bench.spark_cluster
+	$(PY) -m bench.spark.local
+	$(PY) -m bench.spark.cluster
 
 # JSON encode and decode: the standard library, orjson, msgspec and the library's codec.
 bench-codec: $(STAMP)
-	$(PY) -m bench.codec
+	$(PY) -m bench.micro.codec
 
 # The worker against listen(), and --processes 2 against 1 (a CPU-bound handler).
 bench-worker: $(STAMP)
-	$(PY) -m bench.worker
+	$(PY) -m bench.handlers.worker
 
 # Single publish() calls with group commit on and off and on pawn-queue 0.1.3, on SeaweedFS: messages/s and $/million.
 bench-group-commit: $(STAMP) $(COMPAT_VENV)/.installed
-	$(PY) -m bench.group_commit
+	$(PY) -m bench.cost.group_commit
 
 # Idle cost on SeaweedFS (not in `make bench`: ~25 min): requests a minute of 10/100/1,000 idle
 # listened topics, wake-up from another process, idle poll() LISTs, poll() vs listen() $/million.
 .PHONY: bench-idle
 bench-idle: $(STAMP)
-	$(PY) -m bench.idle
+	$(PY) -m bench.cost.idle
 
 # Batch handlers (listen(batch=100)) against per-message listen() on batch objects of 100, memory and SeaweedFS.
 bench-batch-handlers: $(STAMP)
-	$(PY) -m bench.batch_handlers
+	$(PY) -m bench.handlers.batch
 
 # Subscriptions on SeaweedFS (not in `make bench`: 6-12 min): a topic against 1, 3 and 10
 # subscriptions (msg/s and $/million per subscription, every delivery checked), a 1% filter's cost.
 .PHONY: bench-subscriptions
 bench-subscriptions: $(STAMP)
-	$(PY) -m bench.subscriptions
+	$(PY) -m bench.cost.subscriptions
 
 # seek back one hour over 100,000 retained messages on SeaweedFS: first redelivery, all of it, requests.
 bench-replay: $(STAMP)
-	$(PY) -m bench.replay
+	$(PY) -m bench.cost.replay
 
 bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-replay
 
@@ -166,7 +168,7 @@ bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker
 # through injected network faults, then a drain and an audit; fails if a message was lost.
 SOAK_MINUTES ?= 10
 bench-soak: $(STAMP)
-	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) --out bench/results/soak.json
+	$(PY) -m bench.soak.faults --minutes $(SOAK_MINUTES) --out bench/results/soak.json
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(VSQS_VENV) $(NPM_DIR)/node_modules site .pytest_cache .mypy_cache .ruff_cache bench/results

@@ -391,13 +391,20 @@ def last_json_line(stdout: str) -> Any:
     raise ValueError(f"no JSON in output: {stdout[-500:]!r}")
 
 
-def host_report(load_at_start: tuple[float, float, float]) -> dict[str, Any]:
-    """When and where a benchmark ran, and how busy the host was at its start and end."""
+def host() -> dict[str, Any]:
+    """When and where a benchmark ran: the first fields of its results."""
     return {
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+    }
+
+
+def host_report(load_at_start: tuple[float, float, float]) -> dict[str, Any]:
+    """``host()``, and how busy the host was at the benchmark's start and end."""
+    return {
+        **host(),
         "load_average_at_start": load_at_start,
         "load_average_at_end": os.getloadavg(),
     }

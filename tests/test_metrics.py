@@ -29,7 +29,7 @@ from pawn_queue.config import load_config
 from pawn_queue.metrics import QueueMetrics, only_sampled, start_exporter
 from pawn_queue.observe import Observer, Outcome
 from pawn_queue.sync import PawnQueue as SyncPawnQueue
-from tests.conftest import queue_config_dict
+from tests.helpers.stores import queue_config_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 

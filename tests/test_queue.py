@@ -24,8 +24,8 @@ from pawn_queue._protocol import layout
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import ConfigError, StoreUnavailable
 from pawn_queue.store import open_store
-from tests.conftest import BACKENDS, CONDITIONAL, STORE_MATRIX
 from tests.helpers.faults import FaultyStore
+from tests.helpers.stores import BACKENDS, CONDITIONAL, STORE_MATRIX
 from tests.helpers.support import keys_under, settled
 
 conditional = pytest.mark.parametrize("backend", sorted(CONDITIONAL), indirect=True)

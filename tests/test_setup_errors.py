@@ -14,7 +14,7 @@ import pytest
 from pawn_queue import ConfigError, PawnQueue, PawnQueueConfig
 from pawn_queue.config import S3Config
 from pawn_queue.exceptions import AccessDenied, BucketNotFound, PawnQueueError, StoreUnavailable
-from pawn_queue.store._s3_errors import CREDENTIAL_CHAIN
+from pawn_queue.store.s3 import CREDENTIAL_CHAIN
 
 SECRET = "do-not-print-this-secret-value"
 REPO = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pawn_queue import LeaseLostError, Message, PawnQueue
-from pawn_queue._internal.handlers import BlockingMessage
+from pawn_queue._handling.handlers import BlockingMessage
 from pawn_queue._protocol import layout
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable

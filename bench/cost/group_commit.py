@@ -34,15 +34,16 @@ import argparse
 import asyncio
 import contextlib
 import platform
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from tests.servers.seaweedfs import SeaweedFS
+
 from bench.common import (
-    REPO,
+    RESULTS,
     RequestClasses,
     delta,
     git_state,
@@ -53,11 +54,7 @@ from bench.common import (
 )
 from bench.queue.batch import ListenDrain
 from bench.queue.support import PQ013_PYTHON, PQ013_RUNNER, Skipped, run_child
-
 from pawn_queue import PawnQueue
-
-sys.path.insert(0, str(REPO))  # tests.servers.seaweedfs
-from tests.servers.seaweedfs import SeaweedFS
 
 TOPIC = "bench"
 CONSUMERS = 4
@@ -281,9 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         "--pq013-interval", type=float, default=1.0, help="0.1.3's polling.interval_seconds"
     )
     parser.add_argument("--no-pq013", action="store_true", help="leave pawn-queue 0.1.3 out")
-    parser.add_argument(
-        "--out", type=Path, default=REPO / "bench" / "results" / "group_commit.json"
-    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "group_commit.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pq-bench-gc-") as tmp:
         server = SeaweedFS.start(Path(tmp) / "seaweedfs")

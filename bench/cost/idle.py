@@ -40,7 +40,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from tests.servers.seaweedfs import SeaweedFS
+
+import pawn_queue
 from bench.common import (
+    RESULTS,
     RequestClasses,
     delta,
     drain,
@@ -52,11 +56,7 @@ from bench.common import (
     write_results,
 )
 from bench.queue.batch import ListenDrain
-from bench.queue.support import REPO
 from bench.queue.waiting import producer_process
-from tests.servers.seaweedfs import SeaweedFS
-
-import pawn_queue
 from pawn_queue import Message, PawnQueue
 from pawn_queue.config import NotifyConfig
 
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--no-pollers", action="store_true")
     parser.add_argument("--no-drain", action="store_true")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "idle.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "idle.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("pawn_queue").setLevel(logging.ERROR)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 import uuid
@@ -30,8 +29,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from tests.servers.seaweedfs import SeaweedFS
+
 from bench.common import (
-    REPO,
+    RESULTS,
     RequestClasses,
     delta,
     git_state,
@@ -40,11 +41,7 @@ from bench.common import (
     scrape,
     write_results,
 )
-
 from pawn_queue import Message, PawnQueue
-
-sys.path.insert(0, str(REPO))  # tests.servers.seaweedfs
-from tests.servers.seaweedfs import SeaweedFS
 
 TOPIC, SUBSCRIPTION = "bench", "replayed"
 TARGET_FIRST_SECONDS = 2.0
@@ -189,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--publishers", type=int, default=32)
     parser.add_argument("--consumers", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="1 run of 5,000 messages")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "replay.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "replay.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.runs, args.messages = 1, 5_000

@@ -73,10 +73,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.servers.seaweedfs import SeaweedFS
+
 from bench.common import (
     PRICE_GET_HEAD,
     PRICE_PUT_LIST,
     REPO,
+    RESULTS,
     RequestClasses,
     delta,
     git_state,
@@ -90,7 +93,6 @@ from bench.common import (
     write_results,
 )
 from bench.queue.batch import ListenDrain
-
 from pawn_queue import Consumer, Message, PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue.config import load_config
@@ -99,9 +101,6 @@ from pawn_queue.observe import Observer
 from pawn_queue.store import open_store
 from pawn_queue.store.base import LIST_PAGE, ObjectMeta, Store
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
-
-sys.path.insert(0, str(REPO))  # tests.servers.seaweedfs
-from tests.servers.seaweedfs import SeaweedFS
 
 T = TypeVar("T")
 
@@ -975,9 +974,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 run of 2,000 messages")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--out", type=Path, default=REPO / "bench" / "results" / "subscriptions.json"
-    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "subscriptions.json")
     args = parser.parse_args(argv)
     if args.child is not None:
         print(json.dumps(asyncio.run(child_main(json.loads(args.child)))), flush=True)

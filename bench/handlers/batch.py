@@ -33,21 +33,18 @@ import argparse
 import asyncio
 import contextlib
 import platform
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, git_state, median, publish_many, s3_settings, write_results
+from tests.servers.seaweedfs import SeaweedFS
 
+from bench.common import RESULTS, git_state, median, publish_many, s3_settings, write_results
 from pawn_queue import Message, PawnQueue
 from pawn_queue.config import load_config
 from pawn_queue.observe import Observer, Outcome
-
-sys.path.insert(0, str(REPO))  # tests.servers.seaweedfs
-from tests.servers.seaweedfs import SeaweedFS
 
 TOPIC = "bench"
 MODES = ("per-message", "batch", "batch-c4")
@@ -201,9 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages-memory", type=int, default=100_000)
     parser.add_argument("--messages-s3", type=int, default=20_000)
     parser.add_argument("--stores", nargs="+", choices=("memory", "s3"), default=["memory", "s3"])
-    parser.add_argument(
-        "--out", type=Path, default=REPO / "bench" / "results" / "batch_handlers.json"
-    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "batch_handlers.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pq-bench-bh-") as tmp:
         server = SeaweedFS.start(Path(tmp) / "seaweedfs") if "s3" in args.stores else None

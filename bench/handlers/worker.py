@@ -35,8 +35,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, git_state, last_json_line, median, scrubbed_env
-
+from bench.common import (
+    REPO,
+    RESULTS,
+    git_state,
+    last_json_line,
+    median,
+    scrubbed_env,
+    write_results,
+)
 from pawn_queue import App, Message, PawnQueue
 from pawn_queue.config import parse_url
 from pawn_queue.observe import Observer, Outcome
@@ -104,7 +111,6 @@ async def child_listen(url: str, count: int) -> float:
 
 def child_worker(url: str, count: int, log: Path) -> float:
     from bench.handlers.worker_app import noop
-
     from pawn_queue.service.logs import TextFormatter
     from pawn_queue.service.runner import WorkerOptions, run_app
 
@@ -136,7 +142,15 @@ def run_child(case: str, url: str, count: int, log: Path) -> float:
 
 def run_processes(url: str, count: int, processes: int, spin: float) -> float:
     asyncio.run(publish(url, count, {"spin": spin}))
-    argv = [sys.executable, "-m", "pawn_queue", "--url", url, "worker", "bench.handlers.worker_app:spin"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pawn_queue",
+        "--url",
+        url,
+        "worker",
+        "bench.handlers.worker_app:spin",
+    ]
     argv += ["--topic", TOPIC, "--processes", str(processes), "--concurrency", "1"]
     worker = subprocess.Popen(
         argv, cwd=REPO, env=scrubbed_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
@@ -159,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--cpu-messages", type=int, default=1500)
     parser.add_argument("--spin", type=float, default=0.002)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "worker.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "worker.json")
     parser.add_argument("--child", choices=("listen", "worker"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--log", type=Path, help=argparse.SUPPRESS)
@@ -212,7 +226,6 @@ def main(argv: list[str] | None = None) -> None:
     ]
     text = "\n".join(lines)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "rates": rates,
         "medians": medians,
@@ -223,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         "git": git_state(),
         "table": text,
     }
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

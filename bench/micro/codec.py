@@ -7,8 +7,8 @@ Each run times every library on every case, one after the other; a figure is the
 ``--runs`` runs, and each speed-up is the median of the ratios to the standard library measured
 in the same run. Run from the repository root::
 
-    python -m bench.micro.codec                     # writes bench/results/codec.json
-    python bench/micro/codec.py --runs 3 --seconds 0.1
+    python -m bench.micro.codec                    # writes bench/results/codec.json
+    python -m bench.micro.codec --runs 3 --seconds 0.1
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -27,15 +25,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-for _path in (REPO / "src", REPO):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+import orjson
 
-import orjson  # noqa: E402
-from bench import common  # noqa: E402
-
-from pawn_queue._protocol import codec  # noqa: E402
+from bench import common
+from pawn_queue._protocol import codec
 
 try:
     import msgspec
@@ -203,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs; figures are medians")
     parser.add_argument("--seconds", type=float, default=0.3, help="time per measurement")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "codec.json")
+    parser.add_argument("--out", type=Path, default=common.RESULTS / "codec.json")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.seconds <= 0:
         parser.error("needs --runs >= 1 and --seconds > 0")
@@ -223,13 +216,9 @@ def main(argv: list[str] | None = None) -> None:
         texts.append(table(results["with_null" if nulls else "without_null"], title))
     text = "\n\n".join(texts)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": "codec",
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
+        **common.host(),
         "versions": {
             "orjson": orjson.__version__,
             "msgspec": msgspec.__version__ if msgspec is not None else None,
@@ -241,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         "results": results,
         "table": text,
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    common.write_results(args.out, report)
     print(f"\nwrote {args.out} in {report['wall_seconds']} s", file=sys.stderr)
 
 

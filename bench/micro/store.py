@@ -4,8 +4,8 @@ for the memory, filesystem and S3 stores, with 1 and 32 requests in flight.
 The S3 store runs against a SeaweedFS this script starts on loopback ports. Each figure is the
 median of ``--runs`` runs; objects are ~200 bytes. Run from the repository root::
 
-    python -m bench.micro.store                       # all stores, 1 s per measurement
-    python bench/micro/store.py --stores s3 --ops 2000 --out /tmp/s3.json
+    python -m bench.micro.store                      # all stores, 1 s per measurement
+    python -m bench.micro.store --stores s3 --ops 2000 --out /tmp/s3.json
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import platform
 import random
 import statistics
@@ -26,15 +25,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.servers.seaweedfs
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+from pydantic import SecretStr
 
-from pydantic import SecretStr  # noqa: E402
-
-from pawn_queue.config import S3Config  # noqa: E402
-from pawn_queue.store.base import Store  # noqa: E402
+from bench.common import RESULTS, write_results
+from pawn_queue.config import S3Config
+from pawn_queue.store.base import Store
 
 OPS = ("PUT", "GET", "HEAD", "LIST", "DELETE")
 STORES = ("memory", "filesystem", "s3")
@@ -212,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     group.add_argument("--ops", type=int, help="operations per measurement instead of time")
     parser.add_argument("--concurrency", default="1,32", help="requests in flight, comma-separated")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "store.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "store.json")
     args = parser.parse_args(argv)
 
     budget = Budget(None, args.ops) if args.ops else Budget(args.seconds or 1.0, None)
@@ -225,7 +220,6 @@ def main(argv: list[str] | None = None) -> None:
 
     table = _table(rows, concurrencies)
     print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": "store",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -239,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         "results": rows,
         "table": table,
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(args.out, report)
     print(f"\nwrote {args.out} in {report['wall_seconds']} s", file=sys.stderr)
 
 

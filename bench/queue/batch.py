@@ -1,5 +1,5 @@
-"""Queue benchmark case 7 (``python -m bench.queue.compare --cases batch``): ``publish_batch`` objects
-of 100 drained by ``listen()``, on SeaweedFS and on the memory store.
+"""Queue benchmark case 7 (``python -m bench.queue.compare --cases batch``): ``publish_batch``
+objects of 100 drained by ``listen()``, on SeaweedFS and on the memory store.
 
 Setups: 1 and 4 consumers polling with the default settings (polls of 10), and 1 consumer
 with polls of 100 (one object a poll). Every consumer is its own PawnQueue and the producer
@@ -34,7 +34,6 @@ from typing import Any
 from bench import common
 from bench.common import RequestClasses
 from bench.queue.support import TOPIC, Bench, Skipped, queues
-
 from pawn_queue import Consumer, Message, PawnQueueConfig
 
 logger = logging.getLogger("bench.queue")

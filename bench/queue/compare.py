@@ -20,28 +20,24 @@ Cases (each figure the median of ``--runs`` runs):
 9. wake: publish-to-handler latency of an idle ``listen()`` (defaults) when another process
    publishes after idle gaps of 1-60 s (``--wake-gaps``), on a directory and on S3
 
-Run from the repository root (``bench/queue/compare.py`` is named like the standard library's
-``queue``, so it must be run as a module)::
+Run from the repository root::
 
-    .venv/bin/python -m bench.queue.compare                 # everything but --backlog, < 17 min
-    .venv/bin/python -m bench.queue.compare --quick         # smaller sizes, ~3.5 min
+    .venv/bin/python -m bench.queue.compare            # everything but --backlog, < 17 min
+    .venv/bin/python -m bench.queue.compare --quick    # smaller sizes, ~3.5 min
     .venv/bin/python -m bench.queue.compare --cases drain,idle --backlog
 
 0.1.3 runs in ``.venv-pq013`` (bench/queue/pq013_runner.py) and vsqs in ``.venv-vsqs``
-(bench/queue/vsqs_runner.py); a case whose venv is missing is skipped with a note. The cases are in
-bench/queue/throughput.py (1-3, 6, 8), bench/queue/batch.py (7) and bench/queue/waiting.py
-(4-5, 9), the plumbing in
-bench/queue/support.py, the printed tables in bench/queue/report.py.
+(bench/queue/vsqs_runner.py); a case whose venv is missing is skipped with a note. The cases
+are in bench/queue/throughput.py (1-3, 6, 8), batch.py (7) and waiting.py (4-5, 9), the
+plumbing in support.py, the printed tables in report.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -50,14 +46,13 @@ import traceback
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench import common
 from bench.queue.batch import case_batch
 from bench.queue.report import table
-from bench.queue.support import CASES, DEFAULT_CASES, QUICK, REPO, Bench, Sizes, Skipped
+from bench.queue.support import CASES, DEFAULT_CASES, QUICK, Bench, Sizes, Skipped
 from bench.queue.throughput import case_backlog, case_drain, case_local, case_publish
 from bench.queue.waiting import case_idle, case_latency, case_wake
 
@@ -104,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--wake-gaps", help="idle gaps (s) of case wake, e.g. 1,5,10 (default 1,5,10,20,40,60)"
     )
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "queue.json")
+    parser.add_argument("--out", type=Path, default=common.RESULTS / "queue.json")
     args = parser.parse_args(argv)
 
     sizes = QUICK if args.quick else Sizes()
@@ -147,13 +142,9 @@ def main(argv: list[str] | None = None) -> None:
 
     text = table(results)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": "queue",
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
+        **common.host(),
         "sizes": {k: v for k, v in vars(sizes).items()},
         "quick": args.quick,
         "cases": cases,
@@ -168,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         "results": results,
         "table": text,
     }
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    common.write_results(args.out, report)
     print(f"\nwrote {args.out} in {report['wall_seconds']} s", file=sys.stderr)
 
 

@@ -31,10 +31,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import platform
 import random
 import signal
 import sys
@@ -43,13 +41,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.queue.support import REPO, filesystem_config, queues
-
+from bench.queue.support import filesystem_config, queues
 from pawn_queue import Message, PawnQueue, Retry
 
 logger = logging.getLogger("bench.queue.delays")
@@ -348,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, help="delayed messages (default 200)")
     parser.add_argument("--max-delay", type=float, help="longest delay, s (default 10)")
     parser.add_argument("--seed", type=int, help="seed of the delays")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "delays.json")
+    parser.add_argument("--out", type=Path, default=common.RESULTS / "delays.json")
     args = parser.parse_args(argv)
 
     sizes = QUICK if args.quick else Sizes()
@@ -384,13 +380,9 @@ def main(argv: list[str] | None = None) -> None:
 
     text = table(results, sizes)
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": "delays",
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
+        **common.host(),
         "sizes": asdict(sizes),
         "quick": args.quick,
         "git": common.git_state(),
@@ -398,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
         "results": results,
         "table": text,
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    common.write_results(args.out, report)
     print(f"\nwrote {args.out} in {report['wall_seconds']} s", file=sys.stderr)
 
 

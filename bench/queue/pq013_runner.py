@@ -1,8 +1,9 @@
 """Drives pawn-queue 0.1.3 (PyPI) for bench/queue/compare.py, through its public API only.
 
-Runs under the 0.1.3 virtualenv, never imports this checkout's package::
+Runs under the 0.1.3 virtualenv, from the repository root, never importing this checkout's
+package (src/ is not on sys.path; ``bench.queue.support.run_child`` starts it)::
 
-    .venv-pq013/bin/python -P bench/queue/pq013_runner.py '{"action": "publish", ...}'
+    .venv-pq013/bin/python -m bench.queue.pq013_runner '{"action": "publish", ...}'
 
 The argument is a JSON spec (see ``ACTIONS``); the last line printed is the JSON result.
 Requests are counted by the caller's SeaweedFS metrics, per bucket (``common.scrape``).
@@ -10,28 +11,20 @@ Requests are counted by the caller's SeaweedFS metrics, per bucket (``common.scr
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import logging
 import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
-# This directory holds bench/queue/compare.py, which must not shadow the standard library's
-# ``queue`` (urllib3 imports it): drop the script's directory from the front of sys.path
-# and keep it only at the end, for ``common``.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != _HERE]
-sys.path.append(str(_HERE))
-
-import asyncio  # noqa: E402
-import contextlib  # noqa: E402
-import importlib.metadata  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import time  # noqa: E402
-from collections.abc import AsyncIterator, Awaitable, Callable  # noqa: E402
-from typing import Any  # noqa: E402
-
-import common  # noqa: E402
-import pawn_queue  # noqa: E402  (0.1.3, from this interpreter's venv)
-from pawn_queue import PawnQueue  # noqa: E402
+import pawn_queue  # 0.1.3, from this interpreter's venv
+from bench import common
+from pawn_queue import PawnQueue
 
 TOPIC = "bench"
 

@@ -1,5 +1,5 @@
-"""The printed report of the queue benchmarks (``python -m bench.queue.compare``): one table per case
-from the results, then the notes on how the figures were measured.
+"""The printed report of the queue benchmarks (``python -m bench.queue.compare``): one table per
+case from the results, then the notes on how the figures were measured.
 """
 
 from __future__ import annotations

@@ -16,14 +16,13 @@ from typing import Any
 
 from bench import common
 from bench.common import REPO
-
 from pawn_queue import PawnQueue, PawnQueueConfig
 from pawn_queue.store import counting, open_store
 
 PQ013_PYTHON = REPO / ".venv-pq013" / "bin" / "python"
 VSQS_PYTHON = REPO / ".venv-vsqs" / "bin" / "python"
-PQ013_RUNNER = REPO / "bench" / "pq013_runner.py"
-VSQS_RUNNER = REPO / "bench" / "vsqs_bench.py"
+PQ013_RUNNER = "bench.queue.pq013_runner"
+VSQS_RUNNER = "bench.queue.vsqs_runner"
 TOPIC = "bench"
 IN_FLIGHT = 32
 CASES = ("publish", "drain", "batch", "idle", "latency", "wake", "local", "backlog")
@@ -148,13 +147,15 @@ def _require(python: Path) -> None:
         raise Skipped(f"{python.relative_to(REPO)} missing")
 
 
-async def run_child(python: Path, script: Path, spec: dict[str, Any], time_limit: float) -> Any:
-    """Run a runner under another venv's interpreter; its last stdout line is JSON."""
+async def run_child(python: Path, module: str, spec: dict[str, Any], time_limit: float) -> Any:
+    """Run the runner ``module`` under another venv's interpreter, as ``python -m`` from the
+    repository root: ``bench.common`` imports, and ``pawn_queue`` is the venv's (src/ is not on
+    its sys.path). Its last stdout line is JSON."""
     _require(python)
     process = await asyncio.create_subprocess_exec(
         str(python),
-        "-P",  # do not put bench/ (and its queue.py) first on sys.path
-        str(script),
+        "-m",
+        module,
         json.dumps({**spec, "deadline": time_limit}),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -168,7 +169,7 @@ async def run_child(python: Path, script: Path, spec: dict[str, Any], time_limit
             process.kill()
             await process.wait()
     if process.returncode != 0:
-        raise RuntimeError(f"{script.name} exited {process.returncode}:\n{err.decode()[-3000:]}")
+        raise RuntimeError(f"{module} exited {process.returncode}:\n{err.decode()[-3000:]}")
     return common.last_json_line(out.decode())
 
 

@@ -1,5 +1,5 @@
-"""Queue benchmark cases on throughput and requests (``python -m bench.queue.compare``): 1. publish,
-2-3. drain and requests per message (also split by step), 8. local directory against
+"""Queue benchmark cases on throughput and requests (``python -m bench.queue.compare``):
+1. publish, 2-3. drain and requests per message (also split by step), 8. local directory against
 vsqs 0.3, and 6. backlog (7. batch objects is in bench/queue/batch.py).
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench import store as store_bench
 from bench.common import RequestClasses
+from bench.micro import store as store_bench
 from bench.queue.support import (
     IN_FLIGHT,
     PQ013_PYTHON,
@@ -32,7 +32,6 @@ from bench.queue.support import (
     queues,
     run_child,
 )
-
 from pawn_queue import PawnQueue, PawnQueueConfig
 from pawn_queue.store import open_store
 

@@ -1,9 +1,10 @@
 """vsqs 0.3 (PyPI) on a local directory, for bench/queue/compare.py's local-directory comparison.
 
-Runs under its own virtualenv (``make .venv-vsqs/.installed``)::
+Runs under its own virtualenv (``make .venv-vsqs/.installed``), from the repository root
+(``bench.queue.support.run_child`` starts it)::
 
-    .venv-vsqs/bin/python -P bench/queue/vsqs_runner.py '{"dir": "/tmp/x", "backlogs": [2000, 10000],
-                                                   "ops": 300, "runs": 3}'
+    .venv-vsqs/bin/python -m bench.queue.vsqs_runner '{"dir": "/tmp/x", "backlogs": [2000, 10000],
+                                                       "ops": 300, "runs": 3}'
 
 For each backlog: fill the queue up to it, then per run time ``ops`` serial ``publish()``
 calls and ``ops`` serial ``receive()`` + ``delete()`` pairs (its API is blocking and
@@ -15,21 +16,14 @@ minute. Prints the JSON result as its last line.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
-from pathlib import Path
+import time
+import warnings
+from typing import Any
 
-# bench/queue/compare.py must not shadow the standard library's ``queue`` (watchdog imports it).
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != _HERE]
-sys.path.append(str(_HERE))
-
-import json  # noqa: E402
-import os  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from typing import Any  # noqa: E402
-
-import common  # noqa: E402
+from bench import common
 
 warnings.simplefilter("ignore", DeprecationWarning)  # vsqs calls Condition.notifyAll
 

@@ -1,6 +1,6 @@
-"""Queue benchmark cases on waiting (``python -m bench.queue.compare``): 4. what an idle ``listen()``
-costs in requests, 5. how long a published message takes to reach the handler, and 9. how
-long a publish from another process takes to wake a ``listen()`` that was idle a while.
+"""Queue benchmark cases on waiting (``python -m bench.queue.compare``): 4. what an idle
+``listen()`` costs in requests, 5. how long a published message takes to reach the handler, and
+9. how long a publish from another process takes to wake a ``listen()`` that was idle a while.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.common import RequestClasses
+from bench.common import REPO, RequestClasses
 from bench.queue.support import (
     PQ013_PYTHON,
     PQ013_RUNNER,
-    REPO,
     TOPIC,
     Bench,
     Skipped,
@@ -241,7 +240,7 @@ async def _wake_pair(config: dict[str, Any], gaps: tuple[float, ...]) -> dict[st
 async def producer_process(
     config: dict[str, Any], topic: str = TOPIC
 ) -> AsyncIterator[Callable[[int], Awaitable[float]]]:
-    """``bench/queue/wake_producer.py`` in a child process publishing to ``topic``; yields
+    """``bench.queue.wake_producer`` in a child process publishing to ``topic``; yields
     ``publish(i)``, which returns how long the child's publish took."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,

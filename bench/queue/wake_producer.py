@@ -17,8 +17,6 @@ import logging
 import sys
 import time
 
-from bench.queue.support import REPO  # noqa: F401  (puts this checkout's src/ on sys.path)
-
 from pawn_queue import PawnQueue
 
 

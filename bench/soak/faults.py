@@ -29,7 +29,6 @@ import itertools
 import json
 import logging
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -37,20 +36,13 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-for _path in (REPO / "src", REPO):  # pawn_queue from this checkout, and tests.*
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from bench import common  # noqa: E402
-
-from pawn_queue import LeaseLostError, Message, PawnQueue  # noqa: E402
-from pawn_queue._protocol import layout  # noqa: E402
-from pawn_queue.exceptions import PublishError, StoreError  # noqa: E402
+from bench import common
+from pawn_queue import LeaseLostError, Message, PawnQueue
+from pawn_queue._protocol import layout
+from pawn_queue.exceptions import PublishError, StoreError
 
 TOPIC = "soak"
 VISIBILITY = 10.0
@@ -399,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=25.0, help="msgs/s in all; 0: no limit")
     parser.add_argument("--max-backlog", type=int, default=1000)
     parser.add_argument("--drain-timeout", type=float, default=180.0)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "soak.json")
+    parser.add_argument("--out", type=Path, default=common.RESULTS / "soak.json")
     args = parser.parse_args(argv)
     if args.minutes < 1 or args.producers < 1 or args.consumers < 1:
         parser.error("--minutes, --producers and --consumers must be at least 1")
@@ -419,10 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         results = asyncio.run(run(args, Path(tmp)))
     report = {
         "benchmark": "soak",
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
+        **common.host(),
         "settings": {
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "visibility_timeout_seconds": VISIBILITY,
@@ -431,10 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": round(time.perf_counter() - started, 1),
         **results,
     }
-    text = json.dumps(report, indent=2, default=str)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    print(json.dumps(report, indent=2, default=str))
+    common.write_results(args.out, report)
     return 1 if results["audit"]["lost"] else 0
 
 

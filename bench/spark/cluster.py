@@ -40,18 +40,23 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO / "src") not in sys.path:
-    sys.path.insert(0, str(REPO / "src"))
+from pyspark.sql import SparkSession
+from tests.helpers.spark_cluster import standalone_cluster
+from tests.servers.seaweedfs import SeaweedFS
 
-from bench.common import delta, git_state, host_report, median, scrape  # noqa: E402
-from bench.spark.local import publish, read_json  # noqa: E402
-from bench.spark.trace import TRACE_ENV, TracedSource  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
-from tests.helpers.spark_cluster import standalone_cluster  # noqa: E402
-from tests.servers.seaweedfs import SeaweedFS  # noqa: E402
-
-from pawn_queue.spark import register  # noqa: E402
+from bench.common import (
+    REPO,
+    RESULTS,
+    delta,
+    git_state,
+    host_report,
+    median,
+    scrape,
+    write_results,
+)
+from bench.spark.local import publish, read_json
+from bench.spark.trace import TRACE_ENV, TracedSource
+from pawn_queue.spark import register
 
 ACCESS_KEY, SECRET_KEY = "bench-access-key", "bench-secret-key"
 KINDS = (("batch objects of 1000", 1000), ("one message per object", 1))
@@ -412,9 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--singles", type=int, default=2_000, help="one-message objects")
     parser.add_argument("--batched", type=int, default=200_000, help="messages in batch objects")
     parser.add_argument("--runs", type=int, default=3, help="runs per case (medians)")
-    parser.add_argument(
-        "--out", type=Path, default=REPO / "bench" / "results" / "spark_cluster.json"
-    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "spark_cluster.json")
     args = parser.parse_args(argv)
     started, load_at_start = time.perf_counter(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="pq-bench-spark-cluster-", dir=REPO / "bench") as tmp:
@@ -443,8 +446,7 @@ def main(argv: list[str] | None = None) -> None:
         "results": results,
         "breakdown": breakdown,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(args.out, report)
     print("\n".join(report_lines(results, breakdown)))
     print(f"load average: start {load_at_start}, end {report['load_average_at_end']}")
 

@@ -23,7 +23,7 @@ of messages read; the micro-batch ratio does not.
 Run from the repository root (JSON to bench/results/spark.json)::
 
     python -m bench.spark.local
-    python bench/spark/local.py --singles 500 --batched 100000 --runs 1
+    python -m bench.spark.local --singles 500 --batched 100000 --runs 1
 """
 
 from __future__ import annotations
@@ -33,23 +33,18 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO / "src") not in sys.path:
-    sys.path.insert(0, str(REPO / "src"))
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from tests.helpers.spark_helpers import local_spark
 
-from bench.common import host_report  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-from tests.helpers.spark_helpers import local_spark  # noqa: E402
-
-from pawn_queue import PawnQueue, PawnQueueConfig  # noqa: E402
+from bench.common import REPO, RESULTS, host_report, write_results
+from pawn_queue import PawnQueue, PawnQueueConfig
 
 ENVELOPE = "id string, topic string, producer_id string, created_at string, payload string"
 BATCH = "id string, topic string, producer_id string, created_at string, batch array<string>"
@@ -223,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         "--batched", type=int, default=200_000, help="messages in batch objects of 1,000"
     )
     parser.add_argument("--runs", type=int, default=3, help="runs; the summary holds medians")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "spark.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "spark.json")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     load_at_start = os.getloadavg()
@@ -262,8 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         **summary,
         "targets": targets,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(args.out, report)
     print(json.dumps({**summary, "targets": targets}, indent=2))
 
 

@@ -4,6 +4,7 @@ An S3-compatible bucket, a local directory or memory is the broker: producers wr
 messages as objects, consumers claim them with leases made of conditional writes.
 """
 
+from pawn_queue._version import __version__ as __version__
 from pawn_queue.app import App
 from pawn_queue.builder import PawnQueueBuilder
 from pawn_queue.client import PawnQueue
@@ -33,8 +34,6 @@ from pawn_queue.registry import RegistryEntry
 from pawn_queue.retry import Retry
 from pawn_queue.subscriptions import Subscription
 from pawn_queue.topics import PeekedMessage, TopicSettings, TopicStats
-
-__version__ = "0.2.0"
 
 __all__ = [
     "App",

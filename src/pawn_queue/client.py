@@ -12,43 +12,33 @@ from datetime import datetime
 from types import EllipsisType, TracebackType
 from typing import Any
 
-from pawn_queue._internal.aio import Background
 from pawn_queue._internal.durations import count_argument, rate_argument, seconds_argument
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.dedup import MarkerSweeper
 from pawn_queue._protocol.envelope import now_utc
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy
-from pawn_queue._protocol.leases import LeaseManager
-from pawn_queue._protocol.listings import SharedListings
-from pawn_queue._protocol.notify import ChangeSignals
-from pawn_queue._protocol.replay import check_replayable, replay
-from pawn_queue._protocol.retained import RetainedSweeper
-from pawn_queue._protocol.runtime import Runtime
-from pawn_queue._protocol.strategy import known_conditional, resolve_strategy
-from pawn_queue.config import PawnQueueConfig, load_config
-from pawn_queue.consumer import Consumer
-from pawn_queue.dead_letters import DeadLetter, DeadLetters
-from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError, RootNotFound
-from pawn_queue.observe import Observer, Observers
-from pawn_queue.producer import Producer
-from pawn_queue.registry import Registry
-from pawn_queue.store import open_store
-from pawn_queue.store.base import Store
-from pawn_queue.store.coalesce import DeleteCoalescer
-from pawn_queue.subscriptions import Subscription, Subscriptions, parse_start
-from pawn_queue.topics import (
+from pawn_queue._protocol.registry import Registry
+from pawn_queue._protocol.replay import replay, seek
+from pawn_queue._protocol.runtime import Runtime, open_runtime
+from pawn_queue._protocol.subscriptions import Subscription, parse_start
+from pawn_queue._protocol.topics import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_REPLAY_WINDOW,
     DEFAULT_RETENTION_ACTION,
     NO_LIMIT,
     NotGiven,
     PeekedMessage,
-    Topics,
     TopicSettings,
     TopicStats,
     given_settings,
     topic_stats,
 )
+from pawn_queue.config import PawnQueueConfig, load_config
+from pawn_queue.consumer import Consumer
+from pawn_queue.dead_letters import DeadLetter, DeadLetters
+from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError
+from pawn_queue.observe import Observer, Observers
+from pawn_queue.producer import Producer
+from pawn_queue.store.base import Store
 
 logger = logging.getLogger(__name__)
 
@@ -121,47 +111,13 @@ class PawnQueue:
         """
         if self._runtime is not None:
             return
-        store = self._custom_store or open_store(self.config)
-        try:
-            if not known_conditional(store):
-                with contextlib.suppress(RootNotFound):  # a local directory in a custom wrapper
-                    await store.list("", limit=1)
-            strategy = await resolve_strategy(store, self.config.concurrency.strategy)
-        except BaseException:
-            await store.close()
-            raise
-        background = Background()
-        leases = LeaseManager(
-            store,
-            strategy,
-            self.config.concurrency,
-            clock=self._clock,
-            deleter=DeleteCoalescer(store),  # one, so concurrent deletes share requests
-            background=background,
-            # Memory and a local directory always answer: no publish needs to look.
-            keep_tombstones=strategy == "conditional_write" and not known_conditional(store),
-        )
-        signals = ChangeSignals(store, self.config.notify)
-        topics = Topics(store)
-        leases.on_freed = signals.published  # a message given back wakes its consumers
-        runtime = self._runtime = Runtime(
-            config=self.config,
-            store=store,
-            leases=leases,
-            topics=topics,
-            subscriptions=Subscriptions(store, topics),
-            registry=Registry(store),
-            signals=signals,
-            listings=SharedListings(store, signals),
-            dedup_sweeper=MarkerSweeper(store, background, self._clock, leases.margin),
-            retained_sweeper=RetainedSweeper(store, background, self._clock, leases.margin),
-            observers=self._observers,
-            background=background,
+        runtime = self._runtime = await open_runtime(
+            self.config, self._custom_store, self._clock, self._observers
         )
         self._heartbeat = asyncio.create_task(
             runtime.registry.run_heartbeat(self.config.registry.heartbeat_interval_seconds)
         )
-        logger.info("pawn-queue ready store=%r strategy=%s", store, strategy)
+        logger.info("pawn-queue ready store=%r strategy=%s", runtime.store, runtime.leases.strategy)
 
     async def teardown(self) -> None:
         """Release held leases, stop background tasks and close the store. Idempotent."""
@@ -235,7 +191,7 @@ class PawnQueue:
             retention_action=retention_action,
             replay_window_seconds=replay_window_seconds,
         )
-        await self._ready().topics.create(_queue(name, None), given)
+        await self._ready().topics.create(layout.queue(name, None), given)
 
     async def update_topic(
         self,
@@ -261,18 +217,18 @@ class PawnQueue:
             retention_action=retention_action,
             replay_window_seconds=replay_window_seconds,
         )
-        return await self._ready().topics.update(_queue(name, None), given)
+        return await self._ready().topics.update(layout.queue(name, None), given)
 
     async def topic_settings(self, name: str) -> TopicSettings:
         """The topic's stored settings (read now); raises TopicNotFoundError if it is missing."""
-        return await self._ready().topics.settings(_queue(name, None), fresh=True)
+        return await self._ready().topics.settings(layout.queue(name, None), fresh=True)
 
     async def purge_topic(self, name: str, *, subscription: str | None = None) -> int:
         """Delete the messages of the topic (or of one of its subscriptions), pending, in
         flight and delayed, and their leases, like SQS's PurgeQueue; return the number of
         message objects deleted (a batch counts once). Dead letters stay. A consumer holding
         a purged message learns it when it next writes its lease: see docs/protocol.md."""
-        return await self._ready().topics.purge(_queue(name, subscription))
+        return await self._ready().topics.purge(layout.queue(name, subscription))
 
     async def list_topics(self) -> list[str]:
         """All topics in the store, sorted."""
@@ -280,13 +236,13 @@ class PawnQueue:
 
     async def delete_topic(self, name: str) -> None:
         """Delete a topic with its messages, leases and dead letters."""
-        await self._ready().topics.delete(_queue(name, None))
+        await self._ready().topics.delete(layout.queue(name, None))
 
     async def topic_stats(self, name: str, *, subscription: str | None = None) -> TopicStats:
         """Approximate pending, in-flight, delayed and dead-letter counts and the age of the
         oldest pending message, of the topic or of one of its subscriptions. Costs one LIST
         per 1,000 objects of each kind."""
-        queue = _queue(name, subscription)
+        queue = layout.queue(name, subscription)
         await self._ready().topics.settings(queue)
         return await topic_stats(
             self._ready().store, queue, self.config.polling.visibility_timeout_seconds
@@ -300,7 +256,7 @@ class PawnQueue:
         without claiming them. Costs two LISTs and a GET per message object shown."""
         count_argument("limit", limit, minimum=0)
         visibility = self.config.polling.visibility_timeout_seconds
-        return await self._ready().topics.peek(_queue(topic, subscription), limit, visibility)
+        return await self._ready().topics.peek(layout.queue(topic, subscription), limit, visibility)
 
     # -- subscriptions ----------------------------------------------------------------------
 
@@ -373,15 +329,7 @@ class PawnQueue:
         since = parse_start(to, "to")
         if not isinstance(drop, bool):
             raise ArgumentError(f"drop: got {drop!r}, must be True or False")
-        runtime = self._ready()
-        subscription = await runtime.subscriptions.get(topic, name)
-        if since != "latest" and not drop:
-            await check_replayable(runtime, subscription, since)
-        # What the purge could delete was published before it ended: it is copied again.
-        await runtime.topics.purge(subscription.queue)
-        runtime.leases.forget_queue(subscription.queue)
-        if since != "latest":
-            await replay(runtime, subscription, since)
+        await seek(self._ready(), topic, name, since, drop=drop)
 
     async def list_subscriptions(self, topic: str) -> list[Subscription]:
         """The topic's subscriptions, by name."""
@@ -430,7 +378,7 @@ class PawnQueue:
         with why they ended there."""
         if limit is not None:
             count_argument("limit", limit, minimum=0)
-        return await self._dead_letters().list(_queue(topic, subscription), limit=limit)
+        return await self._dead_letters().list(layout.queue(topic, subscription), limit=limit)
 
     async def dead_letter(
         self, topic: str, message_id: str, *, subscription: str | None = None
@@ -438,7 +386,7 @@ class PawnQueue:
         """One dead letter by its message id (one GET); None if the topic has none by that id."""
         if not isinstance(message_id, str):
             raise ArgumentError(f"message_id: got {reprlib.repr(message_id)}, must be a string")
-        return await self._dead_letters().get(_queue(topic, subscription), message_id)
+        return await self._dead_letters().get(layout.queue(topic, subscription), message_id)
 
     async def redrive(
         self,
@@ -457,12 +405,12 @@ class PawnQueue:
         if per_second is not None:
             rate_argument("per_second", per_second)
         return await self._dead_letters().redrive(
-            _queue(topic, subscription), ids=ids, limit=limit, per_second=per_second
+            layout.queue(topic, subscription), ids=ids, limit=limit, per_second=per_second
         )
 
     async def purge_dead_letters(self, topic: str, *, subscription: str | None = None) -> int:
         """Delete the dead letters of the topic (or of one subscription); returns how many."""
-        return await self._dead_letters().purge(_queue(topic, subscription))
+        return await self._dead_letters().purge(layout.queue(topic, subscription))
 
     def _dead_letters(self) -> DeadLetters:
         return DeadLetters(self._ready())
@@ -499,7 +447,7 @@ class PawnQueue:
             visibility = seconds_argument("visibility_timeout", visibility_timeout)
             polling = self.config.consumer_polling(visibility)
         runtime = self._ready()
-        queues = [_queue(topic, subscription) for topic in topics]
+        queues = [layout.queue(topic, subscription) for topic in topics]
         for topic, queue in zip(topics, queues, strict=True):
             if subscription is None:
                 await runtime.topics.settings(queue)
@@ -532,16 +480,8 @@ class PawnQueue:
 
     def _ready(self) -> Runtime:
         if self._runtime is None:
-            raise _not_set_up()
+            raise PawnQueueError("PawnQueue is not set up: use 'async with' or await setup() first")
         return self._runtime
-
-
-def _queue(topic: str, subscription: str | None) -> str:
-    """The queue a public call means: the topic's own, or one of its subscriptions'."""
-    layout.validate_name(topic, "topic name")
-    if subscription is None:
-        return topic
-    return layout.subscription_queue(topic, layout.validate_name(subscription, "subscription name"))
 
 
 def _observers_argument(observers: object) -> list[Observer]:
@@ -553,7 +493,3 @@ def _observers_argument(observers: object) -> list[Observer]:
     raise ArgumentError(
         f"observers: got {reprlib.repr(observers)}, must be a list of pawn_queue.observe.Observer"
     )
-
-
-def _not_set_up() -> PawnQueueError:
-    return PawnQueueError("PawnQueue is not set up: use 'async with' or await setup() first")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import reprlib
 import time
@@ -11,15 +10,19 @@ from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from typing import Any
 
-from pawn_queue._internal import handlers
-from pawn_queue._internal.aio import IO_CONCURRENCY, gather_limited
+from pawn_queue._handling import handlers
+from pawn_queue._handling.arguments import check_listen
+from pawn_queue._handling.batching import BatchListener, BatchSource, check_batch
+from pawn_queue._handling.handlers import Handler
+from pawn_queue._internal.aio import IO_CONCURRENCY, cancel_and_wait, gather_limited
 from pawn_queue._internal.durations import seconds_argument
-from pawn_queue._internal.handlers import Handler
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.batching import BatchListener, BatchSource, check_batch
+from pawn_queue._protocol.acks import ack_together
 from pawn_queue._protocol.claiming import Claimer
+from pawn_queue._protocol.delivery import Message
 from pawn_queue._protocol.handout import Handout
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
+from pawn_queue._protocol.registry import RegistryEntry
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue.config import PollingConfig
 from pawn_queue.exceptions import (
@@ -29,8 +32,6 @@ from pawn_queue.exceptions import (
     StoreError,
     TopicNotFoundError,
 )
-from pawn_queue.message import Message, ack_together
-from pawn_queue.registry import RegistryEntry
 from pawn_queue.retry import Retry
 
 logger = logging.getLogger(__name__)
@@ -42,66 +43,7 @@ _RETRY_SOON = 0.05  # after a poll that left candidates unclaimed (a race lost, 
 _RETRY_AFTER_FAILURE = 1.0  # after a poll whose claim failed (not sooner: the store may be down)
 
 # Retry lived here once: still importable from here.
-__all__ = ["Consumer", "MessageHandler", "Retry", "check_concurrency", "check_listen"]
-
-
-async def _cancel_and_wait(tasks: set[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait until each has ended, however often this is cancelled
-    meanwhile (that is then raised at the end), as a TaskGroup's exit does."""
-    cancelled = False
-    while tasks:
-        for task in tasks:
-            task.cancel()
-        try:
-            await asyncio.wait(tasks)
-        except asyncio.CancelledError:
-            cancelled = True
-        tasks = {task for task in tasks if not task.done()}
-    if cancelled:
-        raise asyncio.CancelledError
-
-
-def check_concurrency(concurrency: object) -> None:
-    """Refuse a ``concurrency`` that is not a positive integer."""
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ArgumentError(f"concurrency must be a positive integer, got {concurrency!r}")
-
-
-def check_listen(
-    handler: object,
-    *,
-    retry: object,
-    grace: object,
-    concurrency: object = None,
-    batch: object = None,
-    batch_wait: object = None,
-) -> None:
-    """Refuse what ``listen()`` (async or blocking) cannot use, before it claims anything."""
-    check_handler(handler)
-    if retry is not None and not isinstance(retry, Retry):
-        raise ArgumentError(f"retry: got {reprlib.repr(retry)}, must be a pawn_queue.Retry or None")
-    if grace is not None:
-        seconds_argument("grace", grace, zero=True)
-    if concurrency is not None:
-        check_concurrency(concurrency)
-    if batch is not None or batch_wait is not None:
-        check_batch(batch, batch_wait)
-
-
-def check_handler(handler: object) -> None:
-    """Refuse a ``handler`` that cannot be called with one argument (a message, or a batch's
-    list of them): it would fail on every message and dead-letter them all."""
-    if not callable(handler):
-        raise ArgumentError(f"handler: got {reprlib.repr(handler)}, must be a function")
-    try:
-        signature = inspect.signature(handler)
-    except (TypeError, ValueError):
-        return  # a builtin without a readable signature: its call will tell
-    try:
-        signature.bind(None)
-    except TypeError as exc:
-        name = getattr(handler, "__qualname__", repr(handler))
-        raise ArgumentError(f"handler: {name} cannot take a message: {exc}") from None
+__all__ = ["Consumer", "MessageHandler", "Retry"]
 
 
 class Consumer:
@@ -318,7 +260,7 @@ class Consumer:
 
         ``handler`` is an ``async def`` function, run on the loop, or a plain function, run
         in a worker thread of ``executor`` (default: the loop's) with a blocking message
-        whose ``ack()``/``nack()`` work from that thread (:mod:`pawn_queue._internal.handlers`).
+        whose ``ack()``/``nack()`` work from that thread (:mod:`pawn_queue._handling.handlers`).
         Messages of one poll are handled concurrently, and the next poll waits until each
         handler returned or waits only for the write that makes its ack durable (the
         members of a batch object then share that write, :mod:`pawn_queue._protocol.handout`); with
@@ -336,7 +278,7 @@ class Consumer:
         With ``batch=N``, ``handler`` takes a list of up to N messages (what one poll
         returned; with ``batch_wait`` seconds, what polls brought within that time, until
         N) and ``concurrency`` counts batches; when it returns, the messages it left
-        unsettled are acked together (:mod:`pawn_queue._protocol.batching`).
+        unsettled are acked together (:mod:`pawn_queue._handling.batching`).
 
         A bad argument (a handler that cannot take a message, a ``retry`` that is not a
         :class:`~pawn_queue.retry.Retry`, a negative ``grace``...) raises ArgumentError
@@ -377,7 +319,7 @@ class Consumer:
                         task.cancel()
                 raise
             finally:
-                await _cancel_and_wait(running)  # no handler outlives the listener
+                await cancel_and_wait(running)  # no handler outlives the listener
         finally:
             self._handout.stop()
             try:

@@ -16,9 +16,9 @@ from pawn_queue._protocol.envelope import (
     decode_dead_letter,
     encode_dead_letter,
 )
+from pawn_queue._protocol.landing import write_message
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue.exceptions import ArgumentError, NotFound, PreconditionFailed, StoreError
-from pawn_queue.message import write_message
 from pawn_queue.store.base import IfMatch
 
 logger = logging.getLogger(__name__)

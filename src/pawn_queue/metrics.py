@@ -28,6 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pawn_queue._protocol.delivery import Message
 from pawn_queue.exceptions import (
     AccessDenied,
     AlreadyExists,
@@ -36,7 +37,6 @@ from pawn_queue.exceptions import (
     PreconditionFailed,
     StoreUnavailable,
 )
-from pawn_queue.message import Message
 from pawn_queue.observe import Observer, Observers, Outcome, Publication
 from pawn_queue.store.base import IfMatch, Store
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import Collector
 
+    from pawn_queue._protocol.topics import TopicStats
     from pawn_queue.consumer import Consumer
-    from pawn_queue.topics import TopicStats
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pawn_queue._protocol.observers import Observers, Outcome, Publication, no_op
 
 if TYPE_CHECKING:
-    from pawn_queue.message import Message
+    from pawn_queue._protocol.delivery import Message
 
 __all__ = ["Observer", "Observers", "Outcome", "Publication"]
 

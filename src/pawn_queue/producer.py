@@ -18,19 +18,18 @@ from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import dedup, layout
 from pawn_queue._protocol.envelope import Envelope, encode_batch
 from pawn_queue._protocol.group_commit import Copy, GroupCommit
-from pawn_queue._protocol.landing import publish_failed, write_new
+from pawn_queue._protocol.landing import publish_failed, write_message, write_new
+from pawn_queue._protocol.registry import RegistryEntry
 from pawn_queue._protocol.runtime import Runtime
+from pawn_queue._protocol.subscriptions import Destination
+from pawn_queue._protocol.topics import TopicSettings
 from pawn_queue.exceptions import (
     ArgumentError,
     PayloadError,
     QueueFullError,
     StoreError,
 )
-from pawn_queue.message import write_message
 from pawn_queue.observe import Publication
-from pawn_queue.registry import RegistryEntry
-from pawn_queue.subscriptions import Destination
-from pawn_queue.topics import TopicSettings
 
 logger = logging.getLogger(__name__)
 

@@ -24,12 +24,12 @@ import contextlib
 from types import TracebackType
 from typing import Any
 
+from pawn_queue._protocol.delivery import Message
+from pawn_queue._protocol.topics import TopicStats
 from pawn_queue.app import App
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.dead_letters import DeadLetter
-from pawn_queue.message import Message
 from pawn_queue.observe import Observer, Outcome, Publication
-from pawn_queue.topics import TopicStats
 
 __all__ = ["TestClient"]
 

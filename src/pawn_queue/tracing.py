@@ -19,11 +19,11 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from pawn_queue import __version__
+from pawn_queue._version import __version__
 from pawn_queue.observe import Observer, Publication
 
 if TYPE_CHECKING:
-    from pawn_queue.message import Message
+    from pawn_queue._protocol.delivery import Message
 
 SYSTEM = "pawn-queue"
 _propagator = TraceContextTextMapPropagator()

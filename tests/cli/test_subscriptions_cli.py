@@ -22,7 +22,7 @@ from typer.testing import CliRunner, Result
 
 from pawn_queue.cli import app
 from pawn_queue.sync import PawnQueue
-from tests.conftest import queue_config_dict
+from tests.helpers.stores import queue_config_dict
 
 MISSING = "error: subscription 'nope' of topic 'orders' does not exist\n"
 

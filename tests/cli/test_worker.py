@@ -37,7 +37,7 @@ from pawn_queue.config import PawnQueueConfig
 from pawn_queue.observe import Observer
 from pawn_queue.service.logs import JsonFormatter, TextFormatter
 from pawn_queue.sync import PawnQueue
-from tests.conftest import queue_config_dict
+from tests.helpers.stores import queue_config_dict
 from tests.servers.fault_proxy import FaultProxy, FaultRule
 from tests.servers.seaweedfs import SeaweedFS
 

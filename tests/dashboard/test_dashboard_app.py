@@ -35,8 +35,8 @@ from pawn_queue.store.base import Store
 from pawn_queue.store.memory import MemoryStore
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 from pawn_queue.sync import PawnQueue as SyncPawnQueue
-from tests.conftest import queue_config_dict
 from tests.helpers.dashboard_pages import csrf_of, dead_letter
+from tests.helpers.stores import queue_config_dict
 
 T = TypeVar("T")
 TOKEN = "dash-ToKeN-4b7c9e1f-do-not-print"

@@ -26,7 +26,7 @@ from pawn_queue.dashboard import DashboardSettings
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from pawn_queue.sync import PawnQueue
-from tests.conftest import queue_config_dict
+from tests.helpers.stores import queue_config_dict
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 pytest.register_assert_rewrite("tests.helpers.browser")  # imported here, and as a plugin

@@ -18,7 +18,7 @@ from pawn_queue.config import load_config
 from pawn_queue.dashboard import DashboardSettings, create_app
 from pawn_queue.dashboard.meter import RequestMeter
 from pawn_queue.store.memory import MemoryStore
-from tests.conftest import queue_config_dict
+from tests.helpers.stores import queue_config_dict
 
 
 class Clock:

@@ -34,9 +34,9 @@ from pawn_queue.store import open_store  # noqa: E402
 from pawn_queue.store.base import Store  # noqa: E402
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper  # noqa: E402
 from pawn_queue.sync import PawnQueue  # noqa: E402
-from tests.conftest import queue_config_dict  # noqa: E402
 from tests.helpers.browser import Watched, screenshot, served_dashboard  # noqa: E402
 from tests.helpers.dashboard_pages import csrf_of, dead_letter  # noqa: E402
+from tests.helpers.stores import queue_config_dict  # noqa: E402
 
 pytest_plugins = ["tests.helpers.browser"]  # the browser and watched fixtures
 pytestmark = pytest.mark.usefixtures("quick_subscription_changes")  # all in this process

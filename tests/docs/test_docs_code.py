@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import queue_config_dict
 from tests.helpers.markdown import REPO, fenced_blocks, markdown_files
+from tests.helpers.stores import queue_config_dict
 
 NOT_RUN = re.compile(r"^\s*<!--\s*not run:(?P<reason>.*?)-->\s*$")
 PYTHON = frozenset({"python", "py", "python3"})

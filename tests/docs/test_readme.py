@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pawn_queue import PawnQueue
-from tests.conftest import STORE_MATRIX
+from tests.helpers.stores import STORE_MATRIX
 
 README = Path(__file__).parents[2] / "README.md"
 

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from pawn_queue import PawnQueue, subscriptions
-from pawn_queue._protocol import layout
+from pawn_queue import PawnQueue
+from pawn_queue._protocol import layout, subscriptions
 from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import NotFoundError

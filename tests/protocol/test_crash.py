@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pawn_queue import PawnQueue
-from tests.conftest import S3_SERVERS, queue_config_dict
+from tests.helpers.stores import S3_SERVERS, queue_config_dict
 from tests.helpers.support import keys_under
 
 HOLDER = """

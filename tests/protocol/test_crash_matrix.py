@@ -41,7 +41,7 @@ import pytest
 from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import decode_batch
-from tests.conftest import queue_config_dict
+from tests.helpers.stores import queue_config_dict
 from tests.helpers.support import settled
 from tests.workers.crash_worker import TARGET
 

@@ -15,8 +15,8 @@ from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store import open_store
-from tests.conftest import FAST_CONCURRENCY
 from tests.helpers.faults import FaultyStore
+from tests.helpers.stores import FAST_CONCURRENCY
 from tests.helpers.support import settled
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import PawnQueue, PublishError, subscriptions
-from pawn_queue._protocol import group_commit, layout
+from pawn_queue import PawnQueue, PublishError
+from pawn_queue._protocol import group_commit, layout, subscriptions
 from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable

@@ -21,8 +21,8 @@ from pawn_queue._protocol.leases import LeaseManager
 from pawn_queue.config import ConcurrencyConfig, PawnQueueConfig
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store.memory import MemoryStore
-from tests.conftest import queue_config_dict
 from tests.helpers.faults import FaultyStore
+from tests.helpers.stores import queue_config_dict
 from tests.servers.fault_proxy import FaultProxy, FaultRule
 from tests.servers.seaweedfs import SeaweedFS
 

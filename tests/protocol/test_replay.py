@@ -15,8 +15,8 @@ from pawn_queue.config import load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.exceptions import ConfigError, LeaseLostError, ReplayUnavailableError
 from pawn_queue.store import open_store
-from tests.conftest import FAST_POLLING
 from tests.helpers.faults import FaultyStore
+from tests.helpers.stores import FAST_POLLING
 
 pytestmark = pytest.mark.usefixtures("quick_subscription_changes")  # all in this process
 

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import pytest
 
 from pawn_queue import PawnQueue
-from pawn_queue import subscriptions as subscriptions_module
 from pawn_queue._protocol import layout
+from pawn_queue._protocol import subscriptions as subscriptions_module
 from pawn_queue.config import load_config
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store

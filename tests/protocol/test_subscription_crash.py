@@ -35,7 +35,7 @@ import pytest
 
 from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
-from tests.conftest import queue_config_dict
+from tests.helpers.stores import queue_config_dict
 from tests.helpers.support import settled
 
 WORKER = str(Path(__file__).parents[1] / "workers" / "subscription_worker.py")

@@ -29,14 +29,14 @@ from pawn_queue import (
     TopicSettingsConflictError,
     TopicStats,
 )
-from pawn_queue import subscriptions as subscriptions_module
 from pawn_queue._protocol import layout
+from pawn_queue._protocol import subscriptions as subscriptions_module
 from pawn_queue._protocol.envelope import decode_batch
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import SubscriptionConflictError, SubscriptionNotFoundError
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
-from tests.conftest import BACKENDS, CONDITIONAL, STORE_MATRIX
+from tests.helpers.stores import BACKENDS, CONDITIONAL, STORE_MATRIX
 from tests.helpers.support import keys_under, settled
 
 SHIPPED_INDEX_CACHE_SECONDS = subscriptions_module.INDEX_CACHE_SECONDS

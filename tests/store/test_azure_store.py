@@ -30,7 +30,7 @@ from pawn_queue.exceptions import (
     StoreError,
     StoreUnavailable,
 )
-from pawn_queue.store._s3_errors import ErrorText, read_error_text
+from pawn_queue.store._object_store_errors import ErrorText, read_error_text
 from pawn_queue.store.azure import AZURE, AzureStore
 from tests.servers.fault_proxy import FaultProxy, FaultRule
 from tests.servers.process import Azurite, start_azurite

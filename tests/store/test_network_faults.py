@@ -43,8 +43,8 @@ from pawn_queue.consumer import Consumer
 from pawn_queue.exceptions import PublishError, StoreError, StoreUnavailable
 from pawn_queue.store import open_store
 from pawn_queue.store.s3 import S3Store
-from tests.conftest import FAST_CONCURRENCY, queue_config_dict
 from tests.helpers.faults import FaultyStore
+from tests.helpers.stores import FAST_CONCURRENCY, queue_config_dict
 from tests.helpers.support import settled
 from tests.servers.fault_proxy import FaultKind, FaultProxy, FaultRule
 from tests.servers.seaweedfs import SeaweedFS

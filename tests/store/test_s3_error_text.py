@@ -1,4 +1,4 @@
-"""The obstore error texts the S3 store reads (store/_s3_errors.read_error_text), pinned.
+"""The obstore error texts the S3 store reads (store/_object_store_errors.read_error_text), pinned.
 
 obstore's exceptions carry no fields: the HTTP status, S3 error code and message, the
 failure kinds, the retry count and the failed request's URL are only in their text. Each
@@ -20,8 +20,8 @@ import pytest
 from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionError
 
 from pawn_queue.config import S3Config
-from pawn_queue.store._s3_errors import ErrorText, read_error_text
-from pawn_queue.store.s3 import S3Store
+from pawn_queue.store._object_store_errors import ErrorText, read_error_text
+from pawn_queue.store.s3 import S3, S3Store
 from tests.servers.fault_proxy import FaultProxy, FaultRule
 from tests.servers.seaweedfs import SeaweedFS
 
@@ -71,7 +71,7 @@ def proxy(seaweedfs: SeaweedFS) -> Iterator[FaultProxy]:
 
 async def test_missing_bucket(s3_config: S3Config) -> None:
     missing = s3_config.model_copy(update={"bucket_name": f"missing-{uuid.uuid4().hex[:12]}"})
-    told = read_error_text(str(await client_error(missing, _get)))
+    told = read_error_text(str(await client_error(missing, _get)), S3)
     assert told == ErrorText(
         status=404,
         code="NoSuchBucket",
@@ -87,14 +87,14 @@ async def test_missing_bucket(s3_config: S3Config) -> None:
 
     exc = await client_error(missing, listing)
     assert isinstance(exc, GenericError)  # only the text tells a missing bucket
-    told = read_error_text(str(exc))
+    told = read_error_text(str(exc), S3)
     assert (told.status, told.code) == (404, "NoSuchBucket")
 
 
 async def test_missing_key_and_failed_conditions_are_typed(s3_config: S3Config) -> None:
     missing = await client_error(s3_config, _get)
     assert isinstance(missing, FileNotFoundError)
-    assert read_error_text(str(missing)).status == 404
+    assert read_error_text(str(missing), S3).status == 404
     store = S3Store(s3_config)
     await store.put("k", b"x")
     await store.close()
@@ -114,7 +114,7 @@ async def test_server_error_after_retries(s3_config: S3Config, proxy: FaultProxy
     proxy.set_rules([FaultRule("slowdown_503", 1.0)])
     exc = await client_error(_fast(s3_config, proxy.endpoint), _get)
     assert isinstance(exc, GenericError)
-    assert read_error_text(str(exc)) == ErrorText(
+    assert read_error_text(str(exc), S3) == ErrorText(
         status=503,
         code="SlowDown",
         message="slowdown_503",
@@ -127,7 +127,7 @@ async def test_server_error_after_retries(s3_config: S3Config, proxy: FaultProxy
 
 async def test_refused_connection(s3_config: S3Config) -> None:
     endpoint = f"http://127.0.0.1:{_closed_port()}"
-    told = read_error_text(str(await client_error(_fast(s3_config, endpoint), _get)))
+    told = read_error_text(str(await client_error(_fast(s3_config, endpoint), _get)), S3)
     assert told.status is None and told.code is None and told.message is None
     assert {"Connect", "ConnectionRefused"} <= told.failures
     assert told.sending_failed and told.retries == 1 and not told.metadata_request
@@ -138,7 +138,7 @@ async def test_silent_server_times_out(s3_config: S3Config) -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen(16)  # accepts connections, never answers
         endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        told = read_error_text(str(await client_error(_fast(s3_config, endpoint), _get)))
+        told = read_error_text(str(await client_error(_fast(s3_config, endpoint), _get)), S3)
     assert told.status is None and "Timeout" in told.failures
     assert told.sending_failed and told.retries == 1
 
@@ -150,7 +150,7 @@ async def test_answer_lost_after_the_request_landed(s3_config: S3Config, proxy: 
     def delete(store: Any) -> Awaitable[object]:
         return obstore.delete_async(store, ["k"])
 
-    told = read_error_text(str(await client_error(_fast(s3_config, proxy.endpoint), delete)))
+    told = read_error_text(str(await client_error(_fast(s3_config, proxy.endpoint), delete)), S3)
     assert told.status is None and told.sending_failed and told.retries is None
     assert told.failures & {"Interrupted", "Timeout"}
 
@@ -164,5 +164,5 @@ async def test_failed_instance_metadata_lookup(
     # No credentials anywhere: the client's last resort is the instance-metadata service.
     monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
     no_keys = _fast(s3_config, aws_access_key_id=None, aws_secret_access_key=None)
-    told = read_error_text(str(await client_error(no_keys, _get)))
+    told = read_error_text(str(await client_error(no_keys, _get)), S3)
     assert told.metadata_request and told.status is None and told.sending_failed

@@ -31,7 +31,7 @@ from pawn_queue.exceptions import (
 )
 from pawn_queue.store.base import IfMatch
 from pawn_queue.store.s3 import S3Store
-from tests.conftest import queue_config_dict
+from tests.helpers.stores import queue_config_dict
 from tests.servers.seaweedfs import SeaweedFS
 
 ACCESS_KEY = "PQTESTACCESSKEY0001"

@@ -18,7 +18,7 @@ import pytest
 
 from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed
 from pawn_queue.store.base import IfMatch, PutMode, Store
-from tests.conftest import CONDITIONAL, STORE_MATRIX, is_s3
+from tests.helpers.stores import CONDITIONAL, STORE_MATRIX, is_s3
 
 RACERS = 24
 

@@ -24,7 +24,7 @@ from pawn_queue.config import S3Config
 from pawn_queue.exceptions import AlreadyExists, ConfigError, PreconditionFailed, PublishError
 from pawn_queue.store.base import IfMatch
 from pawn_queue.store.s3 import S3Store
-from tests.conftest import CONDITIONAL, S3_SERVERS, queue_config_dict
+from tests.helpers.stores import CONDITIONAL, S3_SERVERS, queue_config_dict
 from tests.servers.fault_proxy import FaultProxy, FaultRule
 from tests.servers.seaweedfs import SeaweedFS
 

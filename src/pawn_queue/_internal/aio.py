@@ -38,3 +38,19 @@ class Background:
         """Wait until all work started so far, and any it started, has finished."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def cancel_and_wait(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait until each has ended, however often this is cancelled
+    meanwhile (that is then raised at the end), as a TaskGroup's exit does."""
+    cancelled = False
+    while tasks:
+        for task in tasks:
+            task.cancel()
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            cancelled = True
+        tasks = {task for task in tasks if not task.done()}
+    if cancelled:
+        raise asyncio.CancelledError

@@ -18,13 +18,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 from pawn_queue._internal.aio import IO_CONCURRENCY
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.delivery import ClaimedObject, Message
 from pawn_queue._protocol.envelope import (
     CorruptObject,
     DeadLetterInfo,
@@ -38,8 +38,8 @@ from pawn_queue._protocol.lanes import LANE_WIDTH, LANES, Lanes
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
 from pawn_queue._protocol.lease_protocol import Lease
 from pawn_queue._protocol.runtime import Runtime
+from pawn_queue._protocol.scanning import scan_page
 from pawn_queue.exceptions import StoreError
-from pawn_queue.message import ClaimedObject, Message
 from pawn_queue.store.base import ObjectMeta
 
 logger = logging.getLogger(__name__)
@@ -49,43 +49,6 @@ _MIN_PAGE = 100
 _MIN_PATIENCE_SECONDS = 0.05
 _REMEMBER_SECONDS = 1.0
 _SWEEP_SECONDS = 600.0  # how often a consumer looks for orphan leases in each topic
-
-
-@dataclass(frozen=True, slots=True)
-class ScannedPage:
-    """What a listing page holds for a consumer at one moment."""
-
-    found: list[tuple[layout.PendingKey, ObjectMeta]]  # deliverable now, in key order
-    next_due: datetime | None  # when the first message not deliverable yet becomes so
-    ends: bool  # a key past every possible due time ends the listing: stop paging
-
-
-def scan_page(
-    page: list[ObjectMeta], now: datetime, skew_margin: timedelta, groups_seen: set[str]
-) -> ScannedPage:
-    """The messages of a listing page deliverable at ``now`` (see
-    :func:`layout.visible_from`). Keys sort by timestamp, so the first key beyond
-    ``now + skew_margin`` ends the listing; delayed messages before it that are not due are
-    skipped. Of a group, only the oldest message is deliverable, and a group whose oldest
-    message is not due waits for it (``groups_seen`` carries the groups already met over the
-    pages of one listing)."""
-    found: list[tuple[layout.PendingKey, ObjectMeta]] = []
-    next_due: datetime | None = None
-    for meta in page:
-        pending = layout.parse_pending_key(meta.key)
-        if pending is None:
-            continue
-        visible = layout.visible_from(meta.key, skew_margin)
-        if visible is not None and visible > now:
-            next_due = visible if next_due is None else min(next_due, visible)
-            if visible > now + skew_margin or not layout.is_delayed_key(meta.key):
-                # Its timestamp is past now + margin: so are those of every key after it.
-                return ScannedPage(found, next_due, ends=True)
-        group_head = pending.kind != "group" or pending.group_hash not in groups_seen
-        groups_seen.add(pending.group_hash)
-        if group_head and (visible is None or visible <= now):
-            found.append((pending, meta))
-    return ScannedPage(found, next_due, ends=False)
 
 
 def _claims_for(candidates: list[tuple[layout.PendingKey, str]], wanted: int) -> int:

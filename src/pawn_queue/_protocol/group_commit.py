@@ -24,11 +24,10 @@ from typing import Any
 
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import Envelope, encode_batch
-from pawn_queue._protocol.landing import publish_failed, write_new
+from pawn_queue._protocol.landing import publish_failed, write_message, write_new
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue.config import ProducerConfig
 from pawn_queue.exceptions import PublishError, StoreError
-from pawn_queue.message import write_message
 
 logger = logging.getLogger(__name__)
 

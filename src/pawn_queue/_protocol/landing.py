@@ -17,7 +17,7 @@ import asyncio
 import logging
 
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.envelope import CorruptObject, LeaseBody
+from pawn_queue._protocol.envelope import CorruptObject, Envelope, LeaseBody
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue.config import AzureConfig, S3Config
 from pawn_queue.exceptions import (
@@ -48,6 +48,24 @@ async def write_new(runtime: Runtime, key: str, body: bytes) -> None:
             f"write of {key!r} given up at its deadline of {deadline:g} s "
             "(request_timeout_seconds x (max_retries + 1) of the store's settings)"
         ) from AnswerLost("deadline")
+
+
+async def write_message(
+    runtime: Runtime, envelope: Envelope, key: str, body: bytes | None = None
+) -> str:
+    """Write one message object at ``key`` (whose timestamp says when it becomes visible),
+    once even if an answer is lost (:func:`~pawn_queue._protocol.landing.write_new`); return its id.
+    ``body`` is ``envelope`` encoded, when the caller has it already."""
+    if body is None:
+        body = envelope.encode()
+    try:
+        await write_new(runtime, key, body)
+    except StoreError as exc:
+        raise publish_failed(envelope.topic, exc) from exc
+    queue = layout.queue_of(key)
+    runtime.signals.published(queue)
+    logger.debug("published message=%s queue=%s", envelope.id, queue)
+    return envelope.id
 
 
 def publish_deadline(runtime: Runtime) -> float | None:

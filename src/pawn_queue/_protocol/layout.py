@@ -161,6 +161,15 @@ def subscription_queue(topic: str, subscription: str) -> str:
     return f"{topic}/{SUBSCRIPTIONS}{subscription}"
 
 
+def queue(topic: str, subscription: str | None) -> str:
+    """The queue a public call names: the topic's own, or one of its subscriptions' (each
+    name validated)."""
+    validate_name(topic, "topic name")
+    if subscription is None:
+        return topic
+    return subscription_queue(topic, validate_name(subscription, "subscription name"))
+
+
 def subscription_index_key(topic: str) -> str:
     """The topic's subscriptions and their filters, read by every producer of the topic."""
     return f"{topic}/{SUBSCRIPTION_INDEX}"

@@ -23,11 +23,31 @@ from pawn_queue._protocol.envelope import CorruptObject, Envelope, decode_batch,
 from pawn_queue._protocol.filters import Filter, parse_filter
 from pawn_queue._protocol.landing import write_new
 from pawn_queue._protocol.runtime import Runtime
+from pawn_queue._protocol.subscriptions import Subscription
 from pawn_queue.exceptions import NotFound, ReplayUnavailableError
 from pawn_queue.store.base import LIST_PAGE, ObjectMeta
-from pawn_queue.subscriptions import Subscription
 
 logger = logging.getLogger(__name__)
+
+
+async def seek(
+    runtime: Runtime,
+    topic: str,
+    name: str,
+    since: datetime | Literal["earliest", "latest"],
+    *,
+    drop: bool,
+) -> None:
+    """``PawnQueue.seek``: drop what waits in the subscription, then copy what the replay
+    log holds from ``since`` on; refused first (:func:`check_replayable`) unless ``drop``."""
+    subscription = await runtime.subscriptions.get(topic, name)
+    if since != "latest" and not drop:
+        await check_replayable(runtime, subscription, since)
+    # What the purge could delete was published before it ended: it is copied again.
+    await runtime.topics.purge(subscription.queue)
+    runtime.leases.forget_queue(subscription.queue)
+    if since != "latest":
+        await replay(runtime, subscription, since)
 
 
 async def check_replayable(

@@ -3,6 +3,7 @@ to the producers, consumers and messages it makes instead of a long list of argu
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -13,12 +14,16 @@ from pawn_queue._protocol.leases import LeaseManager
 from pawn_queue._protocol.listings import SharedListings
 from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue._protocol.observers import Observers
+from pawn_queue._protocol.registry import Registry
 from pawn_queue._protocol.retained import RetainedSweeper
+from pawn_queue._protocol.strategy import known_conditional, resolve_strategy
+from pawn_queue._protocol.subscriptions import Subscriptions
+from pawn_queue._protocol.topics import Topics
 from pawn_queue.config import PawnQueueConfig
-from pawn_queue.registry import Registry
+from pawn_queue.exceptions import RootNotFound
+from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
-from pawn_queue.subscriptions import Subscriptions
-from pawn_queue.topics import Topics
+from pawn_queue.store.coalesce import DeleteCoalescer
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +50,55 @@ class Runtime:
         """The UTC wall clock behind every time this queue writes or compares (one per
         queue: ``PawnQueue(config, clock=...)`` stands in another host's clock)."""
         return self.leases.clock
+
+
+async def open_runtime(
+    config: PawnQueueConfig,
+    store: Store | None,
+    clock: Callable[[], datetime],
+    observers: Observers,
+) -> Runtime:
+    """Open ``store`` (the one ``config`` selects if None), verify access and resolve the
+    concurrency strategy, then build the protocol objects over it.
+
+    On S3: one LIST (a missing bucket or bad credentials fail here) and, for ``auto``,
+    the probe. A local directory or memory gets no request: both enforce conditional
+    writes, and a local directory is created by the first write, not by opening it.
+    """
+    store = store or open_store(config)
+    try:
+        if not known_conditional(store):
+            with contextlib.suppress(RootNotFound):  # a local directory in a custom wrapper
+                await store.list("", limit=1)
+        strategy = await resolve_strategy(store, config.concurrency.strategy)
+    except BaseException:
+        await store.close()
+        raise
+    background = Background()
+    leases = LeaseManager(
+        store,
+        strategy,
+        config.concurrency,
+        clock=clock,
+        deleter=DeleteCoalescer(store),  # one, so concurrent deletes share requests
+        background=background,
+        # Memory and a local directory always answer: no publish needs to look.
+        keep_tombstones=strategy == "conditional_write" and not known_conditional(store),
+    )
+    signals = ChangeSignals(store, config.notify)
+    topics = Topics(store)
+    leases.on_freed = signals.published  # a message given back wakes its consumers
+    return Runtime(
+        config=config,
+        store=store,
+        leases=leases,
+        topics=topics,
+        subscriptions=Subscriptions(store, topics),
+        registry=Registry(store),
+        signals=signals,
+        listings=SharedListings(store, signals),
+        dedup_sweeper=MarkerSweeper(store, background, clock, leases.margin),
+        retained_sweeper=RetainedSweeper(store, background, clock, leases.margin),
+        observers=observers,
+        background=background,
+    )

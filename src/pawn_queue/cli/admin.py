@@ -9,6 +9,9 @@ import typer
 from rich.table import Table
 
 from pawn_queue._internal.durations import short_age
+from pawn_queue._protocol.counts import Counts
+from pawn_queue._protocol.registry import Liveness
+from pawn_queue._protocol.topics import TopicSettings, given_settings
 from pawn_queue.cli.common import (
     EXIT_USAGE,
     NOT_GIVEN,
@@ -34,10 +37,7 @@ from pawn_queue.cli.common import (
     shown,
     stdout_console,
 )
-from pawn_queue.dashboard.counts import Counts
 from pawn_queue.exceptions import TopicSettingsConflictError
-from pawn_queue.registry import Liveness
-from pawn_queue.topics import TopicSettings, given_settings
 
 topics_app = typer.Typer(
     help="Create, update, list, show, purge and delete topics; show their counts.",

@@ -25,12 +25,12 @@ import typer
 from rich.console import Console
 
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.counts import BatchSizes, Counts, read_topic
+from pawn_queue._protocol.topics import NotGiven, TopicSettings
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import URL_ENV_VAR, PawnQueueConfig, load_config
-from pawn_queue.dashboard.counts import BatchSizes, Counts, read_topic
 from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError
 from pawn_queue.store import open_store
-from pawn_queue.topics import NotGiven, TopicSettings
 
 if TYPE_CHECKING:
     from pawn_queue.metrics import QueueMetrics

@@ -15,6 +15,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.delivery import Message
+from pawn_queue._protocol.topics import PeekedMessage
 from pawn_queue.cli.common import (
     EXIT_USAGE,
     CliError,
@@ -35,9 +37,7 @@ from pawn_queue.cli.common import (
     stdout_console,
 )
 from pawn_queue.exceptions import PayloadError, PublishError
-from pawn_queue.message import Message
 from pawn_queue.store.base import Store
-from pawn_queue.topics import PeekedMessage
 
 _T = TypeVar("_T")
 

@@ -25,7 +25,7 @@ try:
 except ImportError:  # pragma: no cover
     import click  # type: ignore[no-redef, import-not-found, unused-ignore]
 
-from pawn_queue import __version__
+from pawn_queue._version import __version__
 from pawn_queue.cli.admin import consumers, producers, topics_app
 from pawn_queue.cli.common import LOG_LEVELS, Options, setup_logging
 from pawn_queue.cli.dashboard import dashboard

@@ -20,7 +20,10 @@ from rich.table import Table
 
 from pawn_queue._internal.durations import short_age
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.counts import Counts
 from pawn_queue._protocol.filters import parse_filter
+from pawn_queue._protocol.subscriptions import MAX_LINGER_SECONDS, Subscription
+from pawn_queue._protocol.topics import TopicSettings, given_settings
 from pawn_queue.cli.common import (
     EXIT_USAGE,
     NOT_GIVEN,
@@ -44,10 +47,7 @@ from pawn_queue.cli.common import (
     shown,
     stdout_console,
 )
-from pawn_queue.dashboard.counts import Counts
 from pawn_queue.exceptions import ArgumentError, SubscriptionConflictError
-from pawn_queue.subscriptions import MAX_LINGER_SECONDS, Subscription
-from pawn_queue.topics import TopicSettings, given_settings
 
 subscriptions_app = typer.Typer(
     help="A topic's subscriptions (each gets a copy of every message published to the "

@@ -1,12 +1,14 @@
 """The web dashboard (the ``dashboard`` extra: Starlette, uvicorn, Jinja2).
 
 ``pawn-queue dashboard`` serves it; in code, :func:`create_app` builds the ASGI app and
-:func:`serve` runs it on a socket from :func:`listen`. Modules: ``app.py`` (routes and
-pages), ``snapshots.py`` (what it knows of the queue and how it stays fresh), ``views.py``
-(what it knows of one topic), ``counts.py`` (a topic's messages, counted from its listings),
-``security.py`` (bind check, token, CSRF, headers), ``meter.py`` (its own request count),
-``charts.py`` (inline SVG), ``prometheus.py`` (flow from exporters), ``server.py``
-(uvicorn), ``settings.py`` (its options).
+:func:`serve` runs it on a socket from :func:`listen`. Modules: ``app.py`` (the app and its
+routes), ``pages.py`` (the HTML pages), ``actions.py`` (redrive, purge, refresh),
+``api.py`` (the JSON), ``rendering.py`` (templates, filters, error pages), ``snapshots.py``
+(what it knows of the queue and how it stays fresh), ``reader.py`` (reading the queue into
+it), ``views.py`` (what it knows of one topic), ``security.py`` (bind check, token, CSRF,
+headers), ``meter.py`` (its own request count), ``charts.py`` (inline SVG),
+``prometheus.py`` (flow from exporters), ``server.py`` (uvicorn), ``settings.py`` (its
+options).
 
 Importing this package imports none of the extra's libraries: the names below load them
 when first used, so ``settings`` works without the extra.

@@ -8,8 +8,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from pawn_queue.dashboard.counts import BatchSizes, Counts
-from pawn_queue.topics import TopicSettings
+from pawn_queue._protocol.counts import BatchSizes, Counts
+from pawn_queue._protocol.topics import TopicSettings
 
 PROBLEM_WINDOW_SECONDS = 300.0  # dead letters added within this long say "growing"
 

@@ -17,7 +17,7 @@ import time
 from datetime import UTC, datetime
 from typing import Literal
 
-from pawn_queue.message import Message
+from pawn_queue._protocol.delivery import Message
 from pawn_queue.observe import Observer, Outcome
 
 LogFormat = Literal["text", "json"]

@@ -24,13 +24,15 @@ from datetime import datetime
 
 from pawn_queue._internal.aio import gather_limited
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.claiming import scan_page
 from pawn_queue._protocol.envelope import CorruptObject, decode_batch, now_utc
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
 from pawn_queue._protocol.lease_protocol import Lease
 from pawn_queue._protocol.leases import LeaseManager
 from pawn_queue._protocol.notify import ChangeSignals
+from pawn_queue._protocol.scanning import scan_page
 from pawn_queue._protocol.strategy import resolve_strategy
+from pawn_queue._protocol.subscriptions import Subscriptions
+from pawn_queue._protocol.topics import Topics
 from pawn_queue.exceptions import NotFound, PawnQueueError
 from pawn_queue.spark import runtime
 from pawn_queue.spark.manifests import Budget, Limit, Manifest
@@ -38,8 +40,6 @@ from pawn_queue.spark.options import SourceOptions
 from pawn_queue.spark.reading import DataLossError, ObjectRef
 from pawn_queue.store import open_store
 from pawn_queue.store.base import ObjectMeta, Store
-from pawn_queue.subscriptions import Subscriptions
-from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
 

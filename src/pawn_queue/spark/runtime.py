@@ -16,12 +16,12 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.subscriptions import Subscriptions
+from pawn_queue._protocol.topics import Topics
 from pawn_queue.exceptions import SubscriptionNotFoundError
 from pawn_queue.spark.options import SourceOptions
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
-from pawn_queue.subscriptions import Subscriptions
-from pawn_queue.topics import Topics
 
 T = TypeVar("T")
 

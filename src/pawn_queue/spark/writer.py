@@ -44,11 +44,11 @@ from pawn_queue._protocol import codec, layout
 from pawn_queue._protocol.envelope import Envelope, encode_batch, encode_json, now_utc, parse_time
 from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue._protocol.retained import SWEEP_MIN_SECONDS, RetainedSweeper
+from pawn_queue._protocol.subscriptions import Destination, Subscriptions
+from pawn_queue._protocol.topics import Topics
 from pawn_queue.exceptions import AlreadyExists, ConfigError, PawnQueueError, PayloadError
 from pawn_queue.spark import runtime
 from pawn_queue.spark.options import SourceOptions
-from pawn_queue.subscriptions import Destination, Subscriptions
-from pawn_queue.topics import Topics
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
 """What the S3 and the Azure store share: both run on obstore (Rust ``object_store``).
 
-:class:`ObstoreStore` holds the store-independent half: requests run shielded and are
-awaited at close, client errors are translated (``_s3_errors``), listings are put in byte
-order whatever order the server lists in, deletes that got no answer are resent. Each
-subclass builds its obstore client, writes (conditional writes differ) and says how its
-service's errors read.
+:class:`ObstoreStore` holds the store-independent half: the client's timeouts and retries
+(:meth:`ObstoreStore._open`), requests run shielded and are awaited at close, client errors
+are translated (``_object_store_errors``), listings are put in byte order whatever order the
+server lists in, deletes that got no answer are resent. Each subclass sets its obstore
+client's service options and credentials, writes (conditional writes differ) and says how
+its service's errors read.
 
 Keys obstore cannot represent (rejected with :class:`ConfigError`): empty keys, a leading or
 trailing ``/``, empty segments (``a//b``), ``.`` or ``..`` segments and ASCII control
@@ -19,7 +20,8 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 import obstore
 
@@ -29,7 +31,7 @@ from pawn_queue.exceptions import (
     StoreError,
     StoreUnavailableError,
 )
-from pawn_queue.store._s3_errors import NoAnswer, Service, translate
+from pawn_queue.store._object_store_errors import NoAnswer, Service, translate
 from pawn_queue.store._s3_listing import (
     ServerSortsBytes,
     ServerUnsorted,
@@ -44,16 +46,32 @@ if TYPE_CHECKING:
     from obstore import ListStream
     from obstore import ObjectMeta as _ObstoreMeta
     from obstore import PutMode as _ObstorePutMode
-    from obstore.store import ObjectStore
+    from obstore.store import ClientConfig, ObjectStore, RetryConfig
 
 _T = TypeVar("_T")
+_Client = TypeVar("_Client")
 
 ListOrder = Literal["tree", "bytes", "unsorted"]
 
 _MAX_KEY_BYTES = 1024
-RESEND_BACKOFF_SECONDS = 0.1  # obstore's initial backoff
+RESEND_BACKOFF_SECONDS = 0.1
+"""The first pause before a resend, here and in the client (then doubled each time)."""
+_MAX_BACKOFF = timedelta(seconds=10)
 _CLOSE_WAIT_SECONDS = 10.0
 _CLOSE_SETTLE_SECONDS = 0.15
+
+
+class ClientSettings(Protocol):
+    """What every obstore client is built from: the settings S3Config and AzureConfig share."""
+
+    @property
+    def connect_timeout_seconds(self) -> float: ...
+    @property
+    def request_timeout_seconds(self) -> float: ...
+    @property
+    def max_retries(self) -> int: ...
+    @property
+    def retry_timeout_seconds(self) -> float: ...
 
 
 def normalise_prefix(prefix: str, service: str) -> str:
@@ -95,14 +113,14 @@ class ObstoreStore:
         container: str,
         prefix: str,
         endpoint: str,
-        max_retries: int,
+        settings: ClientSettings,
         keys_given: bool,
         list_order: ListOrder,
     ) -> None:
         self._container = container
         self._prefix = normalise_prefix(prefix, self.service.name)
         self._endpoint = endpoint
-        self._max_retries = max_retries
+        self._settings = settings
         self._keys_given = keys_given
         self._in_flight: set[asyncio.Future[Any]] = set()
         self._store: ObjectStore | None = None
@@ -224,6 +242,42 @@ class ObstoreStore:
 
     # -- for subclasses -------------------------------------------------------------------
 
+    def _open(
+        self,
+        make: Callable[[ClientConfig, RetryConfig], _Client],
+        *,
+        plain_http: bool,
+        verify_certificates: bool = True,
+        secrets: Sequence[str] = (),
+    ) -> _Client:
+        """The client ``make`` builds, given the client and retry options every store takes
+        from its settings; ConfigError (``secrets`` masked) if it refuses its configuration."""
+        settings = self._settings
+        client: ClientConfig = {
+            "allow_http": plain_http,
+            "allow_invalid_certificates": not verify_certificates,
+            "connect_timeout": timedelta(seconds=settings.connect_timeout_seconds),
+            "timeout": timedelta(seconds=settings.request_timeout_seconds),
+        }
+        retry_timeout = timedelta(seconds=settings.retry_timeout_seconds)
+        retry: RetryConfig = {
+            "max_retries": settings.max_retries,
+            "retry_timeout": retry_timeout,
+            "backoff": {
+                "init_backoff": timedelta(seconds=RESEND_BACKOFF_SECONDS),
+                "max_backoff": min(_MAX_BACKOFF, retry_timeout),
+                "base": 2,
+            },
+        }
+        try:
+            return make(client, retry)
+        except Exception as exc:  # obstore refuses a configuration with varied exceptions
+            what = f"{self.service.name} configuration for {self._where(None)}"
+            error = client_config_error(exc, what, secrets)
+        # Raised outside the handler: the client's message, kept as __context__, could hold
+        # a secret.
+        raise error
+
     def _meta(self, raw: _ObstoreMeta) -> ObjectMeta:
         return ObjectMeta(
             key=raw["path"],
@@ -262,7 +316,8 @@ class ObstoreStore:
         paths = [target] if isinstance(target, str) else target
         where = paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more)"
         ignored: tuple[type[Exception], ...] = (NotFoundError,) if missing_ok else ()
-        for attempt in range(self._max_retries + 1):
+        retries = self._settings.max_retries
+        for attempt in range(retries + 1):
             try:
                 # S3 reports a missing key as deleted; some servers answer 404 instead.
                 with contextlib.suppress(*ignored):
@@ -271,7 +326,7 @@ class ObstoreStore:
             except StoreUnavailableError as exc:
                 # obstore resends a batch delete (a POST) after a 5xx but not after a broken
                 # connection or a timeout (POST is not idempotent to it). A delete is: resend.
-                if attempt == self._max_retries or not isinstance(exc.__cause__, NoAnswer):
+                if attempt == retries or not isinstance(exc.__cause__, NoAnswer):
                     raise
             await asyncio.sleep(RESEND_BACKOFF_SECONDS * 2**attempt)
 

@@ -28,7 +28,6 @@ import binascii
 import dataclasses
 import re
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit
 
@@ -36,13 +35,13 @@ from obstore.store import AzureStore as _ObstoreAzureStore
 
 from pawn_queue.config import AzureConfig
 from pawn_queue.exceptions import ConfigError, NotFoundError
-from pawn_queue.store._object_store import ObstoreStore, client_config_error
-from pawn_queue.store._s3_errors import Service, redact_url
+from pawn_queue.store._object_store import ObstoreStore
+from pawn_queue.store._object_store_errors import Service, redact_url
 from pawn_queue.store.base import ObjectMeta, PutMode
 
 if TYPE_CHECKING:
     from obstore import ObjectMeta as _ObstoreMeta
-    from obstore.store import AzureAccessKey, ClientConfig, RetryConfig
+    from obstore.store import AzureAccessKey
     from obstore.store import AzureConfig as _ObstoreAzureConfig
 
 __all__ = ["AzureStore"]
@@ -144,25 +143,10 @@ class AzureStore(ObstoreStore):
             container=config.container_name,
             prefix=config.prefix,
             endpoint=redact_url(endpoint),
-            max_retries=config.max_retries,
+            settings=config,
             keys_given=key is not None,
             list_order="bytes",  # Azure sorts names; Azurite's UTF-16 order is detected
         )
-        client: ClientConfig = {
-            "allow_http": plain_http,
-            "connect_timeout": timedelta(seconds=config.connect_timeout_seconds),
-            "timeout": timedelta(seconds=config.request_timeout_seconds),
-        }
-        retry_timeout = timedelta(seconds=config.retry_timeout_seconds)
-        retry: RetryConfig = {
-            "max_retries": config.max_retries,
-            "retry_timeout": retry_timeout,
-            "backoff": {
-                "init_backoff": timedelta(milliseconds=100),
-                "max_backoff": min(timedelta(seconds=10), retry_timeout),
-                "base": 2,
-            },
-        }
         provider = None
         if key is not None:
             # A provider instead of account_key: obstore keeps the key out of .config then,
@@ -179,20 +163,17 @@ class AzureStore(ObstoreStore):
             "use_emulator": False,
             "skip_signature": False,
         }
-        try:
-            self._store = _ObstoreAzureStore(
+        self._store = self._open(
+            lambda client, retry: _ObstoreAzureStore(
                 prefix=self._prefix or None,
                 config=options,
                 client_options=client,
                 retry_config=retry,
                 credential_provider=provider,
-            )
-        except Exception as exc:
-            what = f"Azure configuration for container {self._container!r}"
-            error = client_config_error(exc, what, [key] if key is not None else [])
-        else:
-            return
-        raise error
+            ),
+            plain_http=plain_http,
+            secrets=[key] if key is not None else [],
+        )
 
     # -- Store protocol -------------------------------------------------------------------
 

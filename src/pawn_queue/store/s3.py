@@ -10,20 +10,21 @@ Things obstore and S3 servers do that this module works around:
   never a directory name, except on purpose to jump over one.
 * obstore error text carries URLs and response bodies; an AWS error body can echo the access
   key. Errors are rebuilt from the exception's type, the HTTP status, the S3 error code and
-  message only (``_s3_errors``: obstore's exceptions carry no fields, so part of it is read
-  from their text).
+  message only (``_object_store_errors``: obstore's exceptions carry no fields, so part of
+  it is read from their text).
 * obstore reads ``AWS_*`` environment variables for any setting not passed explicitly, and
   ``AWS_ENDPOINT_URL_S3`` beats ``endpoint``; explicit settings here pin what matters.
 
-Key rules, listing, deletes and closing are shared with the Azure store (``_object_store``).
+Key rules, listing, deletes, closing and the client's timeouts and retries are shared with
+the Azure store (``_object_store``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -37,21 +38,60 @@ from pawn_queue.exceptions import (
     PreconditionFailedError,
     StoreError,
 )
-from pawn_queue.store._object_store import (
-    RESEND_BACKOFF_SECONDS,
-    ObstoreStore,
-    client_config_error,
+from pawn_queue.store._object_store import RESEND_BACKOFF_SECONDS, ObstoreStore
+from pawn_queue.store._object_store_errors import (
+    ClientErrorDetail,
+    Conflict,
+    Service,
+    redact_url,
 )
-from pawn_queue.store._s3_errors import S3, Conflict, S3ErrorDetail, Service, redact_url
 from pawn_queue.store.base import IfMatch, PutMode
 
 if TYPE_CHECKING:
-    from obstore.store import ClientConfig, RetryConfig, S3Credential
     from obstore.store import S3Config as _ObstoreS3Config
+    from obstore.store import S3Credential
 
 __all__ = ["S3ErrorDetail", "S3Store"]
 
 logger = logging.getLogger(__name__)
+
+S3ErrorDetail = ClientErrorDetail  # its name before the Azure store shared it
+
+CREDENTIAL_CHAIN = (
+    "the config (s3.aws_access_key_id, s3.aws_secret_access_key), "
+    "PAWNQUEUE_S3_AWS_ACCESS_KEY_ID / PAWNQUEUE_S3_AWS_SECRET_ACCESS_KEY, "
+    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+    "AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, "
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI, "
+    "then the instance-metadata service (an instance role)"
+)
+"""Where credentials are looked for, in order (the README's "Credentials")."""
+
+S3 = Service(
+    name="S3",
+    missing_container=frozenset({"NoSuchBucket"}),
+    access_codes=frozenset(
+        {
+            "AccessDenied",
+            "AllAccessDisabled",
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "ExpiredToken",
+            "InvalidToken",
+            "TokenRefreshRequired",
+            "AuthorizationHeaderMalformed",
+            "MissingSecurityHeader",
+            "InvalidSecurity",
+            "AccountProblem",
+        }
+    ),
+    transient_codes=frozenset(
+        {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
+    ),
+    # A request of the client's last credential source, the instance-metadata service (IMDS).
+    credential_lookup=re.compile(r"https?://[^\s/]+/latest/(?:api/token|meta-data/)"),
+    credential_chain=CREDENTIAL_CHAIN,
+)
 
 
 def _endpoint(config: S3Config) -> tuple[str | None, bool]:
@@ -92,7 +132,7 @@ class S3Store(ObstoreStore):
             container=config.bucket_name,
             prefix=config.prefix,
             endpoint=redact_url(endpoint) if endpoint else "(AWS)",
-            max_retries=config.max_retries,
+            settings=config,
             keys_given=config.aws_access_key_id is not None,
             list_order="tree",  # SeaweedFS's; a server that sorts bytes is detected
         )
@@ -100,23 +140,6 @@ class S3Store(ObstoreStore):
         """How this server takes the ETag of an If-Match: False as it returned it (quoted,
         as HTTP says), True without its quotes (Ceph RGW 16.2 answers 412 to the quoted
         form); None until an if-match put was accepted. Learnt from the first one."""
-
-        client: ClientConfig = {
-            "allow_http": plain_http,
-            "allow_invalid_certificates": not config.verify_ssl,
-            "connect_timeout": timedelta(seconds=config.connect_timeout_seconds),
-            "timeout": timedelta(seconds=config.request_timeout_seconds),
-        }
-        retry_timeout = timedelta(seconds=config.retry_timeout_seconds)
-        retry: RetryConfig = {
-            "max_retries": config.max_retries,
-            "retry_timeout": retry_timeout,
-            "backoff": {
-                "init_backoff": timedelta(milliseconds=100),
-                "max_backoff": min(timedelta(seconds=10), retry_timeout),
-                "base": 2,
-            },
-        }
 
         key_id, secret = config.aws_access_key_id, config.aws_secret_access_key
         if (key_id is None) != (secret is None):
@@ -157,20 +180,18 @@ class S3Store(ObstoreStore):
             # Both keys: AWS_ENDPOINT_URL_S3 from the environment would beat "endpoint".
             options["endpoint"] = endpoint
             options["aws_endpoint_url_s3"] = endpoint
-        try:
-            self._store = _ObstoreS3Store(
+        self._store = self._open(
+            lambda client, retry: _ObstoreS3Store(
                 prefix=self._prefix or None,
                 config=options,
                 client_options=client,
                 retry_config=retry,
                 credential_provider=provider,
-            )
-        except Exception as exc:
-            what = f"S3 configuration for bucket {self._container!r}"
-            error = client_config_error(exc, what, secrets)
-        else:
-            return
-        raise error
+            ),
+            plain_http=plain_http,
+            verify_certificates=config.verify_ssl,
+            secrets=secrets,
+        )
 
     # -- Store protocol -------------------------------------------------------------------
 
@@ -221,14 +242,15 @@ class S3Store(ObstoreStore):
         """One PUT; a 409 to a conditional write (another conditional write to the key was in
         progress; not applied) is resent, then reported as the lost race it is: AlreadyExists
         for create-only, PreconditionFailed for if-match (docs/protocol.md, "Stores")."""
-        for attempt in range(self._max_retries + 1):
+        retries = self._settings.max_retries
+        for attempt in range(retries + 1):
             try:
                 return await self._put_once(key, data, mode)
             except StoreError as exc:
                 if not isinstance(exc.__cause__, Conflict):
                     raise
                 # obstore resends a 409 to if-match by itself, not to create-only.
-                if mode == "create" and attempt < self._max_retries:
+                if mode == "create" and attempt < retries:
                     await asyncio.sleep(RESEND_BACKOFF_SECONDS * 2**attempt)
                     continue
                 lost = AlreadyExistsError if mode == "create" else PreconditionFailedError

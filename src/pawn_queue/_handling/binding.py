@@ -4,7 +4,7 @@ annotation), which gets the message.
 A handler takes the payload, the message, or both, by annotation:
 
 - a parameter annotated :class:`~pawn_queue.message.Message` (or
-  :class:`~pawn_queue._internal.handlers.BlockingMessage`) receives the message: the async one in an
+  :class:`~pawn_queue._handling.handlers.BlockingMessage`) receives the message: the async one in an
   ``async def`` handler, the blocking one in a plain function;
 - the other parameter, if any, receives the payload. Annotated with a pydantic model, a
   dataclass, a ``TypedDict`` or any type pydantic validates, it receives the validated
@@ -30,9 +30,9 @@ from typing import Any
 import pydantic
 import pydantic_core
 
-from pawn_queue._internal.handlers import BlockingMessage
+from pawn_queue._handling.handlers import BlockingMessage
+from pawn_queue._protocol.delivery import Message
 from pawn_queue.exceptions import ArgumentError
-from pawn_queue.message import Message
 
 _MESSAGE_TYPES = (Message, BlockingMessage)
 _MAX_ERRORS = 5  # validation errors quoted in a dead letter

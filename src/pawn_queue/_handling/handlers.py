@@ -1,7 +1,7 @@
 """Handlers: how ``listen()`` calls a handler, whether it is a coroutine function or a plain one.
 
 A coroutine function (``async def``) runs on the event loop and receives the async
-:class:`~pawn_queue.message.Message`. A plain function runs in a worker thread and receives a
+:class:`~pawn_queue.Message`. A plain function runs in a worker thread and receives a
 :class:`BlockingMessage`, whose ``ack()``, ``nack()``, ``extend()`` and ``dead_letter()``
 block that thread until the loop has done them. Both kinds work in both APIs
 (``pawn_queue.Consumer.listen`` and ``pawn_queue.sync.Consumer.listen``).
@@ -16,15 +16,15 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import Executor
 from typing import Any, Generic, Protocol, TypeVar, cast
 
-from pawn_queue import message
+from pawn_queue._protocol.delivery import Message
 from pawn_queue.exceptions import ArgumentError, PawnQueueError
 
 T = TypeVar("T")
 
 Handler = Callable[[Any], Any]  # async def handler(message) or def handler(message)
-AsyncHandler = Callable[[message.Message], Awaitable[Any]]
+AsyncHandler = Callable[[Message], Awaitable[Any]]
 # A batch handler's: it takes a list of messages (``listen(handler, batch=N)``).
-AsyncBatchHandler = Callable[[list[message.Message]], Awaitable[Any]]
+AsyncBatchHandler = Callable[[list[Message]], Awaitable[Any]]
 
 
 class LoopCaller(Protocol):
@@ -66,7 +66,7 @@ class BlockingMessage:
     settled = Forwarded[bool]()
     lease_held = Forwarded[bool]()
 
-    def __init__(self, inner: message.Message, runner: LoopCaller) -> None:
+    def __init__(self, inner: Message, runner: LoopCaller) -> None:
         self._inner = inner
         self._runner = runner
 
@@ -156,7 +156,7 @@ def _on_loop(
     if is_coroutine_handler(handler):
         return cast(Callable[[Any], Awaitable[Any]], handler)
 
-    async def in_thread(inner: message.Message | list[message.Message]) -> Any:
+    async def in_thread(inner: Message | list[Message]) -> Any:
         loop = asyncio.get_running_loop()
         bridge = runner or _LoopBridge(loop)
         blocking: BlockingMessage | list[BlockingMessage] = (

@@ -2,7 +2,8 @@
 the request URL, headers or response body (an AWS error body can echo the access key).
 
 Shared by the S3 and the Azure store: what differs between them (error codes, where
-credentials come from, whether a 409 is a lost race) is a :class:`Service`.
+credentials come from, whether a 409 is a lost race) is a :class:`Service`, defined beside
+each store (``s3.S3``, ``azure.AZURE``).
 
 The kind of error comes from obstore's exception types where it has one: FileNotFoundError
 (404), AlreadyExistsError, PreconditionError, PermissionDeniedError, UnauthenticatedError.
@@ -32,37 +33,7 @@ from pawn_queue.exceptions import (
 )
 from pawn_queue.store.base import AnswerLost
 
-_ACCESS_CODES = frozenset(
-    {
-        "AccessDenied",
-        "AllAccessDisabled",
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "InvalidToken",
-        "TokenRefreshRequired",
-        "AuthorizationHeaderMalformed",
-        "MissingSecurityHeader",
-        "InvalidSecurity",
-        "AccountProblem",
-    }
-)
-_TRANSIENT_CODES = frozenset(
-    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
-)
 _NETWORK_KINDS = frozenset({"Connect", "Timeout", "Request", "Io", "Interrupted", "Body"})
-# A request of the client's last credential source, the instance-metadata service (IMDS).
-_METADATA_REQUEST = re.compile(r"https?://[^\s/]+/latest/(?:api/token|meta-data/)")
-
-CREDENTIAL_CHAIN = (
-    "the config (s3.aws_access_key_id, s3.aws_secret_access_key), "
-    "PAWNQUEUE_S3_AWS_ACCESS_KEY_ID / PAWNQUEUE_S3_AWS_SECRET_ACCESS_KEY, "
-    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
-    "AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, "
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI, "
-    "then the instance-metadata service (an instance role)"
-)
-"""Where credentials are looked for, in order (the README's "Credentials")."""
 
 
 class ClientErrorDetail(Exception):
@@ -71,9 +42,6 @@ class ClientErrorDetail(Exception):
     Holds the client's exception type, HTTP status, error code and message only: never the
     request URL, headers or response body (an error body can echo the access key).
     """
-
-
-S3ErrorDetail = ClientErrorDetail  # its name before the Azure store shared it
 
 
 class NoAnswer(ClientErrorDetail, AnswerLost):
@@ -114,16 +82,6 @@ class Service:
     create-only put on an existing blob, which obstore already types as AlreadyExists."""
 
 
-S3 = Service(
-    name="S3",
-    missing_container=frozenset({"NoSuchBucket"}),
-    access_codes=_ACCESS_CODES,
-    transient_codes=_TRANSIENT_CODES,
-    credential_lookup=_METADATA_REQUEST,
-    credential_chain=CREDENTIAL_CHAIN,
-)
-
-
 @dataclass(frozen=True, slots=True)
 class ErrorText:
     """What an obstore error's message tells and its exception does not carry."""
@@ -145,7 +103,7 @@ class ErrorText:
     """The failed request went to the instance-metadata service, not to the store."""
 
 
-def read_error_text(text: str, service: Service = S3) -> ErrorText:
+def read_error_text(text: str, service: Service) -> ErrorText:
     """Read what obstore says only in its error message (see the module docstring)."""
     # A key's answer in an Azure batch delete: "... for key k: reason (code: 404)".
     status = re.search(r"status(?: code)?: (\d{3})", text) or re.search(r"\(code: (\d{3})\)", text)
@@ -197,8 +155,8 @@ def translate(
     where: str,
     endpoint: str,
     *,
-    keys_given: bool = True,
-    service: Service = S3,
+    keys_given: bool,
+    service: Service,
 ) -> StoreError:
     """A client exception as a StoreError that carries only what is safe to show (see
     :class:`ClientErrorDetail`), with a sanitised ``__cause__``.

@@ -12,15 +12,15 @@
 
 Each subscriber is a consumer (named ``<app>.<handler>``) that calls its handler for each
 message, up to ``concurrency`` at a time: its topics' own messages, or with
-``subscription=`` a subscription of each topic (:mod:`pawn_queue._app_subscriptions`). A
+``subscription=`` a subscription of each topic (:mod:`pawn_queue.app._subscriptions`). A
 handler that returns acks its message, and its result (when not None) is published to
 ``publish_to`` first; one that raises is retried as its :class:`~pawn_queue.retry.Retry`
 says, or dead-lettered; a payload its annotation refuses is dead-lettered at once
-(:mod:`pawn_queue._internal.binding`). Stopping lets running handlers finish within the
+(:mod:`pawn_queue._handling.binding`). Stopping lets running handlers finish within the
 grace period and gives every other message back at once.
 
 A batch subscriber (``batch=N``) calls its handler with lists of up to N messages or
-payloads (:mod:`pawn_queue._protocol.batching`); when it returns, the messages are acked together.
+payloads (:mod:`pawn_queue._handling.batching`); when it returns, the messages are acked together.
 """
 
 from __future__ import annotations
@@ -31,26 +31,25 @@ import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
-from pawn_queue._app_subscriptions import (
+from pawn_queue._handling.arguments import check_concurrency
+from pawn_queue._handling.batching import check_batch
+from pawn_queue._handling.binding import Binding
+from pawn_queue._internal.daemon_pool import DaemonThreadPool
+from pawn_queue._protocol import layout
+from pawn_queue.app._subscriber import Subscriber, batch_handler, message_handler
+from pawn_queue.app._subscriptions import (
     declared_filter,
     declared_linger,
     ensure_subscriptions,
     warn_of_subscriptions,
 )
-from pawn_queue._internal import handlers
-from pawn_queue._internal.binding import Binding, InvalidPayload, jsonable
-from pawn_queue._internal.daemon_pool import DaemonThreadPool
-from pawn_queue._internal.handlers import BlockingMessage
-from pawn_queue._protocol import layout
-from pawn_queue._protocol.batching import check_batch
 from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig, load_config
-from pawn_queue.consumer import Consumer, check_concurrency
-from pawn_queue.exceptions import ArgumentError, BatchFailureError, PawnQueueError
-from pawn_queue.message import Message
+from pawn_queue.consumer import Consumer
+from pawn_queue.exceptions import ArgumentError, PawnQueueError
 from pawn_queue.observe import Observer
 from pawn_queue.producer import Producer
 from pawn_queue.retry import Retry
@@ -65,29 +64,6 @@ QueueSource = str | os.PathLike[str] | Mapping[str, Any] | PawnQueueConfig | Non
 
 DEFAULT_CONCURRENCY = 8
 DEFAULT_RETRY = Retry(max_receives=5, base_delay=1.0, factor=2.0, max_delay=300.0, jitter=0.5)
-
-
-@dataclass(frozen=True, slots=True)
-class Subscriber:
-    """One handler and how it consumes (made by :meth:`App.subscriber`)."""
-
-    name: str
-    topics: tuple[str, ...]
-    handler: Callable[..., Any]
-    concurrency: int
-    retry: Retry | None
-    visibility_timeout: float | None
-    publish_to: str | None
-    binding: Binding = field(repr=False)
-    batch: int | None = None  # a batch handler's most messages per call
-    batch_wait: float = 0.0
-    subscription: str | None = None  # None: the topics' own messages
-    filter: dict[str, Any] | None = None  # the subscription's, as declared (None: not declared)
-    linger_seconds: float | None = None  # likewise
-
-    @property
-    def is_async(self) -> bool:
-        return handlers.is_coroutine_handler(self.handler)
 
 
 class App:
@@ -382,7 +358,7 @@ class App:
             retry = replace(retry, base_delay=0.0, max_delay=0.0)
         if sub.batch is not None:
             await consumer.listen(
-                self._batch_handler_of(sub),
+                batch_handler(sub, self.producer, self._executor),
                 retry=retry,
                 grace=grace,
                 concurrency=sub.concurrency,
@@ -391,120 +367,12 @@ class App:
             )
             return
         await consumer.listen(
-            self._handler_of(sub),
+            message_handler(sub, self.producer, self._executor),
             retry=retry,
             grace=grace,
             executor=self._executor,
             concurrency=sub.concurrency,
         )
-
-    def _handler_of(self, sub: Subscriber) -> handlers.AsyncHandler:
-        """The message handler ``listen()`` calls for ``sub``: bind, call, publish the result,
-        ack; an invalid payload is dead-lettered at once."""
-        if sub.is_async:
-
-            async def on_loop(message: Message) -> Any:
-                return await sub.binding.call(sub.handler, message)
-
-            call: handlers.AsyncHandler = on_loop
-        else:
-
-            def in_thread(message: BlockingMessage) -> Any:
-                return sub.binding.call(sub.handler, message)
-
-            call = handlers.as_async(in_thread, executor=self._executor)
-
-        async def handle(message: Message) -> None:
-            try:
-                result = await call(message)
-            except InvalidPayload as exc:
-                if not message.settled:
-                    await message.dead_letter("invalid_payload", exc.detail)
-                return
-            if message.settled:
-                return
-            if result is not None and sub.publish_to is not None:
-                await self.producer.publish(sub.publish_to, jsonable(result))
-            await message.ack()
-
-        return handle
-
-    def _batch_handler_of(self, sub: Subscriber) -> handlers.AsyncBatchHandler:
-        """The batch handler ``listen()`` calls for ``sub``: validate each payload (one its
-        annotation refuses is dead-lettered alone), call with the others, publish the
-        result; the listener acks what is left unsettled."""
-        binding = sub.binding
-        validate = binding.payload_type is not None
-        wants_payloads = binding.payload_parameter is not None
-
-        async def handle(batch: list[Message]) -> None:
-            messages = batch
-            payloads = [m.payload for m in batch] if wants_payloads else []
-            if validate:
-                messages, payloads = await self._valid(sub, batch)
-                if not messages:
-                    return
-            try:
-                if sub.is_async:
-                    result = await binding.call_batch(sub.handler, messages, payloads)
-                else:
-
-                    def in_thread(blocking: list[BlockingMessage]) -> Any:
-                        return binding.call_batch(sub.handler, blocking, payloads)
-
-                    call = handlers.as_async_batch(in_thread, executor=self._executor)
-                    result = await call(messages)
-            except BatchFailureError as exc:
-                # Positions are in the list the handler got, which left invalid ones out.
-                raise BatchFailureError(
-                    {_position(messages, key): error for key, error in exc.failures.items()}
-                ) from exc
-            if result is None or sub.publish_to is None or all(m.settled for m in messages):
-                return
-            results = result if isinstance(result, list | tuple) else [result]
-            # Published together, so that group commit writes them as few objects.
-            await asyncio.gather(
-                *(
-                    self.producer.publish(sub.publish_to, jsonable(r))
-                    for r in results
-                    if r is not None
-                )
-            )
-
-        return handle
-
-    async def _valid(
-        self, sub: Subscriber, batch: list[Message]
-    ) -> tuple[list[Message], list[Any]]:
-        """The messages of ``batch`` whose payload ``sub``'s annotation takes, and those
-        payloads validated; the others are dead-lettered (reason ``invalid_payload``)."""
-        messages: list[Message] = []
-        payloads: list[Any] = []
-        invalid: list[tuple[Message, InvalidPayload]] = []
-        for message in batch:
-            try:
-                payloads.append(sub.binding.validated(message.payload))
-            except InvalidPayload as exc:
-                invalid.append((message, exc))
-            else:
-                messages.append(message)
-        results = await asyncio.gather(
-            *(m.dead_letter("invalid_payload", e.detail) for m, e in invalid if not m.settled),
-            return_exceptions=True,
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                # Left unsettled: back after the visibility timeout, and refused again then.
-                logger.error("dead-lettering an invalid payload failed error=%s", result)
-        return messages, payloads
-
-
-def _position(messages: list[Message], key: Any) -> Any:
-    """A BatchFailureError's key as the listener reads it: a position in ``messages`` (the
-    handler's list) becomes that message; one out of range names no message."""
-    if isinstance(key, int) and not isinstance(key, bool):
-        return messages[key] if 0 <= key < len(messages) else f"position {key}"
-    return key
 
 
 async def _call_hook(hook: Hook) -> None:

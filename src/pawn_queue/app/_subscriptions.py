@@ -19,13 +19,13 @@ from typing import Any, Protocol
 
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.filters import parse_filter
+from pawn_queue._protocol.subscriptions import Subscription, linger_seconds
 from pawn_queue.client import PawnQueue
 from pawn_queue.exceptions import (
     ArgumentError,
     SubscriptionConflictError,
     SubscriptionNotFoundError,
 )
-from pawn_queue.subscriptions import Subscription, linger_seconds
 
 logger = logging.getLogger("pawn_queue.app")
 

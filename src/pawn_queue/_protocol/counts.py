@@ -1,4 +1,5 @@
-"""A topic's counts as the dashboard shows them: messages, with the objects beside them.
+"""A queue's counts in messages, with the objects beside them (the dashboard and the
+command line show them).
 
 A listing tells objects, and a batch object holds many messages; how many, and which of them
 a consumer already settled (its lease lists them), only the bodies tell. So a read lists the
@@ -20,9 +21,9 @@ from datetime import datetime
 from pawn_queue._internal.aio import gather_limited
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import LeaseBody, decode_batch
+from pawn_queue._protocol.topics import Listed, MessageState, classify
 from pawn_queue.exceptions import NotFound
 from pawn_queue.store.base import ObjectMeta, Store
-from pawn_queue.topics import Listed, MessageState, classify
 
 NEW_BATCHES_PER_READ = 1000  # bounds one read's GETs (and time) on a large backlog
 _GET_CONCURRENCY = 8

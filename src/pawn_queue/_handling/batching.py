@@ -25,13 +25,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pawn_queue._handling.handlers import AsyncBatchHandler, BlockingMessage
 from pawn_queue._internal.aio import IO_CONCURRENCY, gather_limited
 from pawn_queue._internal.durations import MAX_SECONDS
-from pawn_queue._internal.handlers import AsyncBatchHandler, BlockingMessage
+from pawn_queue._protocol.acks import ack_together
+from pawn_queue._protocol.delivery import Message
 from pawn_queue._protocol.handout import Handout
 from pawn_queue._protocol.observers import Observers
 from pawn_queue.exceptions import ArgumentError, BatchFailureError, PawnQueueError, StoreError
-from pawn_queue.message import Message, ack_together
 
 logger = logging.getLogger("pawn_queue.consumer")
 

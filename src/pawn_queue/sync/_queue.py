@@ -1,41 +1,22 @@
-"""The blocking API: the async core, run on a private event loop in a background thread.
-
-Each sync :class:`PawnQueue` starts one daemon thread running an event loop (on first use)
-and stops and joins it in :meth:`PawnQueue.close`. Every blocking method submits the
-matching coroutine to that loop and waits for it, so any number of threads may share one
-queue and its producers, consumers and messages. Errors are the core's own
-(``TopicNotFoundError``, ``PayloadError``...), raised in the calling thread. A blocking call
-made on the loop thread itself raises :class:`PawnQueueError` instead of deadlocking.
-"""
+"""The blocking PawnQueue and Registry (:mod:`pawn_queue.sync`)."""
 
 from __future__ import annotations
 
 import builtins
-import concurrent.futures
 import os
-import reprlib
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from types import EllipsisType
 from typing import Any, TypeVar
 
-from pawn_queue import client, consumer, producer, registry
-from pawn_queue._internal import handlers
-from pawn_queue._internal.daemon_pool import DaemonThreadPool
-from pawn_queue._internal.durations import count_argument
-from pawn_queue._internal.handlers import Forwarded
-from pawn_queue._internal.loop_thread import CLOSED, Call, LoopThread, sigterm_raises
+from pawn_queue import client, registry
+from pawn_queue._internal.loop_thread import CLOSED, LoopThread
 from pawn_queue._protocol.layout import Role
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy
-from pawn_queue.config import PawnQueueConfig, load_config
-from pawn_queue.dead_letters import DeadLetter
-from pawn_queue.exceptions import ArgumentError, PawnQueueError
-from pawn_queue.observe import Observer
-from pawn_queue.registry import Liveness, RegistryEntry
-from pawn_queue.store.base import Store
-from pawn_queue.subscriptions import Subscription
-from pawn_queue.topics import (
+from pawn_queue._protocol.registry import Liveness, RegistryEntry
+from pawn_queue._protocol.subscriptions import Subscription
+from pawn_queue._protocol.topics import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_REPLAY_WINDOW,
     DEFAULT_RETENTION_ACTION,
@@ -46,13 +27,14 @@ from pawn_queue.topics import (
     TopicStats,
     given_settings,
 )
-
-__all__ = ["Consumer", "Message", "PawnQueue", "Producer", "Registry"]
+from pawn_queue.config import PawnQueueConfig, load_config
+from pawn_queue.dead_letters import DeadLetter
+from pawn_queue.exceptions import PawnQueueError
+from pawn_queue.observe import Observer
+from pawn_queue.store.base import Store
+from pawn_queue.sync._workers import Consumer, Producer, handler_context
 
 T = TypeVar("T")
-
-_STOP_CHECK_SECONDS = 0.05  # how often listen() looks at its stop event
-_handler_context = threading.local()  # .runner: the LoopThread whose handler this thread runs
 
 
 class PawnQueue:
@@ -101,7 +83,7 @@ class PawnQueue:
         """Cancel running calls (listeners release their leases; acks finish), tear down and
         join the loop thread. Idempotent; later calls raise PawnQueueError. Not in a handler."""
         self._runner.check_thread()
-        if getattr(_handler_context, "runner", None) is self._runner:
+        if getattr(handler_context, "runner", None) is self._runner:
             raise PawnQueueError("close() in a listen() handler would deadlock; use stop=")
         with self._lifecycle:
             if self._runner.closed:
@@ -247,7 +229,9 @@ class PawnQueue:
 
     def register_producer(self, name: str) -> Producer:
         """Register a producer; the same name always gets the same id."""
-        return Producer(self._runner.call(self._ready_queue().register_producer(name)), self)
+        return Producer(
+            self._runner.call(self._ready_queue().register_producer(name)), self._runner
+        )
 
     def register_consumer(
         self,
@@ -264,7 +248,9 @@ class PawnQueue:
         inner = self._ready_queue().register_consumer(
             name, topics, visibility_timeout=visibility_timeout, subscription=subscription
         )
-        return Consumer(self._runner.call(inner), self)
+        return Consumer(
+            self._runner.call(inner), self._runner, self.config.polling.max_messages_per_poll
+        )
 
     # -- subscriptions ----------------------------------------------------------------------
 
@@ -346,7 +332,7 @@ class PawnQueue:
     @property
     def registry(self) -> Registry:
         """The registry: ``pq.registry.list("producers" | "consumers")``."""
-        return Registry(self._ready_queue().registry, self)
+        return Registry(self._ready_queue().registry, self._runner)
 
     @property
     def strategy(self) -> ResolvedStrategy:
@@ -357,9 +343,9 @@ class PawnQueue:
 class Registry:
     """The registry of producers and consumers, blocking."""
 
-    def __init__(self, inner: registry.Registry, queue: PawnQueue) -> None:
+    def __init__(self, inner: registry.Registry, runner: LoopThread) -> None:
         self._inner = inner
-        self._runner = queue._runner
+        self._runner = runner
 
     def list(self, role: Role) -> list[RegistryEntry]:
         """Every entry of ``role`` ("producers" or "consumers"), by name."""
@@ -369,176 +355,3 @@ class Registry:
         """Each entry of ``role`` once per process that registered it, alive, stopped or
         dead (see :meth:`pawn_queue.registry.Registry.liveness`)."""
         return self._runner.call(self._inner.liveness(role, window))
-
-
-class Producer:
-    """Publishes messages, blocking. Obtain one with ``PawnQueue.register_producer()``.
-
-    ``id`` (stable UUIDv4) and ``name`` as in the async API."""
-
-    id = Forwarded[str]()
-    name = Forwarded[str]()
-
-    def __init__(self, inner: producer.Producer, queue: PawnQueue) -> None:
-        self._inner = inner
-        self._runner = queue._runner
-
-    def __repr__(self) -> str:
-        return repr(self._inner)
-
-    def publish(
-        self,
-        topic: str,
-        payload: Any,
-        *,
-        delay: float | None = None,
-        attributes: Mapping[str, str] | None = None,
-        group: str | None = None,
-        dedup_id: str | None = None,
-        wait_for_room: float = 30.0,
-    ) -> str:
-        """Publish ``payload`` (any JSON value) to ``topic``; return the id once durable.
-        The options are those of the async ``Producer.publish``."""
-        inner = self._inner.publish(
-            topic,
-            payload,
-            delay=delay,
-            attributes=attributes,
-            group=group,
-            dedup_id=dedup_id,
-            wait_for_room=wait_for_room,
-        )
-        return self._runner.call(inner)
-
-    def publish_batch(
-        self, topic: str, payloads: Iterable[Any], *, attributes: Mapping[str, str] | None = None
-    ) -> list[str]:
-        """Publish many messages as one batch object (one write); return their ids."""
-        # Iterated here: a generator must not run on the loop thread.
-        items = producer.payloads_argument(payloads)
-        return self._runner.call(self._inner.publish_batch(topic, items, attributes=attributes))
-
-
-class Consumer:
-    """Consumes topics, blocking. Obtain one with ``PawnQueue.register_consumer()``.
-
-    ``id``, ``name``, ``topics`` and ``subscription`` as in the async API."""
-
-    id = Forwarded[str]()
-    name = Forwarded[str]()
-    topics = Forwarded[list[str]]()
-    subscription = Forwarded[str | None]()
-
-    def __init__(self, inner: consumer.Consumer, queue: PawnQueue) -> None:
-        self._inner = inner
-        self._runner = queue._runner
-        self._workers = queue.config.polling.max_messages_per_poll
-
-    def __repr__(self) -> str:
-        return repr(self._inner)
-
-    def poll(self, wait: float | None = None) -> list[Message]:
-        """Claim up to ``polling.max_messages_per_poll`` messages (waiting up to ``wait`` s)."""
-        return [Message(m, self._runner) for m in self._runner.call(self._inner.poll(wait))]
-
-    def ack_all(self, messages: Iterable[Message]) -> None:
-        """Ack ``messages`` together (as ``Consumer.ack_all``): the members of one batch
-        object share one write, where ``ack()`` on each costs a write each."""
-        batch = handlers.messages_argument("ack_all", messages, Message)
-        self._runner.call(self._inner.ack_all([m._inner for m in batch]), on_close=False)
-
-    def release_all(self) -> None:
-        """Release every lease this consumer holds (their messages are redelivered)."""
-        self._runner.call(self._inner.release_all())
-
-    def listen(
-        self,
-        handler: Callable[[Any], object],
-        *,
-        stop: threading.Event | None = None,
-        retry: consumer.Retry | None = None,
-        workers: int | None = None,
-        grace: float | None = None,
-        batch: int | None = None,
-        batch_wait: float | None = None,
-    ) -> None:
-        """Poll and call ``handler(message)`` for each message until ``stop`` is set, Ctrl-C
-        or SIGTERM.
-
-        A plain function runs in a pool of ``workers`` threads (default
-        ``max_messages_per_poll``) with a blocking :class:`Message`; an ``async def`` one
-        runs on the loop thread with the async message. As in the async API, a raising
-        handler dead-letters its message (with ``retry``: requeues it with backoff), and an
-        unsettled one is redelivered after the visibility timeout. Stopping (``stop``,
-        Ctrl-C or SIGTERM, the latter two re-raised as ``KeyboardInterrupt`` and
-        ``SystemExit(143)``) stops claiming, lets running handlers finish within ``grace``
-        seconds (default ``polling.shutdown_grace_seconds``), and releases every other lease
-        at once without counting a receive. A second Ctrl-C or SIGTERM stops at once. A
-        closed queue raises :class:`PawnQueueError` here.
-
-        With ``batch=N`` (and ``batch_wait`` seconds), ``handler`` takes a list of up to N
-        messages, and those it left unsettled are acked together when it returns, as in
-        the async API (:mod:`pawn_queue._protocol.batching`). A bad argument raises
-        ArgumentError before anything is claimed.
-        """
-        # Checked here, before the listener starts: a stop set meanwhile would hide its error.
-        consumer.check_listen(handler, retry=retry, grace=grace, batch=batch, batch_wait=batch_wait)
-        if stop is not None and not isinstance(stop, threading.Event):
-            raise ArgumentError(f"stop: got {reprlib.repr(stop)}, must be a threading.Event")
-        if workers is not None:
-            count_argument("workers", workers, minimum=1)
-        runner = self._runner
-        pool = DaemonThreadPool(workers or self._workers, f"pawn-queue-{self.name}")
-        listening: list[Call[None]] = []
-
-        def in_handler_context(call: Callable[[], Any]) -> Callable[[], Any]:
-            def run() -> Any:
-                try:
-                    return _run_handler(runner, call)
-                finally:
-                    if stop is not None and stop.is_set():
-                        # Stopped by its own handler: the stop begins before this handler's
-                        # message is looked at, so an unsettled one is released at once.
-                        runner.cancel_soon(listening[0])
-
-            return run
-
-        call = runner.submit(
-            self._inner.listen(
-                handlers.as_async(handler, executor=pool, runner=runner, wrap=in_handler_context),
-                retry=retry,
-                grace=grace,
-                batch=batch,
-                batch_wait=batch_wait,
-            )
-        )
-        listening.append(call)
-        try:
-            with sigterm_raises():
-                while not call.future.done():
-                    if stop is not None and stop.wait(_STOP_CHECK_SECONDS):
-                        break
-                    if stop is None:
-                        concurrent.futures.wait([call.future], _STOP_CHECK_SECONDS)
-                if stop is None or not stop.is_set():
-                    call.future.result()  # the listener ended by itself: raise why
-                    return
-                runner.cancel(call)
-        except BaseException:
-            # Ctrl-C or SIGTERM: a graceful stop, which a second signal cuts short.
-            with sigterm_raises():
-                runner.cancel(call)
-            raise
-        finally:
-            pool.shutdown(wait=False)
-
-
-def _run_handler(runner: LoopThread, call: Callable[[], object]) -> object:
-    _handler_context.runner = runner
-    try:
-        return call()
-    finally:
-        _handler_context.runner = None
-
-
-Message = handlers.BlockingMessage

@@ -1,0 +1,1 @@
+"""The benchmarks: see bench/README.md. Run each from the repository root as a module."""

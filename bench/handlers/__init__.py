@@ -1,0 +1,1 @@
+"""What runs handlers: batch handlers against per-message listen(), the worker."""

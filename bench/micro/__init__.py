@@ -1,0 +1,1 @@
+"""The layers under the queue: raw store operations, the JSON codec."""

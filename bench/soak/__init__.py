@@ -1,0 +1,1 @@
+"""Long runs through injected network faults, then an audit of every message."""
