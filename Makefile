@@ -41,8 +41,8 @@ demo-spark: $(DEMO_STAMP)
 
 # ruff, and the package's layers (the contract in pyproject.toml's [tool.importlinter]).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples docs/_hooks
+	$(VENV)/bin/ruff format --check src tests bench examples docs/_hooks
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)

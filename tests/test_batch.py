@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 
 from pawn_queue import ArgumentError, PawnQueue, PayloadError, TopicNotFoundError
-from pawn_queue._protocol import layout
-from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreError
 from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
+from tests.helpers.storage import lease_of, leases_of
 from tests.helpers.support import keys_under, settled
 
 
@@ -58,8 +57,8 @@ async def test_ack_all_settles_a_poll_together_and_skips_what_is_settled(pq: Paw
     await first[0].ack()
     await consumer.ack_all(first + first[:2])  # a settled message and repeats are skipped
     assert all(m.settled for m in first)
-    lease = await pq.store.get(layout.lease_key("t", first[0]._claimed.lease.message_id))
-    assert LeaseBody.decode(lease.data).settled == tuple(range(10))  # durable on return
+    [lease] = await leases_of(pq.store, "t")  # the batch object's
+    assert lease.settled == tuple(range(10))  # durable on return
     rest = await consumer.poll(wait=5)
     while len(rest) < 3:
         rest += await consumer.poll(wait=5)
@@ -201,8 +200,8 @@ async def test_takeover_redelivers_only_unsettled_members(queue_config: dict[str
             await message.ack()
         [lease] = a.held_leases
         await qa.runtime.leases.refresh(lease)  # what the background refresh does
-        body = json.loads((await qa.store.get(layout.lease_key("t", lease.message_id))).data)
-        assert sorted(body["settled"]) == list(range(10))
+        stored = await lease_of(qa.store, "t", lease.message_id)
+        assert sorted(stored.settled) == list(range(10))
         a.held_leases.paused = True  # consumer a stalls, as if it crashed
 
         b = await qb.register_consumer("b", topics=["t"])

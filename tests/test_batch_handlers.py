@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import threading
 from collections import Counter
@@ -23,7 +22,6 @@ from pawn_queue import (
     Retry,
 )
 from pawn_queue import sync as blocking
-from pawn_queue._protocol import layout
 from pawn_queue.config import load_config
 from pawn_queue.observe import Observer, Outcome
 from pawn_queue.store import open_store
@@ -107,7 +105,7 @@ async def test_a_batch_handler_gets_lists_and_its_messages_are_acked_when_it_ret
     # Per member, handler hooks as in per-message listen(), with the batch's outcome.
     assert sorted(seen.started) == sorted(ids)
     assert sorted(seen.finished) == sorted((i, None) for i in ids)
-    assert await keys_under(pq, layout.messages_prefix("t")) == []
+    assert await keys_under(pq, "t/messages/") == []
 
 
 @pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"])
@@ -143,11 +141,11 @@ async def test_a_failure_in_the_middle_of_a_batch_fails_that_message_alone(
             (bad, "dead_letter"): 1,
         }
     )
-    dead = json.loads((await pq.store.get(layout.dead_letter_key("t", bad))).data)
-    assert dead["dead_letter"]["reason"] == "handler_error"
-    assert "bad {'n': 4}" in dead["dead_letter"]["error"]
-    assert dead["dead_letter"]["receive_count"] == 3
-    assert await keys_under(pq, layout.messages_prefix("t")) == []
+    dead = await pq.dead_letter("t", bad)
+    assert dead is not None and dead.reason == "handler_error"
+    assert dead.error is not None and "bad {'n': 4}" in dead.error
+    assert dead.receive_count == 3
+    assert await keys_under(pq, "t/messages/") == []
 
 
 async def test_a_handler_that_raises_fails_every_unsettled_message_of_its_batch(
@@ -245,7 +243,7 @@ async def test_an_ack_racing_the_listeners_acks_settles_each_message_once(
     await asyncio.gather(*racing)
     await stop(task)
     assert seen.outcomes() == Counter({(i, "ack"): 1 for i in ids})
-    assert await keys_under(pq, layout.messages_prefix("t")) == []
+    assert await keys_under(pq, "t/messages/") == []
 
 
 async def test_a_batch_failure_naming_something_else_fails_the_whole_batch(

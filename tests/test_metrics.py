@@ -29,6 +29,7 @@ from pawn_queue.config import load_config
 from pawn_queue.metrics import QueueMetrics, only_sampled, start_exporter
 from pawn_queue.observe import Observer, Outcome
 from pawn_queue.sync import PawnQueue as SyncPawnQueue
+from tests.helpers.storage import write_unreadable_message
 from tests.helpers.stores import queue_config_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,15 +107,11 @@ async def test_a_quarantined_corrupt_object_counts_as_dead_lettered(
     """An unreadable object never becomes a message; its move to dead letter still counts."""
     from prometheus_client import CollectorRegistry
 
-    from pawn_queue._protocol import layout
-    from pawn_queue._protocol.envelope import now_utc
-
     registry = CollectorRegistry()
     metrics = QueueMetrics(registry)
     async with PawnQueue(load_config(queue_config), observers=[metrics.observer]) as pq:
         await pq.create_topic("t")
-        key = layout.message_key("t", "6f1c2d0e-8b7a-4c3e-9d5f-0a1b2c3d4e5f", now_utc())
-        await pq.store.put(key, b"\xff not json")
+        await write_unreadable_message(pq.store, "t", b"\xff not json")
         consumer = await pq.register_consumer("c", topics=["t"])
         assert await consumer.poll() == []
         [letter] = await pq.dead_letters("t")

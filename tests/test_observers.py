@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from pawn_queue import LeaseLostError, Message, PawnQueue, Retry
-from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.config import load_config
 from pawn_queue.observe import Observer, Observers, Outcome, Publication
 from pawn_queue.sync import PawnQueue as SyncPawnQueue
@@ -199,7 +198,7 @@ async def test_a_lost_lease_is_observed() -> None:
             "concurrency": {"clock_skew_margin_seconds": 1},
         }
     )
-    start = now_utc()
+    start = datetime.now(UTC)
     elapsed = [0.0]
 
     def holder_clock() -> datetime:

@@ -127,3 +127,68 @@ def test_the_imports_users_have_keep_working() -> None:
     assert callable(load_config) and Observer and Outcome and Publication
     for module in ("pawn_queue.sync", "pawn_queue.testing", "pawn_queue.spark"):
         assert importlib.import_module(module).__all__
+
+
+# -- the tests' layout ----------------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+
+
+def internal_imports(tree: ast.Module) -> list[str]:
+    """What ``tree`` imports, anywhere, from the package's internals: a module or name of
+    ``pawn_queue`` with a leading underscore in its path (dunders such as ``__version__``
+    are public)."""
+
+    def internal(path: str) -> bool:
+        root, *parts = path.split(".")
+        return root == "pawn_queue" and any(
+            part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+            for part in parts
+        )
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if internal(alias.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if internal(node.module):
+                found.append(node.module)
+            else:
+                found += [
+                    f"{node.module}.{alias.name}"
+                    for alias in node.names
+                    if internal(f"{node.module}.{alias.name}")
+                ]
+    return found
+
+
+def test_the_internal_import_finder_looks_everywhere() -> None:
+    source = (
+        "import pawn_queue, pawn_queue._protocol.layout\n"
+        "from pawn_queue import PawnQueue, __version__, _version\n"
+        "from pawn_queue.store import _fs_io\n"
+        "from pawn_queue.sync import Message\n"
+        "def f():\n"
+        "    from pawn_queue._internal.daemon_pool import DaemonThreadPool\n"
+        "if True:\n"
+        "    from pawn_queue.config import _sections\n"
+    )
+    assert internal_imports(ast.parse(source)) == [
+        "pawn_queue._protocol.layout",
+        "pawn_queue._version",
+        "pawn_queue.store._fs_io",
+        "pawn_queue._internal.daemon_pool",
+        "pawn_queue.config._sections",
+    ]
+
+
+def test_the_public_api_tests_import_only_public_names() -> None:
+    """The modules at the top of tests/ test the public API: what they need of the store's
+    layout comes from tests/helpers/storage.py, tests of the on-store protocol are in
+    tests/protocol/, of the internals in tests/internal/ (docs/development/layout.md)."""
+    offenders = {
+        path.name: found
+        for path in sorted(TESTS.glob("test_*.py"))
+        if (found := internal_imports(ast.parse(path.read_text(), str(path))))
+    }
+    assert offenders == {}

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from pawn_queue import PawnQueue, TopicNotFoundError
 from pawn_queue import sync as pq_sync
-from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.config import load_config
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
@@ -56,8 +55,8 @@ async def test_peek_shows_each_state_and_claims_nothing(pq: PawnQueue) -> None:
     )
     assert first.key in messages and first.group is None and first.error is None
     assert [r.group for r in rows[1:3]] == ["g", "g"]
-    assert rows[-1].due > now_utc() + timedelta(seconds=3500)
-    assert rows[0].due <= now_utc()
+    assert rows[-1].due > datetime.now(UTC) + timedelta(seconds=3500)
+    assert rows[0].due <= datetime.now(UTC)
 
     # The same classification as topic_stats, which counts objects (a batch once).
     stats = await pq.topic_stats("t")

@@ -20,11 +20,11 @@ from pawn_queue import (
     PublishError,
     TopicNotFoundError,
 )
-from pawn_queue._protocol import layout
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import ConfigError, StoreUnavailable
 from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
+from tests.helpers.storage import lease_key
 from tests.helpers.stores import BACKENDS, CONDITIONAL, STORE_MATRIX
 from tests.helpers.support import keys_under, settled
 
@@ -99,9 +99,7 @@ async def test_ack_returns_before_its_lease_delete_which_teardown_waits_for(
     await asyncio.wait_for(message.ack(), 10)
     await asyncio.wait_for(lease_delete_started.wait(), 10)
     assert events == ["messages"]
-    assert [m.key for m in await store.inner.list("t/leases/")] == [
-        layout.lease_key("t", message.id)
-    ]
+    assert [m.key for m in await store.inner.list("t/leases/")] == [lease_key("t", message.id)]
     closing = asyncio.create_task(pq.teardown())
     done, _ = await asyncio.wait({closing}, timeout=0.5)
     assert not done, "teardown() did not wait for the lease delete"
@@ -263,7 +261,7 @@ async def test_a_claim_that_fails_after_its_poll_returned_is_listed_again(
         failed = asyncio.Event()
 
         async def slow_then_failing_claim(operation: str, key: str) -> None:
-            if operation == "put" and key == layout.lease_key("t", slow) and not failed.is_set():
+            if operation == "put" and key == lease_key("t", slow) and not failed.is_set():
                 await asyncio.sleep(1.0)  # past the poll's patience: a late claim
                 failed.set()
                 raise StoreUnavailable("injected")
@@ -305,7 +303,7 @@ async def test_a_claim_that_wins_after_its_poll_returned_wakes_the_waiting_poll(
         monkeypatch.setattr(signals, "wait", wait)
 
         async def late_claim(operation: str, key: str) -> None:
-            if operation == "put" and key == layout.lease_key("t", message_id):
+            if operation == "put" and key == lease_key("t", message_id):
                 await waiting.wait()  # won only once the poll gave up on it and waits
 
         faulty.hooks.append(late_claim)
@@ -374,7 +372,7 @@ async def test_refresh_after_takeover_does_not_overwrite(queue_config: dict[str,
         [held] = await a.poll()
         a.held_leases.paused = True
         taken = await _poll_until_one(b, within=10)
-        key = layout.lease_key("t", held.id)
+        key = lease_key("t", held.id)
         owner_etag = (await qa.store.head(key)).etag
         lease_a = a.held_leases.get(key)
         assert lease_a is not None
@@ -502,7 +500,7 @@ async def test_listen_dead_letters_raising_handler_and_releases_on_cancel(
 
         async def on_release(operation: str, key: str) -> None:
             # Releasing the failed message's lease comes after its dead-letter write.
-            if operation == "delete" and key == layout.lease_key("t", ids[1]):
+            if operation == "delete" and key == lease_key("t", ids[1]):
                 dead_lettered.set()
 
         faulty.observers.append(on_release)
@@ -555,7 +553,7 @@ async def test_janitor_racing_refresh_keeps_live_lease(queue_config: dict[str, A
         b = await qb.register_consumer("b", topics=["t"])
         [held] = await a.poll()
         a.held_leases.paused = True
-        key = layout.lease_key("t", held.id)
+        key = lease_key("t", held.id)
         lease_a = a.held_leases.get(key)
         assert lease_a is not None
         await asyncio.sleep(0.8)  # let the lease expire on every clock
@@ -635,4 +633,4 @@ async def test_corrupt_message_is_quarantined(pq: PawnQueue) -> None:
     assert [m.id for m in messages] == [good]
     dead = json.loads((await pq.store.get(f"t/dead-letter/{bad_id}.json")).data)
     assert dead["dead_letter"]["reason"] == "corrupt"
-    assert await keys_under(pq, "t/leases/") == [layout.lease_key("t", good)]
+    assert await keys_under(pq, "t/leases/") == [lease_key("t", good)]

@@ -17,11 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from pawn_queue import PawnQueue
-from pawn_queue._protocol import layout
 from pawn_queue.cli import app
 from pawn_queue.config import load_config
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
+from tests.helpers.storage import instance_record_keys, write_instance_record
 
 WINDOW = 120.0  # two default heartbeats
 
@@ -106,10 +106,9 @@ async def test_records_of_long_gone_processes_are_forgotten(queue_config: dict[s
             "stopped_at": None,
             "members": [],
         }
-        key = layout.instance_key(gone["instance_id"])
-        await pq.store.put(key, json.dumps(gone).encode())
+        key = await write_instance_record(pq.store, gone)
         await pq.register_consumer("c", ["t"])  # the first record this process writes
-        assert key not in [m.key for m in await pq.store.list(layout.INSTANCES)]
+        assert key not in await instance_record_keys(pq.store)
 
 
 # Registers a consumer, says so, and runs until its input ends: then it stops cleanly.

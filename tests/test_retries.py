@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from pawn_queue import ArgumentError, ConfigError, Message, PawnQueue, Retry
-from pawn_queue._protocol import layout
-from pawn_queue._protocol.envelope import Envelope
 from pawn_queue.config import load_config
 from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
+from tests.helpers.storage import dead_letter_ids, lease_of, message_keys, write_message
 from tests.helpers.support import keys_under
 
 MARGIN = timedelta(seconds=0.2)  # clock_skew_margin_seconds in the test config
@@ -101,22 +98,6 @@ async def test_delays_are_as_asked_with_the_default_skew_margin(
         assert timedelta(seconds=0.2) <= second - first < timedelta(seconds=1.7)
 
 
-async def _write(pq: PawnQueue, key: str, payload: Any, group: str | None = None) -> str:
-    """Write a message object at ``key`` as a producer would (its clock decides the key)."""
-    pending = layout.parse_pending_key(key)
-    assert pending is not None
-    envelope = Envelope(
-        id=pending.object_id,
-        topic="t",
-        producer_id=str(uuid.uuid4()),
-        created_at=datetime.now(UTC).isoformat(),
-        payload=payload,
-        group=group,
-    )
-    await pq.store.put(key, envelope.encode(), "overwrite")
-    return envelope.id
-
-
 async def test_delayed_messages_wait_while_skew_tolerant_ones_pass(
     queue_config: dict[str, Any],
 ) -> None:
@@ -130,17 +111,11 @@ async def test_delayed_messages_wait_while_skew_tolerant_ones_pass(
         now = datetime.now(UTC)
         due = now + timedelta(seconds=1.0)
         ahead = now + timedelta(seconds=1.5)  # a producer clock 1.5 s fast
-
-        def key(at: datetime, *, delayed: bool, group: str | None = None) -> str:
-            mid = str(uuid.uuid4())
-            if group is None:
-                return layout.message_key("t", mid, at, delayed=delayed)
-            return layout.group_message_key("t", mid, at, group, delayed=delayed)
-
-        delayed = await _write(pq, key(due, delayed=True), "delayed")
-        group_head = await _write(pq, key(due, delayed=True, group="g"), "head", "g")
-        skewed = await _write(pq, key(ahead, delayed=False), "skewed")
-        group_tail = await _write(pq, key(ahead, delayed=False, group="g"), "tail", "g")
+        # Written as producers would: the clock of the one that wrote it decides its key.
+        delayed = await write_message(pq.store, "t", "delayed", at=due, delayed=True)
+        group_head = await write_message(pq.store, "t", "head", at=due, delayed=True, group="g")
+        skewed = await write_message(pq.store, "t", "skewed", at=ahead)
+        group_tail = await write_message(pq.store, "t", "tail", at=ahead, group="g")
         assert [m.id for m in await consumer.poll()] == [skewed]
         later = await consumer.poll(wait=10)
         assert datetime.now(UTC) >= due
@@ -170,7 +145,7 @@ async def test_retry_policy_backs_off_then_succeeds(pq: PawnQueue) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert counts == [1, 2, 3]
-    assert await pq.store.list(layout.dead_letter_prefix("t")) == []
+    assert await dead_letter_ids(pq.store, "t") == []
     assert mid
 
 
@@ -199,9 +174,9 @@ async def test_retry_policy_dead_letters_when_exhausted(queue_config: dict[str, 
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         assert seen == [1, 2, 3]
-        dead = json.loads((await pq.store.get(layout.dead_letter_key("t", mid))).data)
-        assert dead["dead_letter"]["reason"] == "handler_error"
-        assert "always" in dead["dead_letter"]["error"]
+        dead = await pq.dead_letter("t", mid)
+        assert dead is not None and dead.reason == "handler_error"
+        assert dead.error is not None and "always" in dead.error
 
 
 async def test_max_receive_count_dead_letters_a_message_that_keeps_failing(
@@ -215,9 +190,9 @@ async def test_max_receive_count_dead_letters_a_message_that_keeps_failing(
         assert message.receive_count == expected
         await message.nack(requeue=True)
     assert await consumer.poll(wait=0.5) == []
-    dead = json.loads((await pq.store.get(layout.dead_letter_key("t", mid))).data)
-    assert dead["dead_letter"]["reason"] == "max_receive_count"
-    assert await pq.store.list(layout.messages_prefix("t")) == []
+    dead = await pq.dead_letter("t", mid)
+    assert dead is not None and dead.reason == "max_receive_count"
+    assert await message_keys(pq.store, "t") == []
 
 
 async def test_max_receive_count_catches_a_consumer_that_keeps_dying(
@@ -239,8 +214,8 @@ async def test_max_receive_count_catches_a_consumer_that_keeps_dying(
     async with await PawnQueue.from_config(queue_config) as pq:
         consumer = await pq.register_consumer("survivor", topics=["t"])
         assert await consumer.poll(wait=3) == []
-        dead = json.loads((await pq.store.get(layout.dead_letter_key("t", mid))).data)
-        assert dead["dead_letter"]["reason"] == "max_receive_count"
+        dead = await pq.dead_letter("t", mid)
+        assert dead is not None and dead.reason == "max_receive_count"
 
 
 async def test_extend_and_per_consumer_visibility(pq: PawnQueue) -> None:
@@ -250,11 +225,10 @@ async def test_extend_and_per_consumer_visibility(pq: PawnQueue) -> None:
         await pq.register_consumer("c", topics=["t"], visibility_timeout=0.1)
     consumer = await pq.register_consumer("c", topics=["t"], visibility_timeout=20)
     [message] = await consumer.poll()
-    key = layout.lease_key("t", message.id)
 
     async def expires_in() -> float:
-        body = json.loads((await pq.store.get(key)).data)
-        return (datetime.fromisoformat(body["expires_at"]) - datetime.now(UTC)).total_seconds()
+        lease = await lease_of(pq.store, "t", message.id)
+        return (lease.expires - datetime.now(UTC)).total_seconds()
 
     assert 15 < await expires_in() <= 20
     await message.extend(120)
@@ -275,4 +249,4 @@ async def test_requeued_batch_member_moves_and_keeps_its_count(pq: PawnQueue) ->
     assert again.id == ids[0] and again.payload == "a"
     assert again.receive_count == 2
     await again.ack()
-    assert await pq.store.list(layout.messages_prefix("t")) == []
+    assert await message_keys(pq.store, "t") == []

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from pawn_queue import LeaseLostError, Message, PawnQueue
-from pawn_queue._handling.handlers import BlockingMessage
-from pawn_queue._protocol import layout
 from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store import open_store
+from pawn_queue.sync import Message as BlockingMessage
 from pawn_queue.sync import PawnQueue as SyncPawnQueue
 from tests.helpers.faults import FaultyStore
+from tests.helpers.storage import dead_letter_ids, message_keys
 
 LONG_LEASE = {"visibility_timeout_seconds": 30.0, "lease_refresh_interval_seconds": 0.2}
 
@@ -179,8 +179,8 @@ async def test_a_plain_function_handler_runs_in_a_thread_and_settles_from_there(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert set(seen) == ids and loop_thread not in seen.values()
-    assert await pq.store.list(layout.messages_prefix("t")) == []
-    assert await pq.store.list(layout.dead_letter_prefix("t")) == []
+    assert await message_keys(pq.store, "t") == []
+    assert await dead_letter_ids(pq.store, "t") == []
 
 
 def test_a_coroutine_handler_runs_on_the_loop_of_the_blocking_api(
@@ -270,4 +270,4 @@ async def test_sigterm_stops_a_blocking_listener_gracefully(queue_config: dict[s
         assert again.id == slow and again.receive_count == 1
         await again.ack()
         assert await other.poll() == []
-        assert await pq.store.list(layout.messages_prefix("t")) == []
+        assert await message_keys(pq.store, "t") == []

@@ -6,7 +6,8 @@ import _thread
 import asyncio
 import threading
 from collections import Counter
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
 
@@ -19,34 +20,30 @@ from pawn_queue import (
     TopicNotFoundError,
 )
 from pawn_queue import PawnQueue as AsyncPawnQueue
-from pawn_queue._protocol import layout
-from pawn_queue._protocol.envelope import LeaseBody
+from pawn_queue.store.base import Store
 from pawn_queue.sync import Message, PawnQueue
+from tests.helpers.storage import dead_letter_ids, lease_keys, leases_of, message_keys
+
+T = TypeVar("T")
 
 
-def keys_under(config: dict[str, Any], prefix: str) -> list[str]:
-    """The keys under ``prefix``, read with the async API on a loop of this thread."""
+def in_store(config: dict[str, Any], look: Callable[[Store], Awaitable[T]]) -> T:
+    """What ``look`` reads in the queue's store, with the async API on a loop of this thread."""
 
-    async def read() -> list[str]:
+    async def read() -> T:
         async with await AsyncPawnQueue.from_config(config) as pq:
-            return [m.key for m in await pq.store.list(prefix)]
-
-    return asyncio.run(read())
-
-
-def leases(config: dict[str, Any], topic: str) -> list[LeaseBody]:
-    async def read() -> list[LeaseBody]:
-        async with await AsyncPawnQueue.from_config(config) as pq:
-            found = await pq.store.list(layout.leases_prefix(topic))
-            return [LeaseBody.decode((await pq.store.get(m.key)).data) for m in found]
+            return await look(pq.store)
 
     return asyncio.run(read())
 
 
 def leftovers(config: dict[str, Any], topic: str) -> list[str]:
-    return keys_under(config, layout.messages_prefix(topic)) + keys_under(
-        config, layout.leases_prefix(topic)
-    )
+    """The topic's messages and leases: none once every message is settled."""
+
+    async def look(store: Store) -> list[str]:
+        return await message_keys(store, topic) + await lease_keys(store, topic)
+
+    return in_store(config, look)
 
 
 def test_publish_poll_ack_nack(queue_config: dict[str, Any]) -> None:
@@ -76,8 +73,7 @@ def test_publish_poll_ack_nack(queue_config: dict[str, Any]) -> None:
         for message in got:
             message.ack()
     assert leftovers(queue_config, "orders") == []
-    dead = keys_under(queue_config, layout.dead_letter_prefix("orders"))
-    assert dead == [layout.dead_letter_key("orders", second)]
+    assert in_store(queue_config, lambda store: dead_letter_ids(store, "orders")) == [second]
 
 
 def test_ack_all_acks_a_poll_of_batch_members_in_one_write(queue_config: dict[str, Any]) -> None:
@@ -89,7 +85,8 @@ def test_ack_all_acks_a_poll_of_batch_members_in_one_write(queue_config: dict[st
         consumer.ack_all(messages)
         assert all(m.settled for m in messages)
         # Durable on return: the object's lease lists the 10 as settled.
-        assert [lease.settled for lease in leases(queue_config, "t")] == [tuple(range(10))]
+        leases = in_store(queue_config, lambda store: leases_of(store, "t"))
+        assert [lease.settled for lease in leases] == [tuple(range(10))]
         with pytest.raises(ArgumentError, match="ack_all takes messages, got str"):
             consumer.ack_all(["x"])
         while len(messages) < 30:
@@ -129,9 +126,9 @@ def test_requeue_delay_extend_and_retry(queue_config: dict[str, Any]) -> None:
         retried = producer.publish("t", "flaky")
         consumer.listen(flaky, stop=stop, retry=Retry(max_receives=3, base_delay=0))
         assert failures == [1, 2]
-    [left] = keys_under(queue_config, layout.messages_prefix("t"))  # the delayed one
+    [left] = in_store(queue_config, lambda store: message_keys(store, "t"))  # the delayed one
     assert retried not in left and mid not in left
-    assert keys_under(queue_config, layout.dead_letter_prefix("t")) == []
+    assert in_store(queue_config, lambda store: dead_letter_ids(store, "t")) == []
 
 
 def test_poll_wait_wakes_on_publish_from_another_thread(queue_config: dict[str, Any]) -> None:
@@ -230,8 +227,7 @@ def test_listen_until_stop_event(queue_config: dict[str, Any]) -> None:
         assert threading.current_thread().name not in handler_threads
         assert not any(name.startswith("pawn-queue-loop") for name in handler_threads)
     assert leftovers(queue_config, "jobs") == []
-    dead = keys_under(queue_config, layout.dead_letter_prefix("jobs"))
-    assert dead == [layout.dead_letter_key("jobs", failing)]
+    assert in_store(queue_config, lambda store: dead_letter_ids(store, "jobs")) == [failing]
 
 
 def test_stop_releases_unsettled_messages_at_once(queue_config: dict[str, Any]) -> None:
@@ -314,7 +310,7 @@ def test_errors_keep_their_types(queue_config: dict[str, Any]) -> None:
             producer.publish_batch("known", [1, object()])
         with pytest.raises(PawnQueueError, match="non-empty list"):
             pq.register_consumer("c", [])
-    assert keys_under(queue_config, layout.messages_prefix("known")) == []
+    assert in_store(queue_config, lambda store: message_keys(store, "known")) == []
 
 
 def test_not_set_up_and_use_after_close(queue_config: dict[str, Any]) -> None:

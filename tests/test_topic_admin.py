@@ -24,6 +24,7 @@ from pawn_queue.exceptions import LeaseLostError
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.helpers.faults import FaultyStore
+from tests.helpers.storage import group_lease_key
 from tests.helpers.support import keys_under, settled
 
 
@@ -189,7 +190,7 @@ async def test_a_holder_of_a_purged_message(slow_refresh: dict[str, Any]) -> Non
         assert grouped.group == "g"
         assert await pq.purge_topic("t") == 4
         # The group's lease stays: later messages of the group share it.
-        assert await keys_under(pq, "t/leases/") == [f"t/leases/g{_group_hash('g')}.lease"]
+        assert await keys_under(pq, "t/leases/") == [group_lease_key("t", "g")]
         # Settled before the holder writes its lease again: the ack returns as usual.
         await acked.ack()
         await grouped.ack()
@@ -207,12 +208,6 @@ async def test_a_holder_of_a_purged_message(slow_refresh: dict[str, Any]) -> Non
         assert await keys_under(pq, "t/messages/") == []
         assert await keys_under(pq, "t/leases/") == []
         assert await (await pq.register_consumer("c2", topics=["t"])).poll() == []
-
-
-def _group_hash(group: str) -> str:
-    from pawn_queue._protocol import layout
-
-    return layout.group_hash(group)
 
 
 # -- dead letters ---------------------------------------------------------------------------
