@@ -104,8 +104,13 @@ $(NPM_DIR)/node_modules/.installed: $(NPM_DIR)/package.json $(NPM_DIR)/package-l
 
 test-servers: ceph $(NPM_DIR)/node_modules/.installed
 
+# The suite in PYTEST_WORKERS processes (pytest-xdist): most of its time is spent waiting on
+# servers, leases and timers, not on the CPU. Each worker starts the servers it needs; the
+# Spark tests share one worker (--dist loadgroup), so one JVM runs. PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 4
 pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
-	PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q --durations=40
+	PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q \
+		--numprocesses $(PYTEST_WORKERS) --dist loadgroup --durations=40
 
 test: lint typecheck docs-check pytest
 

@@ -10,6 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# One worker runs every test that starts Spark (make pytest: --dist loadgroup): one JVM.
+pytestmark = pytest.mark.xdist_group("spark")
+
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -17,12 +17,17 @@ from types import ModuleType
 from typing import Any
 
 import pyarrow.dataset as ds  # type: ignore[import-untyped]
+import pytest
 
 from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue.config import S3Config
 from pawn_queue.store.s3 import S3Store
 from tests.helpers.spark_cluster import SPARK_HOME, standalone_cluster
+
+# One worker runs every test that starts Spark (make pytest: --dist loadgroup): one JVM.
+pytestmark = pytest.mark.xdist_group("spark")
+
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "examples" / "orders_pipeline.py"

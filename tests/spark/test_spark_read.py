@@ -12,6 +12,9 @@ from tests.helpers.spark_helpers import SparkQueue, publish, remaining
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
+# One worker runs every test that starts Spark (make pytest: --dist loadgroup): one JVM.
+pytestmark = pytest.mark.xdist_group("spark")
+
 
 async def _take(sq: SparkQueue, topic: str, ack: int, nack: int) -> list[str]:
     """A consumer polls 10 messages, acks and nacks some and keeps the rest leased (it

@@ -30,6 +30,9 @@ from tests.helpers.spark_helpers import (
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
+# One worker runs every test that starts Spark (make pytest: --dist loadgroup): one JVM.
+pytestmark = pytest.mark.xdist_group("spark")
+
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "orders"

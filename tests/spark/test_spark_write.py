@@ -18,6 +18,9 @@ from tests.helpers.spark_helpers import SparkQueue
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
+# One worker runs every test that starts Spark (make pytest: --dist loadgroup): one JVM.
+pytestmark = pytest.mark.xdist_group("spark")
+
 
 async def _create(sq: SparkQueue, *topics: str) -> None:
     async with sq.queue() as pq:
