@@ -104,10 +104,11 @@ $(NPM_DIR)/node_modules/.installed: $(NPM_DIR)/package.json $(NPM_DIR)/package-l
 
 test-servers: ceph $(NPM_DIR)/node_modules/.installed
 
-# The suite in PYTEST_WORKERS processes (pytest-xdist): most of its time is spent waiting on
-# servers, leases and timers, not on the CPU. Each worker starts the servers it needs; the
-# Spark tests share one worker (--dist loadgroup), so one JVM runs. PYTEST_WORKERS=0: one process.
-PYTEST_WORKERS ?= 4
+# PYTEST_WORKERS=N runs the suite in N processes (pytest-xdist; --dist loadgroup keeps the
+# tests marked xdist_group("spark") on one worker). Not the default: on 2 cores, 4 workers
+# saturate the CPU, and one such run lost a worker to a segfault in native code and then
+# hung (docs/development/layout.md). 0: one process, as CI runs it.
+PYTEST_WORKERS ?= 0
 pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
 	PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q \
 		--numprocesses $(PYTEST_WORKERS) --dist loadgroup --durations=40
