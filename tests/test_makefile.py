@@ -4,7 +4,6 @@ which ``make test`` installs besides."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -67,15 +66,30 @@ def closure(requirements: list[Requirement], extras: set[str]) -> set[str]:
     return seen
 
 
+# Run in a fresh interpreter: in this one, earlier tests may have imported them already.
+_LIST_IMPORTS = """
+import importlib.util, sys
+before = set(sys.modules)
+for path in sys.argv[1:]:
+    spec = importlib.util.spec_from_file_location("demo_program", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+print("\\n".join(sorted({name.partition(".")[0] for name in set(sys.modules) - before})))
+"""
+
+
 def imported_by_the_demo() -> set[str]:
-    """The distributions whose modules the demo's programs import."""
-    before = set(sys.modules)
-    for path in DEMO_PROGRAMS:
-        spec = importlib.util.spec_from_file_location(f"demo_program_{path.stem}", path)
-        assert spec is not None and spec.loader is not None
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    """The distributions whose modules the demo's programs import (loading them runs
+    nothing: each starts under ``if __name__ == "__main__"``)."""
+    run = subprocess.run(
+        [sys.executable, "-c", _LIST_IMPORTS, *map(str, DEMO_PROGRAMS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr
     owners = packages_distributions()
-    tops = {name.partition(".")[0] for name in set(sys.modules) - before}
+    tops = set(run.stdout.split())
     return {canonicalize_name(d) for top in tops for d in owners.get(top, [])}
 
 
