@@ -12,7 +12,12 @@ from datetime import datetime
 from types import EllipsisType, TracebackType
 from typing import Any
 
-from pawn_queue._internal.durations import count_argument, rate_argument, seconds_argument
+from pawn_queue._internal.durations import (
+    count_argument,
+    flag_argument,
+    rate_argument,
+    seconds_argument,
+)
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import now_utc
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy
@@ -327,8 +332,7 @@ class PawnQueue:
         ``drop=True`` seeks all the same.
         """
         since = parse_start(to, "to")
-        if not isinstance(drop, bool):
-            raise ArgumentError(f"drop: got {drop!r}, must be True or False")
+        flag_argument("drop", drop)
         await seek(self._ready(), topic, name, since, drop=drop)
 
     async def list_subscriptions(self, topic: str) -> list[Subscription]:

@@ -1,9 +1,10 @@
-"""Numbers as API arguments take them (durations, counts, rates), and durations as people
+"""Numbers and flags as API arguments take them (durations, counts, rates), and durations as people
 read them (the command line and the dashboard)."""
 
 from __future__ import annotations
 
 import math
+import reprlib
 from typing import TypeGuard
 
 from pawn_queue.exceptions import ArgumentError
@@ -34,6 +35,14 @@ def count_argument(name: str, value: object, *, minimum: int) -> int:
     bool and a float are refused)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ArgumentError(f"{name}: got {value!r}, must be a whole number >= {minimum}")
+    return value
+
+
+def flag_argument(name: str, value: object) -> bool:
+    """``value`` if it is True or False; else an ArgumentError naming ``name`` (a truthy
+    string or number is not a flag)."""
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{name}: got {reprlib.repr(value)}, must be True or False")
     return value
 
 

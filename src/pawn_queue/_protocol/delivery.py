@@ -17,7 +17,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from pawn_queue._internal.durations import seconds_argument
+from pawn_queue._internal.durations import flag_argument, seconds_argument
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import DeadLetterInfo, Envelope, encode_dead_letter
 from pawn_queue._protocol.handout import Handout
@@ -347,8 +347,7 @@ class Message:
     async def nack(self, requeue: bool = False, delay: float = 0) -> None:
         """Dead-letter the message (the copy is durable before the message is removed), or
         with ``requeue=True`` make it visible again after ``delay`` seconds."""
-        if not isinstance(requeue, bool):
-            raise ArgumentError(f"requeue: got {reprlib.repr(requeue)}, must be True or False")
+        flag_argument("requeue", requeue)
         delay = seconds_argument("delay", delay, zero=True)
         if not requeue:
             await self.dead_letter("nack")

@@ -158,10 +158,7 @@ async def message_counts(pq: PawnQueue, topic: str, subscription: str | None = N
     """The counts of the topic, or of one of its subscriptions, in messages as the dashboard
     shows them, with the objects beside them (``pending_objects``...): ``topic_stats`` counts
     objects, and one batch object holds many messages (a GET each tells how many)."""
-    queue = layout.validate_name(topic, "topic name")
-    if subscription is not None:
-        name = layout.validate_name(subscription, "subscription name")
-        queue = layout.subscription_queue(topic, name)
+    queue = layout.queue(topic, subscription)
     await pq.runtime.topics.settings(queue)  # TopicNotFoundError, as topic_stats raises it
     visibility = pq.config.polling.visibility_timeout_seconds
     reading = await read_topic(pq.store, queue, visibility, pq.runtime.clock, BatchSizes())
