@@ -7,7 +7,7 @@ VSQS_VENV := .venv-vsqs
 DEMO_STAMP := $(VENV)/.demo-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck docs docs-check pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-replay bench-soak chromium systemd clean
+.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck docs docs-check pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-replay bench-soak bench-cost bench-fleet chromium systemd clean
 
 # What `make demo` needs: the library, its command line (Rich) and PySpark.
 $(DEMO_STAMP): pyproject.toml
@@ -167,6 +167,19 @@ bench-subscriptions: $(STAMP)
 # seek back one hour over 100,000 retained messages on SeaweedFS: first redelivery, all of it, requests.
 bench-replay: $(STAMP)
 	$(PY) -m bench.cost.replay
+
+# The common case's cost by publish rate (not in `make bench`: ~11 min): one producer process
+# awaiting publish() at 1, 10 and 100 msg/s, one listen() process; requests and $/million per
+# message (SeaweedFS's counters), against SQS; publish-to-handler p50/p99; every message checked.
+bench-cost: $(STAMP)
+	$(PY) -m bench.cost.curve
+
+# A fleet through a proxy counting per-key writes (not in `make bench`: ~3 min): 4 producers x
+# 10 msg/s, 8 and 24 listen() processes on one topic; requests/message and /s, the hottest keys,
+# what 1 write/s per key and 750 req/s per bucket would refuse (FLEET_ARGS=--limits: enforced).
+FLEET_ARGS ?=
+bench-fleet: $(STAMP)
+	$(PY) -m bench.cost.fleet $(FLEET_ARGS)
 
 bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-replay
 

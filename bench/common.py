@@ -34,6 +34,9 @@ RESULTS = REPO / "bench" / "results"  # each benchmark's JSON: RESULTS / "<name>
 PRICE_PUT_LIST = 5.00  # PUT, COPY, POST, LIST
 PRICE_GET_HEAD = 0.40  # GET, HEAD (and everything else that is not a write or a list)
 MINUTES_PER_MONTH = 60 * 24 * 30
+# Amazon SQS standard, USD per million messages: a send, a receive and a delete at $0.40
+# per million requests each (the first million requests a month free left aside).
+PRICE_SQS_PER_MESSAGE = 1.20
 
 # Variables that would silently reconfigure a queue under test or the S3 client.
 SCRUBBED_ENV_PREFIXES = ("PAWNQUEUE_", "AWS_")
@@ -47,6 +50,37 @@ def scrubbed_env() -> dict[str, str]:
         for k, v in os.environ.items()
         if not k.startswith(SCRUBBED_ENV_PREFIXES) and k != "PYTHONPATH"
     }
+
+
+# -- settings given on the command line ----------------------------------------------------
+
+
+def parse_sets(items: Iterable[str]) -> dict[str, Any]:
+    """``--set section.key=value`` items as a nested config dict (each value JSON, else a
+    string), to be ``merged`` over a benchmark's queue config."""
+    out: dict[str, Any] = {}
+    for item in items:
+        path, _, text = item.partition("=")
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        *parents, leaf = path.split(".")
+        node = out
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = value
+    return out
+
+
+def merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` over it, nested mappings merged key by key."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = (
+            merged(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+        )
+    return out
 
 
 # -- statistics ---------------------------------------------------------------------------
@@ -154,6 +188,20 @@ class RequestClasses:
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 4) for k, v in asdict(self).items()}
+
+
+def request_columns(counts: Mapping[str, float]) -> dict[str, float]:
+    """Requests by the columns the cost tables print: ``PUT`` (PUT, POST, COPY: every
+    write but a DELETE), ``LIST``, ``GET/HEAD`` (SeaweedFS counts a HEAD as a GET), ``DELETE``
+    and ``total`` (the ``TYPE:code`` breakdown of ``scrape`` is left out)."""
+    out = {"PUT": 0.0, "LIST": 0.0, "GET/HEAD": 0.0, "DELETE": 0.0}
+    for kind, n in counts.items():
+        if ":" in kind:
+            continue
+        column = {"GET": "GET/HEAD", "HEAD": "GET/HEAD", "LIST": "LIST", "DELETE": "DELETE"}
+        out[column.get(kind, "PUT")] += n
+    out["total"] = sum(out.values())
+    return out
 
 
 def median_classes(samples: Sequence[RequestClasses]) -> RequestClasses:

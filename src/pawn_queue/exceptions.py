@@ -11,6 +11,8 @@ One root, so ``except PawnQueueError`` catches everything the library raises::
     │   ├── AlreadyExistsError       create-only put on an existing key
     │   ├── PreconditionFailedError  if-match put whose etag no longer matches (or key is gone)
     │   ├── StoreUnavailableError    transient: timeout, connection refused, 5xx, throttling
+    │   │   └── StoreThrottledError  refused for the store's request rate, for longer than
+    │   │                            the store's throttle_timeout_seconds
     │   ├── AccessDeniedError        credentials missing, wrong or without permission
     │   └── BucketNotFoundError      the bucket (or root directory) does not exist
     │       └── RootNotFoundError    the local directory does not exist (yet): also a NotFoundError
@@ -88,6 +90,18 @@ class PreconditionFailedError(StoreError):
 
 class StoreUnavailableError(StoreError):
     """A transient failure: timeout, refused connection, server error or throttling."""
+
+
+class StoreThrottledError(StoreUnavailableError):
+    """The store refused a request for its request rate (HTTP 429, 503 ``SlowDown``, Azure
+    ``ServerBusy``). The queue backs off and resends such requests (docs/protocol.md,
+    "Request rates"); a caller sees this only once the store's ``throttle_timeout_seconds``
+    has passed."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        """The pause the store asked for (its ``Retry-After``), in seconds, if it said."""
 
 
 class AccessDeniedError(StoreError):

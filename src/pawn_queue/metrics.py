@@ -35,10 +35,12 @@ from pawn_queue.exceptions import (
     BucketNotFound,
     NotFound,
     PreconditionFailed,
+    StoreThrottledError,
     StoreUnavailable,
 )
 from pawn_queue.observe import Observer, Observers, Outcome, Publication
 from pawn_queue.store.base import IfMatch, Store
+from pawn_queue.store.throttling import throttle_backoff_of
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ _OUTCOMES: tuple[tuple[type[BaseException], str], ...] = (
     (NotFound, "not_found"),
     (AlreadyExists, "already_exists"),
     (PreconditionFailed, "precondition_failed"),
+    (StoreThrottledError, "throttled"),
     (StoreUnavailable, "unavailable"),
     (AccessDenied, "access_denied"),
     (BucketNotFound, "bucket_not_found"),
@@ -77,6 +80,8 @@ METRIC_NAMES: dict[str, str] = {
     f"{PREFIX}_lease_lost_total": "ack/nack that found its lease taken over, by topic",
     f"{PREFIX}_store_requests_total": "store requests, by operation and outcome",
     f"{PREFIX}_store_request_seconds": "store request latency (histogram), by operation",
+    f"{PREFIX}_store_throttled_total": "answers refused for the store's request rate (429, "
+    "503 SlowDown) and sent again, by operation",
     f"{PREFIX}_poll_seconds": "timed poll duration (histogram), by outcome (messages/empty)",
     f"{PREFIX}_handler_seconds": "handler duration (histogram), by topic and outcome",
     f"{PREFIX}_topic_pending": "pending objects (gauge, `pawn-queue metrics` only)",
@@ -126,6 +131,7 @@ class QueueMetrics:
         self.dead_lettered_total = counter("messages_dead_lettered", ["topic"])
         self.lease_lost_total = counter("lease_lost", ["topic"])
         self.store_requests_total = counter("store_requests", ["operation", "outcome"])
+        self.store_throttled_total = counter("store_throttled", ["operation"])
         self.store_request_seconds = histogram("store_request_seconds", ["operation"])
         self.poll_seconds = histogram("poll_seconds", ["outcome"])
         self.handler_seconds = histogram("handler_seconds", ["topic", "outcome"])
@@ -226,11 +232,18 @@ class MetricsObserver(Observer):
 
 
 class MetricsStore(StoreWrapper):
-    """Delegates to ``inner``; counts and times every request (a failure counts too)."""
+    """Delegates to ``inner``; counts and times every request (a failure counts too), and
+    the answers that the store's backoff beneath (an S3 or Azure store's) sent again."""
 
     def __init__(self, inner: Store, metrics: QueueMetrics) -> None:
         super().__init__(inner)
         self.metrics = metrics
+        backoff = throttle_backoff_of(inner)
+        if backoff is not None:
+            backoff.listeners.append(self._throttled)
+
+    def _throttled(self, call: StoreCall) -> None:
+        self.metrics.store_throttled_total.labels(_operation(call)).inc()
 
     async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
         operation = _operation(call)

@@ -59,6 +59,10 @@ MEANINGS: dict[str, str] = {
     "was lost is written again only after a look found it missing "
     "([protocol](../protocol.md#publish)).",
     "s3.retry_timeout_seconds": "How long the retries of one request may take in all.",
+    "s3.throttle_timeout_seconds": "How long a request the store refuses for its request "
+    "rate (HTTP 429, 503 `SlowDown`) is sent again, after pauses from 1 s doubling to 16 s, "
+    "before the caller gets `StoreThrottledError` "
+    "([protocol](../protocol.md#request-rates)).",
     "azure.container_name": "An existing container: 3-63 lowercase letters, digits and "
     "single hyphens.",
     "azure.prefix": "A key prefix, so several queues share a container.",
@@ -76,6 +80,8 @@ MEANINGS: dict[str, str] = {
     "azure.request_timeout_seconds": "As `s3.request_timeout_seconds`.",
     "azure.max_retries": "As `s3.max_retries`.",
     "azure.retry_timeout_seconds": "As `s3.retry_timeout_seconds`.",
+    "azure.throttle_timeout_seconds": "As `s3.throttle_timeout_seconds` (Azure answers 503 "
+    "`ServerBusy`).",
     "filesystem.path": "The directory, created with its parents by the first write.",
     "memory.name": 'Stores with the same name are shared within a process; `""`: a fresh store.',
     "polling.interval_seconds": "With change signals off (`notify.enabled: false`), how long "

@@ -188,6 +188,7 @@ class S3Config(Section):
     request_timeout_seconds: float = Field(default=30.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
     retry_timeout_seconds: float = Field(default=30.0, gt=0)
+    throttle_timeout_seconds: float = Field(default=60.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -251,6 +252,7 @@ class AzureConfig(Section):
     request_timeout_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     max_retries: int = Field(default=3, ge=0)
     retry_timeout_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    throttle_timeout_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
 
     @field_validator("container_name")
     @classmethod

@@ -20,6 +20,7 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     _registry/names/{producers|consumers}/{name}.json  name -> uuid index (create-only)
     _registry/instances/{uuid}.json             a process: host, pid, heartbeat, members
     _probe/{uuid}.probe                         strategy probe, deleted at once
+    _probe/result.json                          the last probe's answer, kept a day
     _notify/000 .. _notify/999, _notify/_       change signals (vnotify)
     _spark/{query}/batches/{n}.json             a streaming query's micro-batch manifest
     _spark/{query}/sink/{n}.json                a streaming write's micro-batch marker
@@ -416,6 +417,10 @@ def notify_slot_key(topic: str) -> str:
     """The change-signal slot of a topic: a fixed keyspace, so one LIST sees every topic."""
     digest = hashlib.blake2b(topic.encode(), digest_size=8).digest()
     return f"{NOTIFY}{int.from_bytes(digest, 'little') % NOTIFY_SLOTS:03d}"
+
+
+PROBE_RESULT = f"{PROBE}result.json"
+"""The last probe's answer: the processes that start within a day read it, not probe."""
 
 
 def probe_key(probe_id: str) -> str:

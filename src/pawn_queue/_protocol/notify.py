@@ -27,17 +27,23 @@ import logging
 import secrets
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
 from pawn_queue._protocol import layout
 from pawn_queue.config import NotifyConfig
-from pawn_queue.exceptions import NotFound, StoreError
-from pawn_queue.store.base import Store
+from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed, StoreError
+from pawn_queue.store.base import IfMatch, Store
 
 logger = logging.getLogger(__name__)
 
 _WATCH_GRACE_CHECKS = 50  # checks the watch goes on after the last wait ended
 _BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
 _CLOSE_SECONDS = 2.0
+_SIGNAL_WRITE_GAP = 1.0  # the fleet writes one signal key at most once a second
+
+
+def _token() -> bytes:
+    return secrets.token_hex(8).encode()
 
 
 class LocalSignals:
@@ -96,6 +102,8 @@ class ChangeSignals:
         self.local = LocalSignals()
         self._to_mark: set[str] = set()
         self._last_marked: dict[str, float] = {}
+        # Per signal key, a version seen and when it was first seen here (monotonic).
+        self._versions_seen: dict[str, tuple[str, float]] = {}
         self._marker: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._look_lock = asyncio.Lock()
@@ -144,8 +152,9 @@ class ChangeSignals:
             self._to_mark -= due
             slots = {layout.notify_slot_key(topic) for topic in due}
             try:
-                await asyncio.gather(*(self._touch(slot) for slot in slots))
-                await self._touch(layout.NOTIFY_ROOT)
+                # The slots first: a watcher that sees the root move lists them.
+                await asyncio.gather(*(self._bump(slot) for slot in slots))
+                await self._bump(layout.NOTIFY_ROOT)
             except StoreError as exc:
                 # A lost signal only delays delivery until the backfill or the sweep.
                 logger.warning("change signal failed topics=%s error=%s", sorted(due), exc)
@@ -156,8 +165,37 @@ class ChangeSignals:
     def _gap(self) -> float:
         return self._config.check_interval_seconds
 
-    async def _touch(self, key: str) -> None:
-        await self._store.put(key, secrets.token_hex(8).encode(), "overwrite", durable=False)
+    async def _bump(self, key: str) -> None:
+        """Change the signal ``key`` after now, writing it at most once a second across
+        every process (docs/protocol.md, "Request rates"): a write replaces only the
+        version read here (if-match), once that version is a second old; a refused write
+        means another process changed the key after the read, which signals as well."""
+        try:
+            current = await self._store.head(key)
+        except NotFound:
+            with contextlib.suppress(AlreadyExists):  # created since: changed after now
+                await self._store.put(key, _token(), "create", durable=False)
+            return
+        seen = time.monotonic()
+        first_seen = self._versions_seen.get(key)
+        if first_seen is not None and first_seen[0] == current.etag:
+            seen = first_seen[1]  # that version was there already then
+        else:
+            self._versions_seen[key] = (current.etag, seen)
+        age = (datetime.now(UTC) - current.last_modified).total_seconds()
+        # Last-modified has whole seconds (S3): over two seconds ago is over one for sure,
+        # clocks agreeing; a fast clock here costs a refused write, which is resent.
+        pause = seen + _SIGNAL_WRITE_GAP - time.monotonic()
+        if age < 2 * _SIGNAL_WRITE_GAP and pause > 0:
+            await asyncio.sleep(pause)
+            # Another process may have written it meanwhile: then this one need not (a
+            # HEAD, where a losing write would count against the key's limit).
+            with contextlib.suppress(NotFound):
+                if (await self._store.head(key)).etag != current.etag:
+                    return
+        with contextlib.suppress(PreconditionFailed):  # changed by another since the read
+            etag = await self._store.put(key, _token(), IfMatch(current.etag), durable=False)
+            self._versions_seen[key] = (etag, time.monotonic())
 
     # -- consumer side ----------------------------------------------------------------------
 

@@ -5,15 +5,22 @@ store gets.
 ``csprng_verify`` (rule 7). The probe tests what the protocol uses, as it uses it
 (docs/protocol.md, strategy ``auto``): ``auto`` takes its answer, and an explicit
 ``conditional_write`` on a store that does not enforce both is refused at setup.
+
+The answer is kept in the store for a day (``_probe/result.json``): the processes that
+start meanwhile read it (one GET) instead of writing a probe key four times within
+milliseconds, which a store that allows one write a second per key refuses.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import sys
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
 
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy, nonce
@@ -21,6 +28,7 @@ from pawn_queue.config import Strategy
 from pawn_queue.exceptions import (
     AlreadyExists,
     ConfigError,
+    NotFound,
     PreconditionFailed,
     StoreError,
     StoreUnavailable,
@@ -30,6 +38,9 @@ from pawn_queue.store.memory import MemoryStore
 from pawn_queue.store.wrapper import StoreWrapper
 
 logger = logging.getLogger(__name__)
+
+PROBE_KEPT = timedelta(days=1)
+"""How long a probe's answer in the store stands for the processes that start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +82,7 @@ async def resolve_strategy(store: Store, configured: Strategy) -> ResolvedStrate
     elif known_conditional(store):
         strategy = "conditional_write"
     else:
-        probe = await probe_store(store)
+        probe = await _kept_probe(store)
         strategy = probe.strategy
         if configured == "conditional_write" and strategy != "conditional_write":
             missing = "; ".join(f"{c.name}: {c.detail}" for c in probe.missing)
@@ -132,6 +143,34 @@ async def probe_store(store: Store) -> StoreProbe:
         probe.strategy,
         "; ".join(f"{c.name}: {c.detail}" for c in probe.capabilities),
     )
+    return probe
+
+
+async def _kept_probe(store: Store) -> StoreProbe:
+    """The answer of a probe less than a day old, kept in the store, else a new probe's
+    (then kept: the first of several processes starting together to write it wins)."""
+    etag: str | None = None
+    try:
+        kept = await store.get(layout.PROBE_RESULT)
+        etag = kept.meta.etag
+        record = json.loads(kept.data)
+        probed = datetime.fromisoformat(record["probed_at"])
+        if datetime.now(UTC) - probed < PROBE_KEPT:
+            probe = StoreProbe(tuple(Capability(**c) for c in record["capabilities"]))
+            logger.info("strategy=%s (the probe's of %s)", probe.strategy, record["probed_at"])
+            return probe
+    except NotFound:
+        pass
+    except (ValueError, KeyError, TypeError):
+        logger.warning("%s is not a probe's answer: probing again", layout.PROBE_RESULT)
+    probe = await probe_store(store)
+    record = {
+        "probed_at": datetime.now(UTC).isoformat(),
+        "capabilities": [asdict(c) for c in probe.capabilities],
+    }
+    data = json.dumps(record).encode()
+    with contextlib.suppress(AlreadyExists, PreconditionFailed):  # another kept its first
+        await store.put(layout.PROBE_RESULT, data, "create" if etag is None else IfMatch(etag))
     return probe
 
 

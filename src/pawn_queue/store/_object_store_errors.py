@@ -29,6 +29,7 @@ from pawn_queue.exceptions import (
     NotFoundError,
     PreconditionFailedError,
     StoreError,
+    StoreThrottledError,
     StoreUnavailableError,
 )
 from pawn_queue.store.base import AnswerLost
@@ -73,6 +74,8 @@ class Service:
     """Codes of a missing bucket or container (a 404 that is not about the key)."""
     access_codes: frozenset[str]
     transient_codes: frozenset[str]
+    throttle_codes: frozenset[str]
+    """Codes of an answer refused for the request rate (besides any HTTP 429)."""
     credential_lookup: re.Pattern[str]
     """A request of the client's last credential source (an instance-metadata service)."""
     credential_chain: str
@@ -138,8 +141,10 @@ def _error_class(exc: Exception, told: ErrorText, service: Service) -> type[Stor
         or told.code in service.access_codes
     ):
         return AccessDeniedError
+    if told.status == 429 or told.code in service.throttle_codes:
+        return StoreThrottledError
     if told.status is not None:
-        transient = told.status >= 500 or told.status == 429 or told.code in service.transient_codes
+        transient = told.status >= 500 or told.code in service.transient_codes
     else:
         transient = (
             told.code in service.transient_codes
@@ -174,7 +179,7 @@ def translate(
         summary = "connection refused"
     elif "Timeout" in told.failures:
         summary = "timed out"
-    elif cls is StoreUnavailableError:
+    elif issubclass(cls, StoreUnavailableError):
         summary = "connection failed"
     else:
         summary = name

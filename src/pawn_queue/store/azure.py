@@ -82,7 +82,8 @@ AZURE = Service(
             "AccountIsDisabled",
         }
     ),
-    transient_codes=frozenset({"ServerBusy", "InternalError", "OperationTimedOut"}),
+    transient_codes=frozenset({"InternalError", "OperationTimedOut"}),
+    throttle_codes=frozenset({"ServerBusy"}),
     # The managed-identity token request, the last credential source obstore tries.
     credential_lookup=re.compile(r"https?://[^\s/]+/metadata/identity/oauth2/token"),
     credential_chain=CREDENTIAL_CHAIN,

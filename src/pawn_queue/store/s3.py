@@ -85,9 +85,8 @@ S3 = Service(
             "AccountProblem",
         }
     ),
-    transient_codes=frozenset(
-        {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
-    ),
+    transient_codes=frozenset({"ServiceUnavailable", "InternalError", "RequestTimeout"}),
+    throttle_codes=frozenset({"SlowDown", "Throttling", "TooManyRequests"}),
     # A request of the client's last credential source, the instance-metadata service (IMDS).
     credential_lookup=re.compile(r"https?://[^\s/]+/latest/(?:api/token|meta-data/)"),
     credential_chain=CREDENTIAL_CHAIN,

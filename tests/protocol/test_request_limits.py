@@ -1,0 +1,64 @@
+"""The queue under a provider's request limits (tests/helpers/limits.py): about one write a
+second to one key, as Google Cloud Storage, Cloudflare R2 and Storj allow. Every operation
+goes through without an error reaching the caller and nothing is lost (docs/protocol.md,
+"Request rates")."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from pawn_queue import Message, PawnQueue
+from pawn_queue._protocol import layout
+from pawn_queue.config import PawnQueueConfig
+from pawn_queue.store import open_store
+from tests.helpers.limits import LimitingStore, limited
+from tests.helpers.stores import queue_config_dict
+
+pytestmark = pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"], indirect=True)
+
+
+async def test_every_operation_goes_through_under_one_write_a_second_per_key(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    data = queue_config_dict(backend, request, tmp_path)
+    # The default visibility timeout: a lease request's time bound follows it, and a write
+    # refused for the key's second must fit in it with its pause.
+    data["polling"] = {**data["polling"], "visibility_timeout_seconds": 30.0}
+    config = PawnQueueConfig.from_dict(data)
+    store, limit = limited(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("orders")
+        await pq.create_subscription("orders", "audit")
+        producer = await pq.register_producer("checkout")
+        consumer = await pq.register_consumer("billing", ["orders"], subscription="audit")
+        sent = [await producer.publish("orders", {"n": n}) for n in range(6)]
+        sent += await producer.publish_batch("orders", [{"n": n} for n in range(6, 10)])
+        sent.append(await producer.publish("orders", {"n": 10}, delay=1))
+        received: dict[str, Message] = {}
+        async with asyncio.timeout(90):
+            while len(received) < len(sent):
+                for message in await consumer.poll(wait=2):
+                    received[message.id] = message
+                    if message.payload["n"] == 3:
+                        await message.nack()  # dead-lettered
+                    else:
+                        await message.ack()
+        assert sorted(received) == sorted(sent)
+        stats = await pq.subscription_stats("orders", "audit")
+        assert (stats.pending, stats.in_flight, stats.dead_letter) == (0, 0, 1)
+        assert [r.name for r in await pq.registry.list("producers")] == ["checkout"]
+        assert [r.name for r in await pq.registry.list("consumers")] == ["billing"]
+    # The change signals never outrun the limit, whatever the messages do.
+    assert not [k for k in limit.refused_keys if k.startswith(layout.NOTIFY)], limit.refused
+    # The probe (S3) runs once: the next process to start reads its answer and writes none.
+    store, again = limited(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        await pq.topic_stats("orders")
+    assert (probe_writes(limit) > 0, probe_writes(again)) == (backend == "s3", 0)
+
+
+def probe_writes(limit: LimitingStore) -> int:
+    return sum(n for (key, _), n in limit.writes.items() if key.startswith(layout.PROBE))
