@@ -73,6 +73,7 @@ PATH_SAMPLES: dict[str, tuple[str, Any]] = {
     "s3.request_timeout_seconds": ("12", 12.0),
     "s3.max_retries": ("1", 1),
     "s3.retry_timeout_seconds": ("9", 9.0),
+    "s3.throttle_timeout_seconds": ("90", 90.0),
     "polling.interval_seconds": ("1.5", 1.5),
     "polling.max_messages_per_poll": ("25", 25),
     "polling.visibility_timeout_seconds": ("45", 45.0),
@@ -95,6 +96,7 @@ PATH_SAMPLES: dict[str, tuple[str, Any]] = {
     "notify.backfill_interval_seconds": ("120", 120.0),
     "notify.sweep_interval_seconds": ("300", 300.0),
     "notify.sweep_pace_seconds": ("2.5", 2.5),
+    "notify.signal_interval_seconds": ("0.2", 0.2),
     "producer.group_commit": ("no", False),
     "producer.linger_seconds": ("0.01", 0.01),
     "producer.max_batch_messages": ("50", 50),
@@ -112,6 +114,7 @@ PATH_SAMPLES: dict[str, tuple[str, Any]] = {
     "azure.request_timeout_seconds": ("12", 12.0),
     "azure.max_retries": ("1", 1),
     "azure.retry_timeout_seconds": ("9", 9.0),
+    "azure.throttle_timeout_seconds": ("90", 90.0),
 }
 # One per variable, new names and old alike.
 ENV_SAMPLES: dict[str, tuple[str, Any]] = {

@@ -130,6 +130,11 @@ MEANINGS: dict[str, str] = {
     "this often, signal or not.",
     "notify.sweep_pace_seconds": "Those sweeps list one topic at most this often, whatever "
     "the number of topics.",
+    "notify.signal_interval_seconds": "A signal key is written at most this often by every "
+    "producer process together (1 s: within the one write a second per key of Google Cloud "
+    "Storage, Cloudflare R2 and Storj). Lower trades requests for latency: while messages "
+    "keep coming, other processes' idle consumers hear of them up to this late "
+    "([request rates](../protocol.md#request-rates)).",
     "producer.group_commit": "Concurrent `publish()` calls to one topic share batch objects "
     "(a lone publish is written at once, alone); `false`: one object per message, as a "
     "fleet with pawn-queue 0.1 consumers needs (0.1 skips batch objects).",

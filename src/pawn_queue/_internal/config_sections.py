@@ -447,7 +447,9 @@ class NotifyConfig(Section):
     least every ``sweep_interval_seconds``, one topic at most every ``sweep_pace_seconds``
     (so at most ``60 / sweep_pace_seconds`` sweep LISTs a minute, whatever the number of
     topics; a topic waits at most ``max(sweep_interval_seconds, topics *
-    sweep_pace_seconds) + sweep_pace_seconds``). docs/protocol.md, rule 14.
+    sweep_pace_seconds) + sweep_pace_seconds``). docs/protocol.md, rule 14. A signal key is
+    written at most once per ``signal_interval_seconds`` by every process together
+    (docs/protocol.md, "Request rates").
     """
 
     section_path: ClassVar[str] = "notify"
@@ -458,6 +460,7 @@ class NotifyConfig(Section):
     backfill_interval_seconds: float = Field(default=60.0, gt=0)
     sweep_interval_seconds: float = Field(default=600.0, gt=0)
     sweep_pace_seconds: float = Field(default=10.0, gt=0)
+    signal_interval_seconds: float = Field(default=1.0, gt=0)
 
 
 class ProducerConfig(Section):

@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 _WATCH_GRACE_CHECKS = 50  # checks the watch goes on after the last wait ended
 _BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
 _CLOSE_SECONDS = 2.0
-_SIGNAL_WRITE_GAP = 1.0  # the fleet writes one signal key at most once a second
 
 
 def _token() -> bytes:
@@ -166,10 +165,11 @@ class ChangeSignals:
         return self._config.check_interval_seconds
 
     async def _bump(self, key: str) -> None:
-        """Change the signal ``key`` after now, writing it at most once a second across
-        every process (docs/protocol.md, "Request rates"): a write replaces only the
-        version read here (if-match), once that version is a second old; a refused write
-        means another process changed the key after the read, which signals as well."""
+        """Change the signal ``key`` after now, writing it at most once per
+        ``signal_interval_seconds`` across every process (docs/protocol.md, "Request
+        rates"): a write replaces only the version read here (if-match), once that version
+        is that old; a refused write means another process changed the key after the read,
+        which signals as well."""
         try:
             current = await self._store.head(key)
         except NotFound:
@@ -182,11 +182,12 @@ class ChangeSignals:
             seen = first_seen[1]  # that version was there already then
         else:
             self._versions_seen[key] = (current.etag, seen)
+        gap = self._config.signal_interval_seconds
         age = (datetime.now(UTC) - current.last_modified).total_seconds()
-        # Last-modified has whole seconds (S3): over two seconds ago is over one for sure,
-        # clocks agreeing; a fast clock here costs a refused write, which is resent.
-        pause = seen + _SIGNAL_WRITE_GAP - time.monotonic()
-        if age < 2 * _SIGNAL_WRITE_GAP and pause > 0:
+        # Last-modified has whole seconds (S3): a second more than the gap ago is over the
+        # gap for sure, clocks agreeing; a fast clock here costs a write refused and resent.
+        pause = seen + gap - time.monotonic()
+        if age < gap + 1.0 and pause > 0:
             await asyncio.sleep(pause)
             # Another process may have written it meanwhile: then this one need not (a
             # HEAD, where a losing write would count against the key's limit).
