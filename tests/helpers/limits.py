@@ -46,11 +46,18 @@ class LimitingStore(StoreWrapper):
         self.writes: Counter[tuple[str, int]] = Counter()
         """Writes sent on to the store, by key and wall-clock second."""
         self._last_write: dict[str, float] = {}
+        self._refuse_all_until = 0.0
         self._tokens = per_second or 0.0
         self._filled = time.monotonic()
 
+    def refuse_everything(self, seconds: float) -> None:
+        """Refuse every request for the next ``seconds`` (a store throttling a burst)."""
+        self._refuse_all_until = time.monotonic() + seconds
+
     async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
         now = time.monotonic()
+        if now < self._refuse_all_until:
+            self._refuse("rate", call)
         if self.per_second is not None:
             self._tokens = min(
                 self.per_second, self._tokens + (now - self._filled) * self.per_second

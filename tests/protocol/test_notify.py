@@ -250,3 +250,50 @@ async def test_idle_listener_hears_a_publish_from_another_process(
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_signal_held_back_says_busy_and_other_processes_list_without_waiting() -> None:
+    """Messages coming faster than one signal per interval: the late signal says so, and a
+    watcher elsewhere wakes its consumers every few checks with no further signal."""
+    from pawn_queue._protocol.notify import ChangeSignals
+    from pawn_queue.config import NotifyConfig
+    from pawn_queue.store.memory import MemoryStore
+
+    slot = layout.notify_slot_key("t")
+    written: list[asyncio.Event] = [asyncio.Event(), asyncio.Event()]
+    puts = 0
+
+    async def on_put(operation: str, key: str) -> None:
+        nonlocal puts
+        if operation == "put" and key.startswith(layout.NOTIFY):
+            puts += 1
+            if key == slot and not written[0].is_set():
+                written[0].set()
+            elif key == slot:
+                written[1].set()
+
+    store = FaultyStore(MemoryStore(), observers=[on_put])
+    config = NotifyConfig(check_interval_seconds=0.05, signal_interval_seconds=0.5)
+    producer, watcher = ChangeSignals(store, config), ChangeSignals(store, config)
+    watcher.watch(["t"])
+    assert await watcher.refresh()  # the baseline, and the watch runs
+    keep_watching = asyncio.create_task(watcher.wait(["other"], within=30))
+    try:
+        producer.published("t")
+        await asyncio.wait_for(written[0].wait(), 10)
+        assert not (await store.get(slot)).data.endswith(b"+")  # the first: at once
+        producer.published("t")  # within the interval: held back, then marked busy
+        await asyncio.wait_for(written[1].wait(), 10)
+        assert (await store.get(slot)).data.endswith(b"+")
+        await asyncio.wait_for(producer.close(), 10)
+        signals = puts
+        # The watcher saw it (one wake), then wakes the topic's consumers again and again
+        # while the topic counts as busy, with no signal written meanwhile.
+        for _ in range(3):
+            seen = watcher.snapshot(["t"])
+            assert await watcher.local.wait(["t"], within=5, since=seen)
+        assert puts == signals
+    finally:
+        keep_watching.cancel()
+        await asyncio.gather(keep_watching, return_exceptions=True)
+        await watcher.close()

@@ -17,17 +17,22 @@ from pawn_queue.store import open_store
 from tests.helpers.limits import LimitingStore, limited
 from tests.helpers.stores import queue_config_dict
 
-pytestmark = pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"], indirect=True)
 
-
-async def test_every_operation_goes_through_under_one_write_a_second_per_key(
+def default_timeouts(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
+) -> PawnQueueConfig:
     data = queue_config_dict(backend, request, tmp_path)
     # The default visibility timeout: a lease request's time bound follows it, and a write
     # refused for the key's second must fit in it with its pause.
     data["polling"] = {**data["polling"], "visibility_timeout_seconds": 30.0}
-    config = PawnQueueConfig.from_dict(data)
+    return PawnQueueConfig.from_dict(data)
+
+
+@pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"], indirect=True)
+async def test_every_operation_goes_through_under_one_write_a_second_per_key(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    config = default_timeouts(backend, request, tmp_path)
     store, limit = limited(open_store(config))
     async with PawnQueue(config, store=store) as pq:
         await pq.create_topic("orders")
@@ -62,3 +67,30 @@ async def test_every_operation_goes_through_under_one_write_a_second_per_key(
 
 def probe_writes(limit: LimitingStore) -> int:
     return sum(n for (key, _), n in limit.writes.items() if key.startswith(layout.PROBE))
+
+
+@pytest.mark.parametrize("backend", ["s3"], indirect=True)
+async def test_twenty_seconds_of_refusals_lose_nothing_and_raise_nothing(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    config = default_timeouts(backend, request, tmp_path)
+    store, limit = limited(open_store(config), per_key_seconds=None)
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("orders")
+        producer = await pq.register_producer("checkout")
+        consumer = await pq.register_consumer("billing", ["orders"])
+        received: asyncio.Queue[str] = asyncio.Queue()
+
+        async def handler(message: Message) -> None:
+            await message.ack()
+            await received.put(message.id)
+
+        listening = asyncio.create_task(consumer.listen(handler))
+        limit.refuse_everything(20)
+        # Each publish waits out the refusals (backing off up to the 60 s throttle timeout).
+        sent = await asyncio.gather(*(producer.publish("orders", {"n": n}) for n in range(3)))
+        assert limit.refused["rate"] > 0
+        got = [await asyncio.wait_for(received.get(), 60) for _ in sent]
+        assert sorted(got) == sorted(sent) and not listening.done()
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)

@@ -1,8 +1,12 @@
 """Change signals: how an idle consumer learns that a topic has new messages.
 
 The vnotify scheme: a topic maps to one of 1,000 slot objects ``_notify/000..999``.
-After publishing, a producer overwrites its topic's slot and then ``_notify/_`` (coalesced
-per topic, off the publish's critical path). A process whose consumers are idle HEADs
+After publishing, a producer changes its topic's slot and then ``_notify/_`` (coalesced
+per topic, off the publish's critical path), each key at most once per
+``notify.signal_interval_seconds`` across every process (if-match on the version read,
+once that version is that old); a signal that had to wait for that says the topic is busy,
+and watchers elsewhere then have its consumers list it every few checks until it is not
+(docs/protocol.md, "Request rates"). A process whose consumers are idle HEADs
 ``_notify/_`` every ``notify.check_interval_seconds`` (slowing down to
 ``idle_check_interval_seconds`` after 10 s without a change); only when its etag changed
 does it LIST ``_notify/`` (one page) to see which slots changed, and wake the consumers of
@@ -32,17 +36,27 @@ from datetime import UTC, datetime
 from pawn_queue._protocol import layout
 from pawn_queue.config import NotifyConfig
 from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed, StoreError
-from pawn_queue.store.base import IfMatch, Store
+from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, Store
 
 logger = logging.getLogger(__name__)
 
 _WATCH_GRACE_CHECKS = 50  # checks the watch goes on after the last wait ended
 _BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
 _CLOSE_SECONDS = 2.0
+_BUSY = b"+"
+"""Ends a signal written late because the last one was under the signal interval old:
+messages come faster than signals may, and consumers elsewhere list without waiting for
+the next (``_WARM_CHECKS``)."""
+_WARM_CHECKS = 2  # a busy topic is listed every this many check intervals
+_BUSY_SIZE = len(secrets.token_hex(8)) + len(_BUSY)
 
 
-def _token() -> bytes:
-    return secrets.token_hex(8).encode()
+def _etag(meta: ObjectMeta | None) -> str | None:
+    return None if meta is None else meta.etag
+
+
+def _token(busy: bool = False) -> bytes:
+    return secrets.token_hex(8).encode() + (_BUSY if busy else b"")
 
 
 class LocalSignals:
@@ -109,6 +123,10 @@ class ChangeSignals:
         self._baseline_taken = False
         self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
         self._slots: dict[str, str] = {}
+        # Topics whose last signal came late (busy), until when they count as busy, and
+        # when they were last listed for it (monotonic).
+        self._busy_until: dict[str, float] = {}
+        self._warmed: dict[str, float] = {}
         self._slots_listed = 0.0  # when _notify/ was last listed (monotonic)
         self._checked = 0.0  # when the last look at the store succeeded
         self._look_began = -1.0  # when the last look that succeeded began (monotonic)
@@ -149,11 +167,9 @@ class ChangeSignals:
                     await asyncio.wait_for(self._close_requested.wait(), self._gap / 2)
                 continue
             self._to_mark -= due
-            slots = {layout.notify_slot_key(topic) for topic in due}
+            slots = sorted({layout.notify_slot_key(topic) for topic in due})
             try:
-                # The slots first: a watcher that sees the root move lists them.
-                await asyncio.gather(*(self._bump(slot) for slot in slots))
-                await self._bump(layout.NOTIFY_ROOT)
+                await self._signal([*slots, layout.NOTIFY_ROOT])
             except StoreError as exc:
                 # A lost signal only delays delivery until the backfill or the sweep.
                 logger.warning("change signal failed topics=%s error=%s", sorted(due), exc)
@@ -164,38 +180,58 @@ class ChangeSignals:
     def _gap(self) -> float:
         return self._config.check_interval_seconds
 
-    async def _bump(self, key: str) -> None:
-        """Change the signal ``key`` after now, writing it at most once per
+    async def _signal(self, keys: list[str]) -> None:
+        """Change each signal key (the root last) after now, each written at most once per
         ``signal_interval_seconds`` across every process (docs/protocol.md, "Request
         rates"): a write replaces only the version read here (if-match), once that version
         is that old; a refused write means another process changed the key after the read,
-        which signals as well."""
+        which signals as well. When that meant waiting, the signals say the topics are busy."""
+        read = await asyncio.gather(*(self._read(key) for key in keys))
+        current = {key: meta for key, (meta, _) in zip(keys, read, strict=True)}
+        pause = max(ready for _, ready in read) - time.monotonic()
+        late = pause > self._config.signal_interval_seconds / 4  # not a moment's wait
+        if pause > 0:
+            await asyncio.sleep(pause)
+        if late:
+            # Another process may have written some meanwhile: those need no write here (a
+            # HEAD, where a losing write would count against the key's limit).
+            again = await asyncio.gather(*(self._read(key) for key in keys))
+            current = {
+                key: meta
+                for key, (meta, _) in zip(keys, again, strict=True)
+                if _etag(meta) == _etag(current[key])
+            }
+        # The slots first: a watcher that sees the root move lists them.
+        slots = [key for key in current if key != layout.NOTIFY_ROOT]
+        await asyncio.gather(*(self._write(key, current[key], late) for key in slots))
+        if layout.NOTIFY_ROOT in current:
+            await self._write(layout.NOTIFY_ROOT, current[layout.NOTIFY_ROOT], late)
+
+    async def _read(self, key: str) -> tuple[ObjectMeta | None, float]:
+        """The signal's version now (None: missing) and when it may be replaced (monotonic):
+        ``signal_interval_seconds`` after it was first seen here, or now if its
+        Last-Modified says it is older than that."""
         try:
-            current = await self._store.head(key)
+            meta = await self._store.head(key)
         except NotFound:
-            with contextlib.suppress(AlreadyExists):  # created since: changed after now
-                await self._store.put(key, _token(), "create", durable=False)
-            return
+            return None, 0.0
         seen = time.monotonic()
         first_seen = self._versions_seen.get(key)
-        if first_seen is not None and first_seen[0] == current.etag:
+        if first_seen is not None and first_seen[0] == meta.etag:
             seen = first_seen[1]  # that version was there already then
         else:
-            self._versions_seen[key] = (current.etag, seen)
+            self._versions_seen[key] = (meta.etag, seen)
         gap = self._config.signal_interval_seconds
-        age = (datetime.now(UTC) - current.last_modified).total_seconds()
+        age = (datetime.now(UTC) - meta.last_modified).total_seconds()
         # Last-modified has whole seconds (S3): a second more than the gap ago is over the
         # gap for sure, clocks agreeing; a fast clock here costs a write refused and resent.
-        pause = seen + gap - time.monotonic()
-        if age < gap + 1.0 and pause > 0:
-            await asyncio.sleep(pause)
-            # Another process may have written it meanwhile: then this one need not (a
-            # HEAD, where a losing write would count against the key's limit).
-            with contextlib.suppress(NotFound):
-                if (await self._store.head(key)).etag != current.etag:
-                    return
-        with contextlib.suppress(PreconditionFailed):  # changed by another since the read
-            etag = await self._store.put(key, _token(), IfMatch(current.etag), durable=False)
+        return meta, 0.0 if age >= gap + 1.0 else seen + gap
+
+    async def _write(self, key: str, current: ObjectMeta | None, busy: bool) -> None:
+        mode: PutMode = "create" if current is None else IfMatch(current.etag)
+        # Refused: created or changed by another process since the read, which signals too.
+        with contextlib.suppress(AlreadyExists, PreconditionFailed):
+            etag = await self._store.put(key, _token(busy), mode, durable=False)
             self._versions_seen[key] = (etag, time.monotonic())
 
     # -- consumer side ----------------------------------------------------------------------
@@ -283,16 +319,39 @@ class ChangeSignals:
             moved = etag != self._root
             backfill = now - self._slots_listed >= self._config.backfill_interval_seconds
             if moved or backfill or not self._baseline_taken:
-                current = await self._slot_etags()
+                metas = await self._slot_metas()
+                current = {m.key: m.etag for m in metas}
+                busy = {m.key for m in metas if m.size == _BUSY_SIZE}
                 changed = {k for k, v in current.items() if self._slots.get(k) != v}
                 if self._baseline_taken:  # the first look only learns where things stand
                     for topic in set(self._watched) | self.local.waited_on():
-                        if layout.notify_slot_key(topic) in changed:
+                        slot = layout.notify_slot_key(topic)
+                        if slot in changed:
                             self.local.changed(topic)
+                            self._note_busy(topic, slot in busy, now)
                 self._root, self._slots, self._slots_listed = etag, current, now
                 self._baseline_taken = True
             self._checked, self._look_began = now, began
             return moved
+
+    def _note_busy(self, topic: str, busy: bool, now: float) -> None:
+        if busy:
+            # Until the signal after next would have come: a later one says again.
+            self._busy_until[topic] = now + 2 * self._config.signal_interval_seconds
+            self._warmed[topic] = now
+        else:
+            self._busy_until.pop(topic, None)
+
+    def _warm(self) -> None:
+        """Wake the consumers here of the busy topics every ``_WARM_CHECKS`` check
+        intervals: they list them without waiting for the signal interval."""
+        now = time.monotonic()
+        for topic, until in list(self._busy_until.items()):
+            if until <= now:
+                del self._busy_until[topic]
+            elif now - self._warmed.get(topic, 0.0) >= _WARM_CHECKS * self._gap:
+                self._warmed[topic] = now
+                self.local.changed(topic)
 
     def _sweep(self) -> None:
         """Bump the topics looked at longest ago, one per pace, once they waited a sweep
@@ -320,6 +379,7 @@ class ChangeSignals:
         while self._waiting or time.monotonic() - self._last_wait < _WATCH_GRACE_CHECKS * self._gap:
             await asyncio.sleep(gap)
             self._sweep()
+            self._warm()
             try:
                 moved = await self._look()
             except StoreError as exc:
@@ -349,9 +409,8 @@ class ChangeSignals:
         except NotFound:
             return None
 
-    async def _slot_etags(self) -> dict[str, str]:
-        metas = await self._store.list(layout.NOTIFY, limit=layout.NOTIFY_SLOTS + 1)
-        return {m.key: m.etag for m in metas}
+    async def _slot_metas(self) -> list[ObjectMeta]:
+        return await self._store.list(layout.NOTIFY, limit=layout.NOTIFY_SLOTS + 1)
 
     async def close(self) -> None:
         """Stop watching; give pending marks a last chance to go out."""
