@@ -405,7 +405,16 @@ async def test_dead_letters_and_redrive_under_faults(
 async def test_retries_are_bounded_and_back_off_with_jitter(
     request: pytest.FixtureRequest, tmp_path: Path, proxy: FaultProxy
 ) -> None:
-    config = proxied(request, tmp_path, proxy, max_retries=5, retry_timeout_seconds=60)
+    # The client's own retries, measured alone: no throttle backoff after them (a 503
+    # SlowDown is sent again for throttle_timeout_seconds: tests/store/test_throttling.py).
+    config = proxied(
+        request,
+        tmp_path,
+        proxy,
+        max_retries=5,
+        retry_timeout_seconds=60,
+        throttle_timeout_seconds=0.5,
+    )
     runs: list[list[float]] = []
     async with await PawnQueue.from_config(config) as pq:
         await pq.create_topic("t")

@@ -136,3 +136,22 @@ async def test_s3_slowdown_is_a_throttle_and_is_sent_again(
         assert "HTTP 503 SlowDown" in str(raised.value)
     finally:
         await store.close()
+
+
+async def test_doctor_reports_a_store_that_throttles(
+    proxy: FaultProxy, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    from pawn_queue import PawnQueue
+    from pawn_queue.cli.doctor import diagnose
+
+    async with PawnQueue(s3_through(proxy, request, tmp_path)) as pq:
+        await pq.setup()
+        proxy.set_rules([FaultRule("slowdown_503", 1.0, frozenset({"put"}), limit=2)])
+        report = await diagnose(pq)
+    rate = [c for c in report.checks if c.name == "request rate"]
+    assert len(rate) == 1 and rate[0].status == "warn", report.checks
+    assert "refused 2 request(s)" in rate[0].detail and report.ok
+    proxy.set_rules([])
+    async with PawnQueue(s3_through(proxy, request, tmp_path)) as pq:
+        report = await diagnose(pq)
+    assert [c.status for c in report.checks if c.name == "request rate"] == ["ok"]

@@ -37,6 +37,7 @@ from pawn_queue.client import PawnQueue
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.exceptions import AlreadyExists, NotFound, StoreError
 from pawn_queue.store.base import Store
+from pawn_queue.store.throttling import throttle_backoff_of
 
 _RACERS = 8
 _SAMPLES = 5
@@ -243,7 +244,25 @@ async def diagnose(pq: PawnQueue) -> Report:
         await _clock_skew(store, report, pq.config.concurrency.clock_skew_margin_seconds)
     except StoreError as exc:
         report.add("clock skew", "fail", str(exc))
+    _request_rate(store, report)
     return report
+
+
+def _request_rate(store: Store, report: Report) -> None:
+    """Whether the store refused any of these checks' requests for its request rate."""
+    backoff = throttle_backoff_of(store)
+    if backoff is None:
+        return
+    if backoff.throttled:
+        report.add(
+            "request rate",
+            "warn",
+            f"the store refused {backoff.throttled} request(s) of these checks for its "
+            "request rate (HTTP 429 or 503 SlowDown); each was sent again after a pause "
+            "(docs/protocol.md, Request rates)",
+        )
+    else:
+        report.add("request rate", "ok", "no request refused for the store's request rate")
 
 
 def doctor(ctx: typer.Context, json_output: JsonOption = False) -> None:
