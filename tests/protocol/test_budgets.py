@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -79,6 +80,21 @@ async def test_setup_probes_s3_only(backend: str, queue_config: dict[str, Any]) 
         assert pq.strategy == "conditional_write"
         kept = Counter({"LIST": 1, "GET": 1})
         assert store.reset() == (kept if backend == "s3" else Counter())
+
+
+@pytest.mark.parametrize("backend", ["s3"], indirect=True)
+async def test_a_kept_probe_answer_that_is_not_one_is_probed_again(
+    backend: str, queue_config: dict[str, Any]
+) -> None:
+    config = load_config(queue_config)
+    async with PawnQueue(config) as pq:
+        await pq.store.put(layout.PROBE_RESULT, b'{"probed_at": "2026-01-01", "capabilities": 1}')
+    store = CountingStore(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        assert pq.strategy == "conditional_write"
+        assert store.reset()["PUT if-match"] == 3  # the probe's two, then the answer's
+        kept = json.loads((await pq.store.get(layout.PROBE_RESULT)).data)
+        assert [c["ok"] for c in kept["capabilities"]] == [True, True, True]
 
 
 async def test_publish_costs_one_put(counted: tuple[PawnQueue, CountingStore]) -> None:

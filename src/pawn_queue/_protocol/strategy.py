@@ -155,9 +155,15 @@ async def _kept_probe(store: Store) -> StoreProbe:
         etag = kept.meta.etag
         record = json.loads(kept.data)
         probed = datetime.fromisoformat(record["probed_at"])
+        probe = StoreProbe(tuple(Capability(**c) for c in record["capabilities"]))
+        if not probe.capabilities or not all(isinstance(c.ok, bool) for c in probe.capabilities):
+            raise ValueError("no capabilities")
         if datetime.now(UTC) - probed < PROBE_KEPT:
-            probe = StoreProbe(tuple(Capability(**c) for c in record["capabilities"]))
-            logger.info("strategy=%s (the probe's of %s)", probe.strategy, record["probed_at"])
+            logger.info(
+                "strategy=%s (from the probe of %s, kept in the store)",
+                probe.strategy,
+                record["probed_at"],
+            )
             return probe
     except NotFound:
         pass
