@@ -17,6 +17,10 @@ S3_SERVERS = {"s3": "seaweedfs", "s3-ceph": "ceph_rgw", "s3-moto": "moto", "s3-s
 """Each S3 backend's server fixture."""
 STORE_MATRIX = ["memory", "filesystem", *S3_SERVERS, "azure"]
 """Every store the suite proves: the conformance, README and crash suites run on each."""
+LIMITED = "memory-limited"
+"""Memory beneath a provider's limit of one write a second per key and the backoff from it
+(tests/helpers/limits.py): the conformance suite runs on it too, but for its races (24
+writers of one key at once: the limit lets one through a second)."""
 CONDITIONAL = frozenset(STORE_MATRIX) - {"s3-s3rver"}
 """The backends that enforce create-only and if-match puts (s3rver ignores both)."""
 
@@ -30,6 +34,11 @@ def make_store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
         from pawn_queue.store.memory import MemoryStore
 
         return MemoryStore()
+    if backend == LIMITED:
+        from pawn_queue.store.memory import MemoryStore
+        from tests.helpers.limits import limited
+
+        return limited(MemoryStore())[0]
     if backend == "filesystem":
         from pawn_queue.store.filesystem import FilesystemStore
 
