@@ -164,7 +164,7 @@ async def test_a_queue_life_with_failures_logs_no_secret(
         wrong = S3Store(
             S3Config(**s3_section(auth_server.endpoint, WRONG, aws_session_token=TOKEN))
         )
-        pq.store._store = wrong._store  # type: ignore[attr-defined]
+        pq.store.inner._store = wrong._store  # type: ignore[attr-defined]
         with pytest.raises(PublishError) as info:
             await producer.publish("t", {"n": 4})
         assert isinstance(info.value.__cause__, AccessDenied)
@@ -203,7 +203,7 @@ async def test_reprs_show_no_secret(auth_server: SeaweedFS) -> None:
         await producer.publish("t", {"n": 1})
         [message] = await consumer.poll(wait=10)
         await message.nack()
-        objects += [pq, pq.store, vars(pq.store), pq.store._store, vars(pq)]  # type: ignore[attr-defined]
+        objects += [pq, pq.store, vars(pq.store), pq.store.inner._store, vars(pq)]  # type: ignore[attr-defined]
         objects += [producer, consumer, message, await pq.dead_letters("t")]
         objects += [await pq.registry.list("producers"), await pq.topic_stats("t")]
     loaded = PawnQueueConfig.from_dict(good)

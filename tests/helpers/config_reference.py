@@ -131,9 +131,9 @@ MEANINGS: dict[str, str] = {
     "notify.sweep_pace_seconds": "Those sweeps list one topic at most this often, whatever "
     "the number of topics.",
     "notify.signal_interval_seconds": "A signal key is written at most this often by every "
-    "producer process together (1 s: within the one write a second per key of Google Cloud "
-    "Storage, Cloudflare R2 and Storj). Lower trades requests for latency: while messages "
-    "keep coming, other processes' idle consumers hear of them up to this late "
+    "producer process together. Set 1 on a store that allows one write a second per key "
+    "(Google Cloud Storage, Cloudflare R2, Storj): fewer requests while busy, and other "
+    "processes' consumers list a busy topic every 0.2 s instead of waiting for its signals "
     "([request rates](../protocol.md#request-rates)).",
     "producer.group_commit": "Concurrent `publish()` calls to one topic share batch objects "
     "(a lone publish is written at once, alone); `false`: one object per message, as a "

@@ -18,13 +18,15 @@ from tests.helpers.limits import LimitingStore, limited
 from tests.helpers.stores import queue_config_dict
 
 
-def default_timeouts(
+def limited_store_config(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> PawnQueueConfig:
     data = queue_config_dict(backend, request, tmp_path)
     # The default visibility timeout: a lease request's time bound follows it, and a write
     # refused for the key's second must fit in it with its pause.
     data["polling"] = {**data["polling"], "visibility_timeout_seconds": 30.0}
+    # What docs/protocol.md, "Request rates", says to set on a store with a per-key limit.
+    data["notify"] = {**data.get("notify", {}), "signal_interval_seconds": 1.0}
     return PawnQueueConfig.from_dict(data)
 
 
@@ -32,7 +34,7 @@ def default_timeouts(
 async def test_every_operation_goes_through_under_one_write_a_second_per_key(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    config = default_timeouts(backend, request, tmp_path)
+    config = limited_store_config(backend, request, tmp_path)
     store, limit = limited(open_store(config))
     async with PawnQueue(config, store=store) as pq:
         await pq.create_topic("orders")
@@ -73,7 +75,7 @@ def probe_writes(limit: LimitingStore) -> int:
 async def test_twenty_seconds_of_refusals_lose_nothing_and_raise_nothing(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    config = default_timeouts(backend, request, tmp_path)
+    config = limited_store_config(backend, request, tmp_path)
     store, limit = limited(open_store(config), per_key_seconds=None)
     async with PawnQueue(config, store=store) as pq:
         await pq.create_topic("orders")

@@ -12,6 +12,7 @@ from pawn_queue.builder import PawnQueueBuilder
 from pawn_queue.config import AZURE_URL_KEYS, AzureConfig, PawnQueueConfig, parse_url
 from pawn_queue.store import open_store
 from pawn_queue.store.azure import AzureStore
+from pawn_queue.store.throttling import ThrottleBackoff
 from tests.helpers.config_support import (  # no_pawnqueue_env: an autouse fixture
     AZURE_KEY,
     SECRET,
@@ -114,7 +115,9 @@ def test_key_never_shows_in_reprs_or_errors() -> None:
     data: dict[str, Any] = {"azure": {**BASE, "account_key": AZURE_KEY}}
     config = PawnQueueConfig.from_dict(data)
     assert config.backend == "azure" and config.azure is not None
-    store = open_store(config)
+    opened = open_store(config)
+    assert isinstance(opened, ThrottleBackoff) and repr(opened) == repr(opened.inner)
+    store = opened.inner
     assert isinstance(store, AzureStore)
     for obj in (config, config.azure, store, vars(store), store._live()):
         assert AZURE_KEY not in repr(obj) and AZURE_KEY not in str(obj), type(obj)

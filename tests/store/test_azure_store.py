@@ -255,10 +255,11 @@ async def test_a_queue_life_with_failures_shows_no_key(
         await producer.publish("t", {"n": 1})
         [message] = await consumer.poll(wait=10)
         await message.ack()
-        objects += [pq, pq.store, vars(pq.store), pq.store._store, producer, consumer, message]  # type: ignore[attr-defined]
+        client = pq.store.inner._store  # type: ignore[attr-defined]
+        objects += [pq, pq.store, vars(pq.store), client, producer, consumer, message]
         # The same queue, now signing with a wrong key (its client swapped under it).
         wrong = AzureStore(AzureConfig(**{**data["azure"], "account_key": WRONG}))
-        pq.store._store = wrong._store  # type: ignore[attr-defined]
+        pq.store.inner._store = wrong._store  # type: ignore[attr-defined]
         with pytest.raises(PublishError) as info:
             await producer.publish("t", {"n": 2})
         assert isinstance(info.value.__cause__, AccessDenied)

@@ -460,7 +460,7 @@ class NotifyConfig(Section):
     backfill_interval_seconds: float = Field(default=60.0, gt=0)
     sweep_interval_seconds: float = Field(default=600.0, gt=0)
     sweep_pace_seconds: float = Field(default=10.0, gt=0)
-    signal_interval_seconds: float = Field(default=1.0, gt=0)
+    signal_interval_seconds: float = Field(default=0.1, gt=0)
 
 
 class ProducerConfig(Section):

@@ -188,8 +188,12 @@ class ChangeSignals:
         which signals as well. When that meant waiting, the signals say the topics are busy."""
         read = await asyncio.gather(*(self._read(key) for key in keys))
         current = {key: meta for key, (meta, _) in zip(keys, read, strict=True)}
-        pause = max(ready for _, ready in read) - time.monotonic()
-        late = pause > self._config.signal_interval_seconds / 4  # not a moment's wait
+        # Closing: write at once (one early write per process at most), or a process that
+        # publishes and exits would linger for the interval.
+        pause = 0.0 if self._closing else max(r for _, r in read) - time.monotonic()
+        interval = self._config.signal_interval_seconds
+        # Busy only where warm listings come sooner than the next signal would.
+        late = pause > interval / 4 and interval > _WARM_CHECKS * self._gap
         if pause > 0:
             await asyncio.sleep(pause)
         if late:
