@@ -188,25 +188,7 @@ class FaultProxy:
         reader = client.makefile("rb")
         try:
             while not self._stopping.is_set():
-                request = _read_request(reader)
-                rule = self._decide(request)
-                kind = rule.kind if rule is not None else None
-                delay = rule.delay_seconds if rule is not None else 0.0
-                if kind == "reset":
-                    return _reset(client)
-                if kind == "stall":
-                    self._stopping.wait(delay)
-                    return
-                if kind in _ERRORS:
-                    client.sendall(_error_response(kind, request.method == "HEAD"))
-                    continue
-                answer = self._forward(upstream, request)
-                if kind == "drop_response":
-                    return _reset(client)
-                if kind == "slow":
-                    self._stopping.wait(delay)
-                client.sendall(answer)
-                if request.close:
+                if not self._answer(client, upstream, _read_request(reader)):
                     return
         except (EOFError, OSError, http.client.HTTPException, ValueError):
             return
@@ -216,6 +198,34 @@ class FaultProxy:
             self._track(client, add=False)
             for conn in upstream:
                 self._drop(conn)
+
+    def _answer(
+        self,
+        client: socket.socket,
+        upstream: list[http.client.HTTPConnection],
+        request: _Request,
+    ) -> bool:
+        """Answer ``request`` (a fault, or the server's answer); False to end the connection."""
+        rule = self._decide(request)
+        kind = rule.kind if rule is not None else None
+        delay = rule.delay_seconds if rule is not None else 0.0
+        if kind == "reset":
+            _reset(client)
+            return False
+        if kind == "stall":
+            self._stopping.wait(delay)
+            return False
+        if kind in _ERRORS:
+            client.sendall(_error_response(kind, request.method == "HEAD"))
+            return True
+        answer = self._forward(upstream, request)
+        if kind == "drop_response":
+            _reset(client)
+            return False
+        if kind == "slow":
+            self._stopping.wait(delay)
+        client.sendall(answer)
+        return not request.close
 
     def _decide(self, request: _Request) -> FaultRule | None:
         with self._lock:

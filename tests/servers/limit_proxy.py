@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.servers.fault_proxy import FaultProxy, _close, _read_request, _Request
+from tests.servers.fault_proxy import FaultProxy, _Request
 
 __all__ = ["KeyWrites", "LimitProxy", "LimitReport", "Limits"]
 
@@ -166,24 +166,15 @@ class LimitProxy(FaultProxy):
 
     # -- serving ----------------------------------------------------------------------------
 
-    def _serve(self, client: socket.socket) -> None:
-        upstream: list[http.client.HTTPConnection] = []  # at most one, opened on first use
-        reader = client.makefile("rb")
-        try:
-            while not self._stopping.is_set():
-                request = _read_request(reader)
-                refusal = self._admit(request)
-                client.sendall(refusal or self._forward(upstream, request))
-                if request.close:
-                    return
-        except (EOFError, OSError, http.client.HTTPException, ValueError):
-            return
-        finally:
-            reader.close()
-            _close(client)
-            self._track(client, add=False)
-            for conn in upstream:
-                self._drop(conn)
+    def _answer(
+        self,
+        client: socket.socket,
+        upstream: list[http.client.HTTPConnection],
+        request: _Request,
+    ) -> bool:
+        refusal = self._admit(request)
+        client.sendall(refusal or self._forward(upstream, request))
+        return not request.close
 
     def _admit(self, request: _Request) -> bytes | None:
         """The refusal to send instead of forwarding, or None (then counted as forwarded,
