@@ -584,16 +584,9 @@ async def test_janitor_racing_refresh_keeps_live_lease(queue_config: dict[str, A
 
 
 async def test_csprng_verify_drain_has_no_duplicates(queue_config: dict[str, Any]) -> None:
-    queue_config["concurrency"] = {
-        "strategy": "csprng_verify",
-        "clock_skew_margin_seconds": 0.2,
-        "csprng_verify": {
-            "jitter_min_ms": 20,
-            "jitter_max_ms": 40,
-            "verify_retries": 1,
-            "verify_retry_delay_ms": 10,
-        },
-    }
+    # The shipped jitter and verify delays: claims are probabilistic, and narrower ones
+    # (20-40 ms) let two consumers both win a batch object on a slow s3rver.
+    queue_config["concurrency"] = {"strategy": "csprng_verify", "clock_skew_margin_seconds": 0.2}
     async with await PawnQueue.from_config(queue_config) as pq:
         assert pq.strategy == "csprng_verify"
         await pq.create_topic("t")
