@@ -1,6 +1,7 @@
-"""Shared fixtures, and only fixtures (what tests import lives in ``tests/helpers/``): one
-server per S3 implementation per session (each started the first time a test needs it), a
-fresh bucket per test, a store and a queue per backend.
+"""Shared fixtures (what tests import lives in ``tests/helpers/``), and the hooks that share
+the servers between pytest-xdist's workers: one server per S3 implementation per session
+(each started the first time a test needs it), a fresh bucket per test, a store and a queue
+per backend.
 
 Backends: ``memory``, ``filesystem``, ``s3`` (SeaweedFS, where the whole suite runs), the
 store matrix's other S3 servers, ``s3-ceph`` (Ceph RGW), ``s3-moto`` (AWS's documented
@@ -14,7 +15,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -25,23 +26,26 @@ from pawn_queue.config import AzureConfig, S3Config
 from pawn_queue.store.base import Store
 from tests.helpers.stores import BACKENDS, S3_SERVERS, make_store, queue_config_dict
 from tests.servers.ceph import CephRGW
-from tests.servers.process import Azurite, LoopbackServer, start_azurite, start_moto, start_s3rver
+from tests.servers.process import Azurite, LoopbackServer
 from tests.servers.seaweedfs import SeaweedFS
+from tests.servers.shared import KINDS, WORKERINPUT_KEY, SharedServers, attach
+
+_SHARED = pytest.StashKey[SharedServers]()
 
 
-class _Server(Protocol):
-    def stop(self) -> None: ...
-
-
-_S = TypeVar("_S", bound=_Server)
-
-
-def _session_server(name: str, start: Callable[[Path], _S]) -> Callable[..., Iterator[_S]]:
+def _session_server(name: str) -> Callable[..., Iterator[Any]]:
     """A session fixture: the server started in a temp dir the first time a test asks,
-    stopped at the end."""
+    stopped at the end; under pytest-xdist, the one the controller started for every
+    worker (``tests/servers/shared.py``)."""
 
-    def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_S]:
-        server = start(tmp_path_factory.mktemp(name))
+    def fixture(
+        request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[Any]:
+        shared = getattr(request.config, "workerinput", {}).get(WORKERINPUT_KEY)
+        if shared is not None:
+            yield attach(name, shared)
+            return
+        server = KINDS[name][0](tmp_path_factory.mktemp(name))
         try:
             yield server
         finally:
@@ -51,11 +55,42 @@ def _session_server(name: str, start: Callable[[Path], _S]) -> Callable[..., Ite
     return pytest.fixture(scope="session", name=name)(fixture)
 
 
-seaweedfs = _session_server("seaweedfs", SeaweedFS.start)
-ceph_rgw = _session_server("ceph_rgw", CephRGW.start)
-moto = _session_server("moto", start_moto)
-s3rver = _session_server("s3rver", start_s3rver)
-azurite = _session_server("azurite", start_azurite)
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist's controller: start the session servers once for every worker."""
+    controller = not hasattr(config, "workerinput")
+    if controller and config.getoption("numprocesses", None) and not config.option.collectonly:
+        config.stash[_SHARED] = SharedServers.start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Each worker gets the addresses of the servers :func:`pytest_configure` started."""
+    shared = node.config.stash.get(_SHARED, None)
+    if shared is not None:
+        node.workerinput[WORKERINPUT_KEY] = shared.workerinput()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """s3rver's tests run alone: without conditional writes its claims are csprng_verify's,
+    which hold only while a competing write lands within ``jitter_min_ms`` (docs/protocol.md,
+    "Strategy csprng_verify"), and a machine saturated by other workers breaks that bound."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("backend") == "s3-s3rver":
+            item.add_marker(pytest.mark.alone)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shared = config.stash.get(_SHARED, None)
+    if shared is not None:
+        shared.stop()
+
+
+seaweedfs = _session_server("seaweedfs")
+ceph_rgw = _session_server("ceph_rgw")
+moto = _session_server("moto")
+s3rver = _session_server("s3rver")
+azurite = _session_server("azurite")
 
 
 @pytest.fixture

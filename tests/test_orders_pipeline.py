@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-# One worker runs every test that starts Spark (make pytest: --dist loadgroup): one JVM.
-pytestmark = pytest.mark.xdist_group("spark")
+# Spark in processes of their own (a standalone cluster's JVMs, a pipeline's processes), on
+# timeouts Spark sets: make pytest runs these alone, after the others.
+pytestmark = pytest.mark.alone
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -108,6 +108,9 @@ async def test_ack_returns_before_its_lease_delete_which_teardown_waits_for(
     assert events == ["messages", "leases", "closed"]
 
 
+# Order is best effort (docs/guarantees.md, 6): on a saturated machine a lease that could not
+# be checked in time waits for the next poll, behind later messages.
+@pytest.mark.alone
 async def test_fifo_within_topic(pq: PawnQueue) -> None:
     await pq.create_topic("fifo")
     producer = await pq.register_producer("p")

@@ -25,7 +25,7 @@ from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.helpers.faults import FaultyStore
 from tests.helpers.storage import group_lease_key
-from tests.helpers.support import keys_under, settled
+from tests.helpers.support import keys_under, poll_count, settled
 
 
 async def marker(pq: PawnQueue, topic: str) -> dict[str, Any]:
@@ -219,7 +219,7 @@ async def _dead_letter_in_random_order(pq: PawnQueue, count: int) -> list[str]:
     producer = await pq.register_producer("p")
     for n in range(count):
         await producer.publish("t", n)
-    messages = await (await pq.register_consumer("c", topics=["t"])).poll()
+    messages = await poll_count(await pq.register_consumer("c", topics=["t"]), count)
     assert len(messages) == count
     random.Random(7).shuffle(messages)
     for message in messages:

@@ -103,6 +103,8 @@ def stats_of(client: TestClient, topic: str) -> dict[str, dict[str, Any]]:
     return {row["subscription"]: row["stats"] for row in answer.json()["subscriptions"]}
 
 
+# Counts the requests of each refresh, which a saturated machine's lapsed leases change.
+@pytest.mark.alone
 def test_the_topic_page_lists_its_subscriptions_with_their_counts(
     queue_config: dict[str, Any],
 ) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import signal
 import stat
 from pathlib import Path
 
-from pawn_queue import PawnQueue
+from pawn_queue import Consumer, Message, PawnQueue
 
 
 async def settled(pq: PawnQueue) -> None:
@@ -19,6 +22,25 @@ async def keys_under(pq: PawnQueue, prefix: str) -> list[str]:
     """The keys under ``prefix`` once the deletes that follow past acks landed."""
     await settled(pq)
     return [m.key for m in await pq.store.list(prefix)]
+
+
+async def poll_count(consumer: Consumer, count: int) -> list[Message]:
+    """Poll until at least ``count`` messages came (TimeoutError after 60 s). One poll may
+    return fewer than are there: on a loaded machine a lease it could not check in time
+    waits in the consumer for its next poll (docs/protocol.md, rule 11)."""
+    messages: list[Message] = []
+    async with asyncio.timeout(60):
+        while len(messages) < count:
+            messages += await consumer.poll(wait=1)
+    return messages
+
+
+def sigkill(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL an asyncio child without reaping it. ``Process.kill()`` first polls the child,
+    which reaps one that just exited on its own (a worker that kills itself): asyncio's
+    watcher then finds it gone and reports exit code 255."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGKILL)
 
 
 def leftover_temp_files(root: Path) -> list[Path]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import json
 import random
 import sys
@@ -42,7 +41,7 @@ from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import decode_batch
 from tests.helpers.stores import queue_config_dict
-from tests.helpers.support import settled
+from tests.helpers.support import settled, sigkill
 from tests.workers.crash_worker import TARGET
 
 ROLES = ("publish", "claim", "refresh", "ack", "nack", "batch", "redrive")
@@ -211,16 +210,15 @@ async def run_trial(trial: Trial, config: dict[str, Any], slots: asyncio.Semapho
                     assert process.stdout is not None
                     if await process.stdout.readline() == b"ready\n":
                         await asyncio.sleep(trial.delay)
-                        with contextlib.suppress(ProcessLookupError):
-                            process.kill()
-                            killed_by_test = True
+                        sigkill(process)
+                        killed_by_test = True
                 _, stderr = await process.communicate()
         except TimeoutError:
             stderr = f"still running after {WORKER_TIMEOUT:g} s".encode()
         finally:
             hung = process.returncode is None
             if hung:
-                process.kill()
+                sigkill(process)
                 await process.wait()
     trial.returncode = None if hung else process.returncode
     trial.stderr = stderr.decode(errors="replace")[-3000:]

@@ -20,7 +20,6 @@ drains every subscription itself and checks from the journals:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import random
@@ -36,7 +35,7 @@ import pytest
 from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
 from tests.helpers.stores import queue_config_dict
-from tests.helpers.support import settled
+from tests.helpers.support import settled, sigkill
 
 WORKER = str(Path(__file__).parents[1] / "workers" / "subscription_worker.py")
 SUBSCRIPTIONS: dict[str, Any] = {"all": None, "also-all": None, "xy": {"kind": ["x", "y"]}}
@@ -118,12 +117,11 @@ async def run(worker: Worker, config: dict[str, Any], role: str, count: int = 0)
                 await asyncio.sleep(random.Random(worker.seed).uniform(0.2, 1.5))
                 if process.returncode is None:
                     worker.killed_at = time.time()
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
+                    sigkill(process)
             _, stderr = await process.communicate()
     finally:
         if process.returncode is None:
-            process.kill()
+            sigkill(process)
             await process.wait()
     worker.returncode = process.returncode
     worker.stderr = stderr.decode(errors="replace")[-3000:]

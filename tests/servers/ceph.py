@@ -93,7 +93,8 @@ rgw enable usage log = false
 
 
 class CephRGW:
-    """A running monitor, OSD and radosgw; :meth:`stop` ends all three."""
+    """A running monitor, OSD and radosgw; :meth:`stop` ends all three (those this process
+    started)."""
 
     access_key = ACCESS_KEY
     secret_key = SECRET_KEY
@@ -208,6 +209,16 @@ class CephRGW:
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
         _running.discard(self)
+
+    def address(self) -> dict[str, str]:
+        """What :meth:`attach` needs to reach this server from another process."""
+        return {"root": str(self.root), "endpoint": self.endpoint}
+
+    @classmethod
+    def attach(cls, address: dict[str, str]) -> CephRGW:
+        """The gateway at ``address``, run by another process (no daemons: :meth:`stop`
+        leaves it be)."""
+        return cls(Path(address["root"]), int(address["endpoint"].rsplit(":", 1)[1]))
 
     def __repr__(self) -> str:
         return f"CephRGW(endpoint={self.endpoint!r})"

@@ -24,6 +24,7 @@ import urllib.request
 from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
+from typing import Self
 
 from tests.servers.seaweedfs import http_answers, put_bucket
 
@@ -47,10 +48,11 @@ def free_port() -> int:
 
 @dataclass(eq=False)
 class LoopbackServer:
-    """A running server process; ``endpoint`` is its ``http://127.0.0.1:PORT``."""
+    """A running server process; ``endpoint`` is its ``http://127.0.0.1:PORT``. Without a
+    ``process``, a server another process started and stops (see :meth:`attach`)."""
 
     name: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | None
     endpoint: str
     log_path: Path
     access_key: str
@@ -92,7 +94,7 @@ class LoopbackServer:
 
     def _wait_ready(self, deadline: float) -> None:
         while not self._answers():
-            if self.process.poll() is not None:
+            if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} not ready in time:\n{self.log_tail()}")
@@ -110,16 +112,39 @@ class LoopbackServer:
         except OSError:
             return "(no log)"
 
+    def address(self) -> dict[str, str]:
+        """What :meth:`attach` needs to reach this server from another process."""
+        return {
+            "name": self.name,
+            "endpoint": self.endpoint,
+            "log_path": str(self.log_path),
+            "access_key": self.access_key,
+            "secret_key": self.secret_key,
+        }
+
+    @classmethod
+    def attach(cls, address: dict[str, str]) -> Self:
+        """The server at ``address``, run by another process: :meth:`stop` leaves it be."""
+        return cls(
+            address["name"],
+            None,
+            address["endpoint"],
+            Path(address["log_path"]),
+            address["access_key"],
+            address["secret_key"],
+        )
+
     def stop(self) -> None:
-        if self.process.poll() is None:
+        process = self.process
+        if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
+                os.killpg(process.pid, signal.SIGTERM)
             try:
-                self.process.wait(timeout=5)
+                process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
         _running.discard(self)
 
 

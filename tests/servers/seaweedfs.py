@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 _PORT_NAMES = (
     "master.port",
@@ -170,7 +171,8 @@ def put_bucket(
 
 
 class SeaweedFS:
-    """A running ``weed mini``: master, volume, filer and S3 gateway in one process."""
+    """A running ``weed mini``: master, volume, filer and S3 gateway in one process. Without
+    a ``process``, one another process started and stops (see :meth:`attach`)."""
 
     # Without identities (-s3.config) any credentials are accepted; these are what tests send.
     access_key = "test-access-key"
@@ -178,7 +180,7 @@ class SeaweedFS:
 
     def __init__(
         self,
-        process: subprocess.Popen[bytes],
+        process: subprocess.Popen[bytes] | None,
         data_dir: Path,
         log_path: Path,
         ports: dict[str, int],
@@ -248,7 +250,7 @@ class SeaweedFS:
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            if self.process.poll() is not None:
+            if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(
                     f"weed mini exited with {self.process.returncode}:\n{self.log_tail()}"
                 )
@@ -275,8 +277,19 @@ class SeaweedFS:
         """CreateBucket; unsigned unless keys are given (needed once identities are set)."""
         put_bucket(self.endpoint, name, access_key, secret_key, exists_ok=True)
 
+    def address(self) -> dict[str, object]:
+        """What :meth:`attach` needs to reach this server from another process."""
+        return {"data_dir": str(self.data_dir), "log_path": str(self.log_path), "ports": self.ports}
+
+    @classmethod
+    def attach(cls, address: dict[str, Any]) -> SeaweedFS:
+        """The server at ``address``, run by another process: :meth:`stop` leaves it be."""
+        return cls(None, Path(address["data_dir"]), Path(address["log_path"]), address["ports"])
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it has not exited within a few seconds."""
+        if self.process is None:
+            return
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGTERM)
@@ -286,6 +299,8 @@ class SeaweedFS:
 
     def kill(self) -> None:
         """SIGKILL at once (no-op if already exited) and clean up."""
+        if self.process is None:
+            return
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()

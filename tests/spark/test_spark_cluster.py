@@ -25,8 +25,9 @@ from pawn_queue.config import S3Config
 from pawn_queue.store.s3 import S3Store
 from tests.helpers.spark_cluster import SPARK_HOME, standalone_cluster
 
-# One worker runs every test that starts Spark (make pytest: --dist loadgroup): one JVM.
-pytestmark = pytest.mark.xdist_group("spark")
+# Spark in processes of their own (a standalone cluster's JVMs, a pipeline's processes), on
+# timeouts Spark sets: make pytest runs these alone, after the others.
+pytestmark = pytest.mark.alone
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,8 +30,9 @@ from tests.helpers.spark_helpers import (
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
-# One worker runs every test that starts Spark (make pytest: --dist loadgroup): one JVM.
-pytestmark = pytest.mark.xdist_group("spark")
+# Streaming queries mostly wait (triggers, a driver killed and restarted): one worker and one
+# local session of their own (make pytest: --dist loadgroup), beside the "spark" group's.
+pytestmark = pytest.mark.xdist_group("spark-stream")
 
 
 REPO = Path(__file__).resolve().parents[2]

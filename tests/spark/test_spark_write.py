@@ -18,7 +18,8 @@ from tests.helpers.spark_helpers import SparkQueue
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
-# One worker runs every test that starts Spark (make pytest: --dist loadgroup): one JVM.
+# One worker runs the tests that share a local session (make pytest: --dist loadgroup): one
+# JVM. The streaming tests have another (xdist_group "spark-stream").
 pytestmark = pytest.mark.xdist_group("spark")
 
 

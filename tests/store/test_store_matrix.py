@@ -25,6 +25,7 @@ from pawn_queue.exceptions import AlreadyExists, ConfigError, PreconditionFailed
 from pawn_queue.store.base import IfMatch
 from pawn_queue.store.s3 import S3Store
 from tests.helpers.stores import CONDITIONAL, S3_SERVERS, queue_config_dict
+from tests.helpers.support import poll_count
 from tests.servers.fault_proxy import FaultProxy, FaultRule
 from tests.servers.seaweedfs import SeaweedFS
 
@@ -90,7 +91,7 @@ async def test_auto_picks_conditional_write_and_refresh_then_ack_works(
         await pq.create_topic("t")
         await (await pq.register_producer("p")).publish("t", {"n": 1})
         consumer = await pq.register_consumer("c", ["t"])
-        [message] = await consumer.poll()
+        [message] = await poll_count(consumer, 1)
         await message.extend(30)  # an if-match write over the lease, like a refresh
         await message.ack()  # raised LeaseLostError on RGW
         assert await pq.store.list("t/messages/") == []

@@ -126,16 +126,28 @@ class LeaseProtocol:
     async def _claim_csprng(
         self, key: str, body: LeaseBody, seconds: float
     ) -> tuple[str, LeaseBody] | None:
-        try:
-            current = await _bounded(seconds, key, self._store.get(key))
-        except NotFound:
-            pass
+        cfg = self._csprng
+        # Another claimer decides it won no sooner than its fastest wait after its write. A
+        # write of ours landing later, on a read made before that write, would take the
+        # lease from under it: read again while the read is over half that old when done
+        # (docs/protocol.md, "Strategy csprng_verify").
+        fastest_decision_ms = 2 * cfg.jitter_min_ms + cfg.verify_retries * cfg.verify_retry_delay_ms
+        for _ in range(_STALE_READS):
+            read_at = time.monotonic()
+            try:
+                current = await _bounded(seconds, key, self._store.get(key))
+            except NotFound:
+                current = None
+            if time.monotonic() - read_at <= fastest_decision_ms / 2000:
+                break
         else:
+            logger.info("claim given up: every read of the lease was stale key=%s", key)
+            return None
+        if current is not None:
             previous = self._expired_lease(key, current.data, current.meta.last_modified)
             if previous is None:
                 return None
             body = replace(body, settled=previous.settled, receive_count=previous.receive_count + 1)
-        cfg = self._csprng
         put = self._store.put(key, body.encode(), "overwrite", durable=False)
         etag = await _bounded(seconds, key, put)
         jitter_ms = cfg.jitter_min_ms + secrets.randbelow(cfg.jitter_max_ms - cfg.jitter_min_ms + 1)
@@ -242,6 +254,11 @@ class LeaseProtocol:
             return (await _bounded(seconds, key, self._store.head(key))).etag == etag
         except NotFound:
             return False
+
+
+_STALE_READS = 3
+"""How many reads of a lease a csprng_verify claim makes before it gives up on a stalled
+process or store (each read found too old by the time its answer was in)."""
 
 
 async def _bounded(seconds: float, key: str, request: Awaitable[_T]) -> _T:
