@@ -106,13 +106,13 @@ test-servers: ceph $(NPM_DIR)/node_modules/.installed
 
 # The suite mostly waits (servers, processes, leases), so it runs in PYTEST_WORKERS processes
 # (pytest-xdist): the controller starts the test servers once for all of them
-# (tests/servers/shared.py), and --dist loadgroup keeps each xdist_group (a Spark session) on
-# one worker. Then the tests marked `alone` (timing-dependent: s3rver's) run in one process,
-# on a quiet machine. Both phases run; either failing fails. PYTEST_WORKERS=0: one process.
+# (tests/servers/shared.py). Then the tests marked `alone` (timing-dependent: Spark, s3rver's,
+# strict order and request counts) run in one process, on a quiet machine. Both phases run;
+# either failing fails. PYTEST_WORKERS=0: everything in one process.
 PYTEST_WORKERS ?= 4
 PYTEST := PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
 pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
-	$(PYTEST) --numprocesses $(PYTEST_WORKERS) --dist loadgroup --durations=40 -m "not alone"; \
+	$(PYTEST) --numprocesses $(PYTEST_WORKERS) --durations=40 -m "not alone"; \
 		status=$$?; $(PYTEST) --durations=10 -m alone || status=1; exit $$status
 
 test: lint typecheck docs-check pytest

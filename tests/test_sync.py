@@ -247,8 +247,9 @@ def test_stop_releases_unsettled_messages_at_once(queue_config: dict[str, Any]) 
 
         consumer.listen(handler, stop=stop)
         assert "deadlock" in str(refused[0])
-        # Released, not abandoned: another consumer gets it without waiting out the lease.
-        [message] = pq.register_consumer("other", ["jobs"]).poll()
+        # Released, not abandoned: another consumer gets it without waiting out the lease
+        # (3 s; the release may land just after listen() returned).
+        [message] = pq.register_consumer("other", ["jobs"]).poll(wait=1.5)
         assert message.id == mid
         message.ack()
 
