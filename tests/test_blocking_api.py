@@ -74,6 +74,10 @@ PARAMETER_DIFFERENCES: dict[tuple[str, str, str], str] = {
     ("PawnQueue", "__init__", "clock"): (
         "a test hook (a skewed host clock); tests of clock skew drive the async core"
     ),
+    ("PawnQueue", "run_schedules", "stop"): (
+        "blocking only: a threading.Event that ends run_schedules(); the async runner ends "
+        "when its task is cancelled"
+    ),
     ("Consumer", "listen", "stop"): (
         "blocking only: a threading.Event that ends listen(); the async listener ends when "
         "its task is cancelled"

@@ -22,6 +22,8 @@ from pawn_queue.exceptions import (
     PublishError,
     QueueFullError,
     ReplayUnavailableError,
+    ScheduleExistsError,
+    ScheduleNotFoundError,
     StoreError,
     SubscriptionConflictError,
     SubscriptionNotFoundError,
@@ -32,6 +34,7 @@ from pawn_queue.message import Message
 from pawn_queue.producer import Producer
 from pawn_queue.registry import RegistryEntry
 from pawn_queue.retry import Retry
+from pawn_queue.schedules import Schedule, ScheduleStats
 from pawn_queue.subscriptions import Subscription
 from pawn_queue.topics import PeekedMessage, TopicSettings, TopicStats
 
@@ -57,6 +60,10 @@ __all__ = [
     "RegistryEntry",
     "ReplayUnavailableError",
     "Retry",
+    "Schedule",
+    "ScheduleExistsError",
+    "ScheduleNotFoundError",
+    "ScheduleStats",
     "StoreError",
     "Subscription",
     "SubscriptionConflictError",

@@ -20,6 +20,8 @@ One root, so ``except PawnQueueError`` catches everything the library raises::
     │   └── SubscriptionNotFoundError  the topic has no such subscription
     ├── TopicSettingsConflictError   create_topic asked for settings other than the stored ones
     │   └── SubscriptionConflictError  create_subscription asked for another filter or settings
+    ├── ScheduleNotFoundError        the schedule has not been created (or was deleted)
+    ├── ScheduleExistsError          create_schedule found a schedule of that name
     ├── PublishError                 a message could not be written (``__cause__`` says why)
     │   ├── QueueFullError           a topic stayed at ``max_pending`` for the whole wait
     │   └── PayloadError             the payload or attributes cannot be encoded (not
@@ -138,6 +140,15 @@ class TopicNotFoundError(PawnQueueError):
 
 class SubscriptionNotFoundError(TopicNotFoundError):
     """The subscription has not been created (or was deleted)."""
+
+
+class ScheduleNotFoundError(PawnQueueError):
+    """The schedule has not been created (or was deleted)."""
+
+
+class ScheduleExistsError(PawnQueueError, ValueError):
+    """``create_schedule`` found a schedule of that name; nothing was written (change it
+    with ``update_schedule``)."""
 
 
 class TopicSettingsConflictError(PawnQueueError, ValueError):

@@ -33,6 +33,8 @@ EXAMPLES = {
     "spark_manifest_key": layout.spark_manifest_key("revenue", 7),
     "spark_sink_key": layout.spark_sink_key("revenue", 7),
     "subscription_index_key": layout.subscription_index_key("orders"),
+    "schedule_key": layout.schedule_key("nightly-report"),
+    "schedule_tick_key": layout.schedule_tick_key("nightly-report", AT),
     "topic_marker_key subscription": layout.topic_marker_key(SUBSCRIPTION),
     "message_key subscription": layout.message_key(SUBSCRIPTION, ID, AT, batch=True),
     "lease_key subscription": layout.lease_key(SUBSCRIPTION, ID),

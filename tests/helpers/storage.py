@@ -131,3 +131,16 @@ async def write_instance_record(store: Store, record: dict[str, Any]) -> str:
 async def instance_record_keys(store: Store) -> list[str]:
     """The keys of the registry's process records."""
     return await _keys(store, layout.INSTANCES)
+
+
+# -- schedules ------------------------------------------------------------------------------
+
+
+async def schedule_tick_keys(store: Store, name: str) -> list[str]:
+    """The keys of a schedule's tick markers, oldest tick first."""
+    return await _keys(store, layout.schedule_ticks_prefix(name))
+
+
+def schedule_key(name: str) -> str:
+    """Where a schedule's definition is stored."""
+    return layout.schedule_key(name)

@@ -24,6 +24,8 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     _notify/000 .. _notify/999, _notify/_       change signals (vnotify)
     _spark/{query}/batches/{n}.json             a streaming query's micro-batch manifest
     _spark/{query}/sink/{n}.json                a streaming write's micro-batch marker
+    _schedules/{name}.json                      a schedule's definition (JSON)
+    _schedule_ticks/{name}/{tick}               a fired tick of a schedule (create-only, once)
 
 Names of topics, producers and consumers (:func:`validate_name`) are safe as a key segment
 and a file name on every store, and cannot pass for another name on screen: 1-128
@@ -468,3 +470,29 @@ def spark_manifest_batch(key: str) -> int | None:
 def spark_sink_key(query: str, batch: int) -> str:
     """A streaming write's micro-batch marker: its message time, and whether it committed."""
     return f"{SPARK}{query}/sink/{batch}.json"
+
+
+# -- schedules (pawn_queue.schedules) -------------------------------------------------------
+
+SCHEDULES = "_schedules/"
+# Ticks lie apart from the definitions: the runners' frequent LIST of definitions never
+# pages through tick markers.
+SCHEDULE_TICKS = "_schedule_ticks/"
+
+
+def schedule_key(name: str) -> str:
+    return f"{SCHEDULES}{name}{MESSAGE_SUFFIX}"
+
+
+def schedule_ticks_prefix(name: str) -> str:
+    return f"{SCHEDULE_TICKS}{name}/"
+
+
+def schedule_tick_key(name: str, tick: datetime) -> str:
+    """A tick's marker, named by its scheduled UTC time (``20261202T010000_000000Z``)."""
+    return f"{SCHEDULE_TICKS}{name}/{_stamp(tick, False)}Z"
+
+
+def tick_of(key: str) -> datetime | None:
+    """The tick a marker key names, None for any other key."""
+    return due_from_key(key) if key.endswith("Z") else None

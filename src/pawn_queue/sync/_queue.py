@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import builtins
+import concurrent.futures
 import os
+import reprlib
 import threading
 from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
@@ -11,7 +13,7 @@ from types import EllipsisType
 from typing import Any, TypeVar
 
 from pawn_queue import client, registry
-from pawn_queue._internal.loop_thread import CLOSED, LoopThread
+from pawn_queue._internal.loop_thread import CLOSED, LoopThread, sigterm_raises
 from pawn_queue._protocol.layout import Role
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy
 from pawn_queue._protocol.registry import Liveness, RegistryEntry
@@ -29,10 +31,11 @@ from pawn_queue._protocol.topics import (
 )
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.dead_letters import DeadLetter
-from pawn_queue.exceptions import PawnQueueError
+from pawn_queue.exceptions import ArgumentError, PawnQueueError
 from pawn_queue.observe import Observer
+from pawn_queue.schedules import Schedule, ScheduleStats
 from pawn_queue.store.base import Store
-from pawn_queue.sync._workers import Consumer, Producer, handler_context
+from pawn_queue.sync._workers import _STOP_CHECK_SECONDS, Consumer, Producer, handler_context
 
 T = TypeVar("T")
 
@@ -328,6 +331,118 @@ class PawnQueue:
         As the async :meth:`pawn_queue.client.PawnQueue.seek`, which refuses to drop what it
         cannot bring back unless ``drop=True``."""
         self._runner.call(self._ready_queue().seek(topic, name, to, drop=drop))
+
+    def create_schedule(
+        self,
+        name: str,
+        topic: str,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        payload: Any = None,
+        attributes: Mapping[str, str] | None = None,
+        timezone: str = "UTC",
+        jitter_seconds: float = 0,
+        catch_up_seconds: float = 60,
+        start: datetime | None = None,
+        end: datetime | None = None,
+    ) -> Schedule:
+        """Create a schedule; as the async :meth:`pawn_queue.client.PawnQueue.create_schedule`."""
+        inner = self._ready_queue().create_schedule(
+            name,
+            topic,
+            cron=cron,
+            every=every,
+            payload=payload,
+            attributes=attributes,
+            timezone=timezone,
+            jitter_seconds=jitter_seconds,
+            catch_up_seconds=catch_up_seconds,
+            start=start,
+            end=end,
+        )
+        return self._runner.call(inner)
+
+    def list_schedules(self) -> builtins.list[Schedule]:
+        """Every schedule of the queue, by name."""
+        return self._runner.call(self._ready_queue().list_schedules())
+
+    def schedule(self, name: str) -> Schedule:
+        """One schedule; raises ScheduleNotFoundError."""
+        return self._runner.call(self._ready_queue().schedule(name))
+
+    def update_schedule(
+        self,
+        name: str,
+        *,
+        topic: str | EllipsisType = ...,
+        cron: str | EllipsisType | None = ...,
+        every: float | EllipsisType | None = ...,
+        payload: Any = ...,
+        attributes: Mapping[str, str] | EllipsisType | None = ...,
+        timezone: str | EllipsisType = ...,
+        jitter_seconds: float | EllipsisType = ...,
+        catch_up_seconds: float | EllipsisType = ...,
+        start: datetime | EllipsisType | None = ...,
+        end: datetime | EllipsisType | None = ...,
+    ) -> Schedule:
+        """Change the options passed and keep the others; return the new schedule."""
+        inner = self._ready_queue().update_schedule(
+            name,
+            topic=topic,
+            cron=cron,
+            every=every,
+            payload=payload,
+            attributes=attributes,
+            timezone=timezone,
+            jitter_seconds=jitter_seconds,
+            catch_up_seconds=catch_up_seconds,
+            start=start,
+            end=end,
+        )
+        return self._runner.call(inner)
+
+    def pause_schedule(self, name: str) -> None:
+        """Stop firing (runners see it within a few seconds)."""
+        self._runner.call(self._ready_queue().pause_schedule(name))
+
+    def resume_schedule(self, name: str) -> None:
+        """Fire again, from the next tick on."""
+        self._runner.call(self._ready_queue().resume_schedule(name))
+
+    def trigger_schedule(self, name: str) -> str:
+        """Publish one tick now, once, from this process; return the message's id."""
+        return self._runner.call(self._ready_queue().trigger_schedule(name))
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete a schedule and its tick markers."""
+        self._runner.call(self._ready_queue().delete_schedule(name))
+
+    def schedule_stats(self, name: str) -> ScheduleStats:
+        """Last and next fire time, ticks fired and missed over the markers kept."""
+        return self._runner.call(self._ready_queue().schedule_stats(name))
+
+    def run_schedules(self, *, stop: threading.Event | None = None) -> None:
+        """Fire the ticks of every schedule until ``stop`` is set (or Ctrl-C, SIGTERM, or
+        ``close()`` from another thread); each tick fires once across processes."""
+        if stop is not None and not isinstance(stop, threading.Event):
+            raise ArgumentError(f"stop: got {reprlib.repr(stop)}, must be a threading.Event")
+        call = self._runner.submit(self._ready_queue().run_schedules())
+        try:
+            with sigterm_raises():
+                while not call.future.done():
+                    if stop is not None and stop.wait(_STOP_CHECK_SECONDS):
+                        break
+                    if stop is None:
+                        concurrent.futures.wait([call.future], _STOP_CHECK_SECONDS)
+                if call.future.done():
+                    call.future.result()  # it ended by itself (or by close()): raise why
+                    return
+                self._runner.cancel(call)
+        except BaseException:
+            with sigterm_raises():  # a second Ctrl-C or SIGTERM stops at once
+                self._runner.cancel(call)
+            raise
 
     @property
     def registry(self) -> Registry:

@@ -37,6 +37,7 @@ from pawn_queue._protocol.topics import (
     given_settings,
     topic_stats,
 )
+from pawn_queue.client._schedules import ScheduleMethods
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
 from pawn_queue.dead_letters import DeadLetter, DeadLetters
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 _BACKGROUND_CLOSE_SECONDS = 10.0  # a teardown waits this long at most for background work
 
 
-class PawnQueue:
+class PawnQueue(ScheduleMethods):
     """A queue on one store. Use ``async with`` (or ``setup()`` / ``teardown()``)."""
 
     def __init__(

@@ -1,0 +1,287 @@
+"""The schedule methods of :class:`pawn_queue.client.PawnQueue` (docs/concepts/schedules.md)."""
+
+from __future__ import annotations
+
+import reprlib
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any
+
+from pawn_queue._internal.durations import seconds_argument
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.envelope import encode_json
+from pawn_queue._protocol.runtime import Runtime
+from pawn_queue._protocol.schedule_runner import ScheduleRunner
+from pawn_queue._protocol.schedule_ticks import (
+    check_cron,
+    check_every,
+    check_moment,
+    check_timezone,
+)
+from pawn_queue._protocol.schedules import (
+    RESERVED_ATTRIBUTES,
+    Schedule,
+    Schedules,
+    ScheduleStats,
+    dedup_id,
+    tick_attributes,
+)
+from pawn_queue.exceptions import ArgumentError, ConfigError, PayloadError
+
+if TYPE_CHECKING:
+    from pawn_queue.producer import Producer
+
+SCHEDULE_PRODUCER = "pawn-queue-schedules"
+"""The producer name runners and ``trigger_schedule`` publish ticks under."""
+
+
+class ScheduleMethods:
+    """Create, change and run schedules: messages published to a topic on a cron expression
+    or at a fixed interval, once per tick across every process that runs them."""
+
+    if TYPE_CHECKING:
+
+        def _ready(self) -> Runtime: ...
+
+        async def register_producer(self, name: str) -> Producer: ...
+
+    async def create_schedule(
+        self,
+        name: str,
+        topic: str,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        payload: Any = None,
+        attributes: Mapping[str, str] | None = None,
+        timezone: str = "UTC",
+        jitter_seconds: float = 0,
+        catch_up_seconds: float = 60,
+        start: datetime | None = None,
+        end: datetime | None = None,
+    ) -> Schedule:
+        """Create a schedule that publishes ``payload`` (and ``attributes``) to ``topic`` (which
+        must exist) on each tick: ``cron`` (``"m h dom mon dow"``, in ``timezone``) or
+        ``every`` seconds (>= 1, counted from ``start``, else from the Unix epoch).
+
+        Ticks before ``start`` or from ``end`` on never fire. Each runner waits a random
+        0..``jitter_seconds`` before firing a tick. Ticks missed while no runner ran are fired
+        if at most ``catch_up_seconds`` old, else counted as missed. Raises
+        ScheduleExistsError if the name is taken, TopicNotFoundError, and ArgumentError for a
+        bad value (nothing written)."""
+        runtime = self._ready()
+        schedule = _checked(
+            name=name,
+            topic=topic,
+            cron=cron,
+            every=every,
+            payload=payload,
+            attributes=attributes,
+            timezone=timezone,
+            jitter_seconds=jitter_seconds,
+            catch_up_seconds=catch_up_seconds,
+            start=start,
+            end=end,
+            paused=False,
+            created_at=runtime.clock(),
+        )
+        return await Schedules(runtime).create(schedule)
+
+    async def list_schedules(self) -> list[Schedule]:
+        """Every schedule of the queue, by name."""
+        return await Schedules(self._ready()).list()
+
+    async def schedule(self, name: str) -> Schedule:
+        """One schedule; raises ScheduleNotFoundError."""
+        runtime = self._ready()
+        return (await Schedules(runtime).get(_name(name)))[0]
+
+    async def update_schedule(
+        self,
+        name: str,
+        *,
+        topic: str | EllipsisType = ...,
+        cron: str | EllipsisType | None = ...,
+        every: float | EllipsisType | None = ...,
+        payload: Any = ...,
+        attributes: Mapping[str, str] | EllipsisType | None = ...,
+        timezone: str | EllipsisType = ...,
+        jitter_seconds: float | EllipsisType = ...,
+        catch_up_seconds: float | EllipsisType = ...,
+        start: datetime | EllipsisType | None = ...,
+        end: datetime | EllipsisType | None = ...,
+    ) -> Schedule:
+        """Change the options passed and keep the others; return the new schedule. Giving
+        ``cron`` clears ``every`` and the other way round. Runners apply the change within a
+        few seconds. Raises ScheduleNotFoundError, and ArgumentError for a bad value."""
+        given = {
+            key: value
+            for key, value in {
+                "topic": topic,
+                "cron": cron,
+                "every": every,
+                "payload": payload,
+                "attributes": attributes,
+                "timezone": timezone,
+                "jitter_seconds": jitter_seconds,
+                "catch_up_seconds": catch_up_seconds,
+                "start": start,
+                "end": end,
+            }.items()
+            if value is not ...
+        }
+        if "cron" in given and given["cron"] is not None:
+            given.setdefault("every", None)
+        elif "every" in given and given["every"] is not None:
+            given.setdefault("cron", None)
+
+        def change(current: Schedule) -> Schedule:
+            fields = {f: getattr(current, f) for f in current.__dataclass_fields__}
+            return _checked(**{**fields, **given})
+
+        _checked(**{**_PROBE, **given})  # bad values raise before any request
+        return await Schedules(self._ready()).update(_name(name), change)
+
+    async def pause_schedule(self, name: str) -> None:
+        """Stop firing (runners see it within a few seconds); ticks while paused are skipped,
+        not caught up."""
+        await self._set_paused(name, True)
+
+    async def resume_schedule(self, name: str) -> None:
+        """Fire again, from the next tick on."""
+        await self._set_paused(name, False)
+
+    async def _set_paused(self, name: str, paused: bool) -> None:
+        def change(current: Schedule) -> Schedule:
+            fields = {f: getattr(current, f) for f in current.__dataclass_fields__}
+            return Schedule(**{**fields, "paused": paused})
+
+        await Schedules(self._ready()).update(_name(name), change)
+
+    async def trigger_schedule(self, name: str) -> str:
+        """Publish one tick now (its ``schedule_time`` is now), once, from this process, paused
+        or not; return the message's id."""
+        runtime = self._ready()
+        schedule, _ = await Schedules(runtime).get(_name(name))
+        tick = runtime.clock()
+        producer = await self.register_producer(SCHEDULE_PRODUCER)
+        return await producer.publish(
+            schedule.topic,
+            schedule.payload,
+            attributes=tick_attributes(schedule, tick),
+            dedup_id=dedup_id(schedule.name, tick),
+        )
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a schedule and its tick markers; runners stop it within a few seconds.
+        Raises ScheduleNotFoundError."""
+        await Schedules(self._ready()).delete(_name(name))
+
+    async def schedule_stats(self, name: str) -> ScheduleStats:
+        """Last and next fire time, and the ticks fired and missed over the markers kept
+        (the last hour at least). Raises ScheduleNotFoundError."""
+        return await Schedules(self._ready()).stats(_name(name))
+
+    async def run_schedules(self) -> None:
+        """Fire the ticks of every schedule of the queue until cancelled. Run it in as many
+        processes as you like: each tick fires once (docs/concepts/schedules.md)."""
+        runtime = self._ready()
+        producer = await self.register_producer(SCHEDULE_PRODUCER)
+
+        async def publish(
+            topic: str, payload: Any, attributes: Mapping[str, str], ident: str
+        ) -> str:
+            return await producer.publish(topic, payload, attributes=attributes, dedup_id=ident)
+
+        await ScheduleRunner(runtime, publish).run()
+
+
+def _name(name: object) -> str:
+    try:
+        return layout.validate_name(name, "schedule name")
+    except ConfigError as error:
+        raise ArgumentError(str(error)) from None
+
+
+def _checked(
+    *,
+    name: object,
+    topic: object,
+    cron: object,
+    every: object,
+    payload: object,
+    attributes: object,
+    timezone: object,
+    jitter_seconds: object,
+    catch_up_seconds: object,
+    start: object,
+    end: object,
+    paused: bool,
+    created_at: datetime,
+) -> Schedule:
+    """A Schedule of these values, else an ArgumentError (ConfigError for a bad topic name,
+    as everywhere)."""
+    if (cron is None) == (every is None):
+        raise ArgumentError("give exactly one of cron (an expression) and every (seconds)")
+    first, last = check_moment("start", start), check_moment("end", end)
+    if first is not None and last is not None and last <= first:
+        raise ArgumentError(f"end: got {end!r}, must be after start {start!r}")
+    return Schedule(
+        name=_name(name),
+        topic=layout.validate_name(topic, "topic name"),
+        cron=None if cron is None else check_cron(cron),
+        every=None if every is None else check_every(every),
+        payload=_payload(payload),
+        attributes=_attributes(attributes),
+        timezone=check_timezone(timezone),
+        jitter_seconds=seconds_argument("jitter_seconds", jitter_seconds, zero=True),
+        catch_up_seconds=seconds_argument("catch_up_seconds", catch_up_seconds, zero=True),
+        start=first,
+        end=last,
+        paused=paused,
+        created_at=created_at,
+    )
+
+
+_PROBE: dict[str, Any] = {
+    "name": "probe",
+    "topic": "probe",
+    "cron": None,
+    "every": 60,
+    "payload": None,
+    "attributes": None,
+    "timezone": "UTC",
+    "jitter_seconds": 0,
+    "catch_up_seconds": 60,
+    "start": None,
+    "end": None,
+    "paused": False,
+    "created_at": datetime(2000, 1, 1, tzinfo=UTC),
+}
+"""Valid values for every field, so that ``update_schedule`` checks what it was given."""
+
+
+def _payload(payload: object) -> Any:
+    if isinstance(payload, bytes | bytearray | memoryview):
+        raise ArgumentError("payload: a schedule's payload is stored as JSON; bytes cannot be")
+    try:
+        encode_json(payload)
+    except PayloadError as error:
+        raise ArgumentError(f"payload: {error}") from None
+    return payload
+
+
+def _attributes(attributes: object) -> dict[str, str]:
+    if attributes is None:
+        return {}
+    if not isinstance(attributes, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
+    ):
+        raise ArgumentError(
+            f"attributes: got {reprlib.repr(attributes)}, must map strings to strings"
+        )
+    reserved = sorted(set(attributes) & set(RESERVED_ATTRIBUTES))
+    if reserved:
+        raise ArgumentError(f"attributes: {reserved} are set by the schedule on each tick")
+    return dict(attributes)
