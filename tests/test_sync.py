@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import signal
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -254,6 +255,18 @@ def test_stop_releases_unsettled_messages_at_once(queue_config: dict[str, Any]) 
         message.ack()
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt, as in a program started from a terminal (a
+    pytest-xdist worker, or a run started in the background, ignores it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_ends_listen(queue_config: dict[str, Any]) -> None:
     with PawnQueue.from_config(queue_config) as pq:
         pq.create_topic("jobs")
