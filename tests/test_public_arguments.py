@@ -80,6 +80,13 @@ WRONG: dict[str, tuple[type[Exception], list[object]]] = {
     "filter": (ArgumentError, [Unrelated(), 42, {"source": 42}]),
     "start": (ArgumentError, [Unrelated(), 42, "now", datetime(2024, 1, 1)]),
     "linger_seconds": (ArgumentError, [Unrelated(), "0.5", True, math.nan, -1, 2]),
+    # schedules
+    "cron": (ArgumentError, [Unrelated(), 42, "", "* * *", "61 * * * *"]),
+    "every": (ArgumentError, [Unrelated(), "30", True, math.nan, math.inf, 0, 0.5]),
+    "timezone": (ArgumentError, [Unrelated(), 42, "", "Mars/Olympus_Mons"]),
+    "jitter_seconds": (ArgumentError, SECONDS_OR_ZERO),
+    "catch_up_seconds": (ArgumentError, SECONDS_OR_ZERO),
+    "end": (ArgumentError, [Unrelated(), 42, "now", datetime(2024, 1, 1)]),
     # reading and redriving
     "limit": (ArgumentError, [Unrelated(), "5", True, 1.5, -1]),
     "ids": (ArgumentError, [Unrelated(), "id", [42]]),

@@ -16,7 +16,7 @@ from typing import Any
 
 from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import dedup, layout
-from pawn_queue._protocol.envelope import Envelope, encode_batch
+from pawn_queue._protocol.envelope import Envelope, check_attributes, encode_batch
 from pawn_queue._protocol.group_commit import Copy, GroupCommit
 from pawn_queue._protocol.landing import publish_failed, write_message, write_new
 from pawn_queue._protocol.registry import RegistryEntry
@@ -25,7 +25,6 @@ from pawn_queue._protocol.subscriptions import Destination
 from pawn_queue._protocol.topics import TopicSettings
 from pawn_queue.exceptions import (
     ArgumentError,
-    PayloadError,
     QueueFullError,
     StoreError,
 )
@@ -102,7 +101,7 @@ class Producer:
             raise ArgumentError(f"group: got {group!r}, must be a non-empty string")
         if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
             raise ArgumentError(f"dedup_id: got {dedup_id!r}, must be a non-empty string")
-        checked = _check_attributes(attributes)
+        checked = check_attributes(attributes)
 
         async def write(attributes: dict[str, str]) -> list[str]:
             return [
@@ -274,7 +273,7 @@ class Producer:
         """
         payloads = payloads_argument(payloads)
         settings = await self._topics.settings(topic)
-        checked = _check_attributes(attributes)
+        checked = check_attributes(attributes)
         if not payloads:
             return []
         return await self._observed(
@@ -368,14 +367,3 @@ def _due(now: datetime, seconds: float | None) -> datetime:
 
 def _delay_error(seconds: object) -> ArgumentError:
     return ArgumentError(f"delay: got {seconds!r}, must be a number of seconds >= 0 (< 9999 years)")
-
-
-def _check_attributes(attributes: Mapping[str, str] | None) -> dict[str, str]:
-    if attributes is None:
-        return {}
-    if not isinstance(attributes, Mapping):
-        raise PayloadError(f"attributes must be a mapping of str to str, got {type(attributes)}")
-    for k, v in attributes.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise PayloadError(f"attributes must map str to str, got {k!r}: {v!r}")
-    return dict(attributes)

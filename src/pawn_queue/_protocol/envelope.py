@@ -13,6 +13,7 @@ header line, and the raw bytes; 0.1.x cannot parse such a body and skips it.
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +31,19 @@ class CorruptObject(ValueError):
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
+
+
+def check_attributes(attributes: object) -> dict[str, str]:
+    """Message attributes as given to a publish: a mapping of str to str (None: none), else
+    PayloadError."""
+    if attributes is None:
+        return {}
+    if not isinstance(attributes, Mapping):
+        raise PayloadError(f"attributes must be a mapping of str to str, got {type(attributes)}")
+    for k, v in attributes.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise PayloadError(f"attributes must map str to str, got {k!r}: {v!r}")
+    return dict(attributes)
 
 
 def encode_json(value: Any) -> bytes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import EllipsisType
@@ -10,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.envelope import encode_json
+from pawn_queue._protocol.envelope import check_attributes, encode_json
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue._protocol.schedule_runner import ScheduleRunner
 from pawn_queue._protocol.schedule_ticks import (
@@ -27,7 +26,7 @@ from pawn_queue._protocol.schedules import (
     dedup_id,
     tick_attributes,
 )
-from pawn_queue.exceptions import ArgumentError, ConfigError, PayloadError
+from pawn_queue.exceptions import ArgumentError, PayloadError
 
 if TYPE_CHECKING:
     from pawn_queue.producer import Producer
@@ -68,8 +67,9 @@ class ScheduleMethods:
         Ticks before ``start`` or from ``end`` on never fire. Each runner waits a random
         0..``jitter_seconds`` before firing a tick. Ticks missed while no runner ran are fired
         if at most ``catch_up_seconds`` old, else counted as missed. Raises
-        ScheduleExistsError if the name is taken, TopicNotFoundError, and ArgumentError for a
-        bad value (nothing written)."""
+        ScheduleExistsError if the name is taken, TopicNotFoundError, ConfigError for a bad
+        name, PayloadError for a bad payload or attributes and ArgumentError for another bad
+        value (nothing written)."""
         runtime = self._ready()
         schedule = _checked(
             name=name,
@@ -198,10 +198,8 @@ class ScheduleMethods:
 
 
 def _name(name: object) -> str:
-    try:
-        return layout.validate_name(name, "schedule name")
-    except ConfigError as error:
-        raise ArgumentError(str(error)) from None
+    """A schedule's name; ConfigError if it is not one (as for every name)."""
+    return layout.validate_name(name, "schedule name")
 
 
 def _checked(
@@ -220,14 +218,10 @@ def _checked(
     paused: bool,
     created_at: datetime,
 ) -> Schedule:
-    """A Schedule of these values, else an ArgumentError (ConfigError for a bad topic name,
-    as everywhere)."""
-    if (cron is None) == (every is None):
-        raise ArgumentError("give exactly one of cron (an expression) and every (seconds)")
-    first, last = check_moment("start", start), check_moment("end", end)
-    if first is not None and last is not None and last <= first:
-        raise ArgumentError(f"end: got {end!r}, must be after start {start!r}")
-    return Schedule(
+    """A Schedule of these values, else the error each value's kind raises everywhere:
+    ConfigError for names, PayloadError for the payload and attributes, ArgumentError for
+    the rest. Each value is checked before how they go together."""
+    checked = Schedule(
         name=_name(name),
         topic=layout.validate_name(topic, "topic name"),
         cron=None if cron is None else check_cron(cron),
@@ -237,11 +231,16 @@ def _checked(
         timezone=check_timezone(timezone),
         jitter_seconds=seconds_argument("jitter_seconds", jitter_seconds, zero=True),
         catch_up_seconds=seconds_argument("catch_up_seconds", catch_up_seconds, zero=True),
-        start=first,
-        end=last,
+        start=check_moment("start", start),
+        end=check_moment("end", end),
         paused=paused,
         created_at=created_at,
     )
+    if (cron is None) == (every is None):
+        raise ArgumentError("give exactly one of cron (an expression) and every (seconds)")
+    if checked.start is not None and checked.end is not None and checked.end <= checked.start:
+        raise ArgumentError(f"end: got {end!r}, must be after start {start!r}")
+    return checked
 
 
 _PROBE: dict[str, Any] = {
@@ -264,24 +263,14 @@ _PROBE: dict[str, Any] = {
 
 def _payload(payload: object) -> Any:
     if isinstance(payload, bytes | bytearray | memoryview):
-        raise ArgumentError("payload: a schedule's payload is stored as JSON; bytes cannot be")
-    try:
-        encode_json(payload)
-    except PayloadError as error:
-        raise ArgumentError(f"payload: {error}") from None
+        raise PayloadError("payload: a schedule's payload is stored as JSON; bytes cannot be")
+    encode_json(payload)  # PayloadError, as for a publish
     return payload
 
 
 def _attributes(attributes: object) -> dict[str, str]:
-    if attributes is None:
-        return {}
-    if not isinstance(attributes, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
-    ):
-        raise ArgumentError(
-            f"attributes: got {reprlib.repr(attributes)}, must map strings to strings"
-        )
-    reserved = sorted(set(attributes) & set(RESERVED_ATTRIBUTES))
+    checked = check_attributes(attributes)
+    reserved = sorted(set(checked) & set(RESERVED_ATTRIBUTES))
     if reserved:
-        raise ArgumentError(f"attributes: {reserved} are set by the schedule on each tick")
-    return dict(attributes)
+        raise PayloadError(f"attributes: {reserved} are set by the schedule on each tick")
+    return checked
