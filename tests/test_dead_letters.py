@@ -9,6 +9,7 @@ from pawn_queue.config import load_config
 from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
+from tests.helpers.support import poll_count
 
 
 async def test_dead_letters_carry_why_and_redrive_restores_them(pq: PawnQueue) -> None:
@@ -63,7 +64,7 @@ async def test_topic_stats(pq: PawnQueue) -> None:
         await producer.publish("t", n)
     await producer.publish("t", "later", delay=3600)
     consumer = await pq.register_consumer("c", topics=["t"])
-    held = await consumer.poll()
+    held = await poll_count(consumer, 5)
     assert len(held) == 5  # the delayed one is not due
     await held[0].nack()
     stats = await pq.topic_stats("t")
