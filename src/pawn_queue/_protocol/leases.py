@@ -285,6 +285,9 @@ class LeaseManager(LeaseProtocol):
                     return
             lease.released = True
             await self._deleter.delete(lease.key)
+            # A consumer here may have read the lease live between _let_go and the delete:
+            # forget that, or it would skip the message until the old expiry.
+            self._busy_until.pop(lease.key, None)
             if not message_gone:
                 self._freed(lease.topic)
 
