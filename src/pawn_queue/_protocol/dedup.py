@@ -67,7 +67,7 @@ async def decide(store: Store, key: str, proposal: Marker, window_seconds: float
             current = await store.get(key)
         except NotFound:
             continue
-        marker = _decode(current.data)
+        marker = decode_marker(current.data)
         fresh = marker is not None and now_utc() - parse_time(marker.created_at) < timedelta(
             seconds=window_seconds
         )
@@ -89,7 +89,8 @@ async def mark_written(store: Store, key: str, decision: Decision) -> None:
         await store.put(key, body, mode)
 
 
-def _decode(data: bytes) -> Marker | None:
+def decode_marker(data: bytes) -> Marker | None:
+    """A stored marker, None if the bytes are not one."""
     try:
         raw = codec.loads(data)
         marker = Marker(

@@ -16,7 +16,8 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pawn_queue._protocol import codec, layout
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.dedup import decode_marker
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue._protocol.schedules import (
     Publish,
@@ -240,13 +241,13 @@ class ScheduleRunner:
         window = (await self._runtime.topics.settings(schedule.topic)).dedup_window_seconds
         ident = dedup_id(schedule.name, check.tick)
         try:
-            found = await self._store.get(layout.dedup_key(schedule.topic, ident))
-            if codec.loads(found.data).get("written"):
-                return
+            marker = decode_marker(
+                (await self._store.get(layout.dedup_key(schedule.topic, ident))).data
+            )
+            if marker is None or marker.written:
+                return  # written, or a marker the dedup protocol alone can read
         except NotFound:
             pass
-        except (ValueError, AttributeError):
-            return  # another writer's marker: the dedup protocol owns it
         # Sure only while the dedup marker (if the winner wrote one) cannot have been swept.
         if (now - check.tick).total_seconds() >= window - self._grace.total_seconds():
             logger.error(

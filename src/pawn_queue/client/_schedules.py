@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import EllipsisType
@@ -153,11 +154,9 @@ class ScheduleMethods:
         await self._set_paused(name, False)
 
     async def _set_paused(self, name: str, paused: bool) -> None:
-        def change(current: Schedule) -> Schedule:
-            fields = {f: getattr(current, f) for f in current.__dataclass_fields__}
-            return Schedule(**{**fields, "paused": paused})
-
-        await Schedules(self._ready()).update(_name(name), change)
+        await Schedules(self._ready()).update(
+            _name(name), lambda current: dataclasses.replace(current, paused=paused)
+        )
 
     async def trigger_schedule(self, name: str) -> str:
         """Publish one tick now (its ``schedule_time`` is now), once, from this process, paused

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import concurrent.futures
 import os
 import reprlib
 import threading
@@ -13,7 +12,7 @@ from types import EllipsisType
 from typing import Any, TypeVar
 
 from pawn_queue import client, registry
-from pawn_queue._internal.loop_thread import CLOSED, LoopThread, sigterm_raises
+from pawn_queue._internal.loop_thread import CLOSED, LoopThread
 from pawn_queue._protocol.layout import Role
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy
 from pawn_queue._protocol.registry import Liveness, RegistryEntry
@@ -35,7 +34,12 @@ from pawn_queue.exceptions import ArgumentError, PawnQueueError
 from pawn_queue.observe import Observer
 from pawn_queue.schedules import Schedule, ScheduleStats
 from pawn_queue.store.base import Store
-from pawn_queue.sync._workers import _STOP_CHECK_SECONDS, Consumer, Producer, handler_context
+from pawn_queue.sync._workers import (
+    Consumer,
+    Producer,
+    handler_context,
+    run_until_stopped,
+)
 
 T = TypeVar("T")
 
@@ -428,21 +432,7 @@ class PawnQueue:
         if stop is not None and not isinstance(stop, threading.Event):
             raise ArgumentError(f"stop: got {reprlib.repr(stop)}, must be a threading.Event")
         call = self._runner.submit(self._ready_queue().run_schedules())
-        try:
-            with sigterm_raises():
-                while not call.future.done():
-                    if stop is not None and stop.wait(_STOP_CHECK_SECONDS):
-                        break
-                    if stop is None:
-                        concurrent.futures.wait([call.future], _STOP_CHECK_SECONDS)
-                if call.future.done():
-                    call.future.result()  # it ended by itself (or by close()): raise why
-                    return
-                self._runner.cancel(call)
-        except BaseException:
-            with sigterm_raises():  # a second Ctrl-C or SIGTERM stops at once
-                self._runner.cancel(call)
-            raise
+        run_until_stopped(self._runner, call, stop)
 
     @property
     def registry(self) -> Registry:

@@ -179,21 +179,7 @@ class Consumer:
         )
         listening.append(call)
         try:
-            with sigterm_raises():
-                while not call.future.done():
-                    if stop is not None and stop.wait(_STOP_CHECK_SECONDS):
-                        break
-                    if stop is None:
-                        concurrent.futures.wait([call.future], _STOP_CHECK_SECONDS)
-                if stop is None or not stop.is_set():
-                    call.future.result()  # the listener ended by itself: raise why
-                    return
-                runner.cancel(call)
-        except BaseException:
-            # Ctrl-C or SIGTERM: a graceful stop, which a second signal cuts short.
-            with sigterm_raises():
-                runner.cancel(call)
-            raise
+            run_until_stopped(runner, call, stop)
         finally:
             pool.shutdown(wait=False)
 
@@ -207,3 +193,24 @@ def _run_handler(runner: LoopThread, call: Callable[[], object]) -> object:
 
 
 Message = handlers.BlockingMessage
+
+
+def run_until_stopped(runner: LoopThread, call: Call[None], stop: threading.Event | None) -> None:
+    """Wait for ``call`` (a listener, the schedule runner) until ``stop`` is set, Ctrl-C or
+    SIGTERM, then cancel it: a graceful stop, which a second signal cuts short. A call that
+    ended by itself, unasked, raises why."""
+    try:
+        with sigterm_raises():
+            while not call.future.done():
+                if stop is not None and stop.wait(_STOP_CHECK_SECONDS):
+                    break
+                if stop is None:
+                    concurrent.futures.wait([call.future], _STOP_CHECK_SECONDS)
+            if stop is None or not stop.is_set():
+                call.future.result()
+                return
+            runner.cancel(call)
+    except BaseException:
+        with sigterm_raises():
+            runner.cancel(call)
+        raise
