@@ -204,3 +204,25 @@ async def test_puts_racing_deletes_in_one_directory_lose_nothing(s3: S3Store, ba
     listed = [meta.key for meta in await s3.list("d/")]
     assert sorted(listed) == sorted(f"d/{n}/new" for n in range(rounds))
     assert [(await s3.get(key)).data for key in listed[:3]] == [b"y"] * 3
+
+
+async def test_lists_racing_deletes_list_what_remains(s3: S3Store, backend: str) -> None:
+    """A LIST while keys under its prefix are deleted and written again answers what exists
+    (s3rver keeps keys as files and lists by walking them; unpatched, a file deleted
+    between being named and being read made the LIST answer 500)."""
+    churned = [f"l/{n:02d}" for n in range(40)]
+    await asyncio.gather(*(s3.put(key, b"x") for key in [*churned, "l/kept"]))
+    lists_each = 50
+
+    async def churn(listing: asyncio.Future[Any]) -> None:
+        while not listing.done():
+            await asyncio.gather(*(s3.delete(key) for key in churned))
+            await asyncio.gather(*(s3.put(key, b"y") for key in churned))
+
+    async def lists() -> None:
+        for _ in range(lists_each):
+            listed = {meta.key for meta in await s3.list("l/")}
+            assert "l/kept" in listed and listed <= {*churned, "l/kept"}
+
+    listing = asyncio.gather(lists(), lists())
+    await asyncio.gather(listing, churn(listing))
