@@ -149,3 +149,28 @@ async def test_a_stalled_refresh_on_s3_does_not_let_the_lease_lapse(
             await asyncio.sleep(0.1)
         await asyncio.wait_for(message.ack(), VISIBILITY)
         assert await other_pq.store.list("t/messages/") == []
+
+
+async def test_a_lease_released_while_another_consumer_reads_it_is_free_at_once() -> None:
+    """A give-back deletes the lease; a consumer of this process that read it live just
+    before the delete must not go on skipping the message until the lease's old expiry."""
+    leases, store = manager()
+    lease = await leases.claim("t", "m", "t/messages/k.json", "c", VISIBILITY)
+    assert lease is not None
+    deleting, held = asyncio.Event(), asyncio.Event()
+
+    async def hold_delete(op: str, key: str) -> None:
+        if op == "delete" and key == lease.key:
+            deleting.set()
+            await held.wait()
+
+    store.hooks.append(hold_delete)
+    releasing = asyncio.ensure_future(leases.release(lease, counted=False))
+    await deleting.wait()
+    # Between the release letting go and its delete, another consumer here reads it live.
+    assert await leases.claim("t", "m", "t/messages/k.json", "c2", VISIBILITY) is None
+    held.set()
+    await releasing
+    assert await store.list("t/leases/") == []
+    assert leases.worth_claiming("t", "m", "t/messages/k.json")
+    assert await leases.claim("t", "m", "t/messages/k.json", "c2", VISIBILITY) is not None
