@@ -3,6 +3,7 @@ aliases), argument errors apart from configuration errors, the docstring's tree 
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -63,9 +64,24 @@ def test_argument_errors_are_not_configuration_errors() -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{"max_receives": 0}, {"base_delay": -1}, {"factor": 0.5}, {"max_delay": -1}],
+    [
+        {"max_receives": 0},
+        {"max_receives": "5"},
+        {"max_receives": True},
+        {"max_receives": 2.5},
+        {"base_delay": -1},
+        {"base_delay": math.nan},
+        {"base_delay": "1"},
+        {"factor": 0.5},
+        {"factor": math.inf},
+        {"max_delay": -1},
+        {"max_delay": math.inf},
+        {"jitter": 1.5},
+        {"jitter": math.nan},
+        {"jitter": True},
+    ],
 )
-def test_a_bad_retry_policy_is_an_argument_error(fields: dict[str, float]) -> None:
+def test_a_bad_retry_policy_is_an_argument_error(fields: dict[str, object]) -> None:
     with pytest.raises(ArgumentError, match="Retry"):
         Retry(**fields)  # type: ignore[arg-type]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from pawn_queue._internal.durations import count_argument, rate_argument, seconds_argument
 from pawn_queue.exceptions import ArgumentError
 
 
@@ -29,17 +30,14 @@ class Retry:
     retry_on: tuple[type[BaseException], ...] = (Exception,)
 
     def __post_init__(self) -> None:
-        if (
-            (self.max_receives is not None and self.max_receives < 1)
-            or self.base_delay < 0
-            or self.factor < 1
-            or self.max_delay < 0
-            or not 0 <= self.jitter <= 1
-        ):
-            raise ArgumentError(
-                f"invalid {self!r}: needs max_receives >= 1 (or None), delays >= 0, "
-                "factor >= 1 and 0 <= jitter <= 1"
-            )
+        if self.max_receives is not None:
+            count_argument("Retry.max_receives", self.max_receives, minimum=1)
+        seconds_argument("Retry.base_delay", self.base_delay, zero=True)
+        seconds_argument("Retry.max_delay", self.max_delay, zero=True)
+        if rate_argument("Retry.factor", self.factor) < 1:
+            raise ArgumentError(f"Retry.factor: got {self.factor!r}, must be a number >= 1")
+        if not _is_fraction(self.jitter):
+            raise ArgumentError(f"Retry.jitter: got {self.jitter!r}, must be a number from 0 to 1")
         if not isinstance(self.retry_on, tuple) or not all(
             isinstance(kind, type) and issubclass(kind, BaseException) for kind in self.retry_on
         ):
@@ -59,3 +57,8 @@ class Retry:
             return False
         limits = [limit for limit in (self.max_receives, topic_limit) if limit]
         return not limits or receive_count < min(limits)
+
+
+def _is_fraction(value: object) -> bool:
+    """A number from 0 to 1 (not a bool; NaN fails the comparison)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
