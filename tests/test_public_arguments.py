@@ -101,6 +101,7 @@ WRONG: dict[str, tuple[type[Exception], list[object]]] = {
     "group": (ArgumentError, TEXT),
     "dedup_id": (ArgumentError, TEXT),
     "wait_for_room": (ArgumentError, SECONDS_OR_ZERO),
+    "expires_in": (ArgumentError, SECONDS),
     # consuming
     "visibility_timeout": (ArgumentError, SECONDS),
     "wait": (ArgumentError, SECONDS_OR_ZERO),

@@ -52,7 +52,8 @@ class Observer:
     @no_op
     def settled(self, message: Message, outcome: Outcome, reason: str | None) -> None:
         """The settlement succeeded; ``reason`` is a dead letter's (``"nack"``,
-        ``"handler_error"``, ``"max_receive_count"``, ``"retention"``), else None."""
+        ``"handler_error"``, ``"max_receive_count"``, ``"retention"``, ``"expired"``), else
+        None. ``outcome`` ``"expired"``: removed undelivered past its own deadline."""
 
     @no_op
     def lease_lost(self, message: Message) -> None:

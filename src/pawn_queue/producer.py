@@ -74,6 +74,7 @@ class Producer:
         group: str | None = None,
         dedup_id: str | None = None,
         wait_for_room: float = 30.0,
+        expires_in: float | None = None,
     ) -> str:
         """Publish ``payload`` (any JSON value, or ``bytes``) to ``topic``; return its id.
 
@@ -89,12 +90,16 @@ class Producer:
           first message's id and writes nothing (across producers too).
         - On a topic with ``max_pending``, waits up to ``wait_for_room`` seconds for room,
           then raises QueueFullError.
+        - ``expires_in`` (seconds > 0): never delivered after that; a consumer that meets it
+          later removes it, or dead-letters it (reason ``expired``) on a topic whose
+          ``retention_action`` is ``"dead_letter"``. A ``delay`` as long is refused.
 
         Raises TopicNotFoundError for an unknown topic, PayloadError for a payload that
         cannot be encoded and ArgumentError for a bad option (all before anything is
         written), PublishError if the write fails.
         """
         _check_delay(delay)
+        _check_expiry(expires_in, delay)
         seconds_argument("wait_for_room", wait_for_room, zero=True)
         settings = await self._topics.settings(topic)
         if group is not None and (not isinstance(group, str) or not group):
@@ -106,7 +111,15 @@ class Producer:
         async def write(attributes: dict[str, str]) -> list[str]:
             return [
                 await self._publish(
-                    topic, settings, payload, delay, attributes, group, dedup_id, wait_for_room
+                    topic,
+                    settings,
+                    payload,
+                    delay,
+                    attributes,
+                    group,
+                    dedup_id,
+                    wait_for_room,
+                    expires_in,
                 )
             ]
 
@@ -145,6 +158,7 @@ class Producer:
         group: str | None,
         dedup_id: str | None,
         wait_for_room: float,
+        expires_in: float | None,
     ) -> str:
         now = self._clock()
         envelope = Envelope(
@@ -155,6 +169,7 @@ class Producer:
             payload=payload,
             attributes=attributes,
             group=group,
+            expires_at=_expires_at(now, expires_in),
         )
         # A payload that cannot be encoded fails here, before anything is written.
         body = envelope.encode()
@@ -264,14 +279,17 @@ class Producer:
         payloads: Iterable[Any],
         *,
         attributes: Mapping[str, str] | None = None,
+        expires_in: float | None = None,
     ) -> list[str]:
         """Publish many messages in one batch object (one write); return their ids in order.
 
         Consumers claim the object with one lease and settle its messages one by one. The
-        object is deleted once all of them are acked or dead-lettered. Same errors as
-        :meth:`publish`; nothing is written if any payload cannot be encoded.
+        object is deleted once all of them are acked or dead-lettered. ``expires_in`` as in
+        :meth:`publish`, for each message. Same errors as :meth:`publish`; nothing is
+        written if any payload cannot be encoded.
         """
         payloads = payloads_argument(payloads)
+        _check_expiry(expires_in, None)
         settings = await self._topics.settings(topic)
         checked = check_attributes(attributes)
         if not payloads:
@@ -280,17 +298,27 @@ class Producer:
             topic,
             checked,
             len(payloads),
-            lambda attributes: self._publish_batch(topic, settings, payloads, attributes),
+            lambda attributes: self._publish_batch(
+                topic, settings, payloads, attributes, expires_in
+            ),
         )
 
     async def _publish_batch(
-        self, topic: str, settings: TopicSettings, payloads: list[Any], checked: dict[str, str]
+        self,
+        topic: str,
+        settings: TopicSettings,
+        payloads: list[Any],
+        checked: dict[str, str],
+        expires_in: float | None,
     ) -> list[str]:
         now = self._clock()
         created_at = now.isoformat()
+        expires_at = _expires_at(now, expires_in)
         batch_id, *ids = _uuid4s(1 + len(payloads))
         members = [
-            Envelope(message_id, topic, self.id, created_at, payload, checked)
+            Envelope(
+                message_id, topic, self.id, created_at, payload, checked, expires_at=expires_at
+            )
             for message_id, payload in zip(ids, payloads, strict=True)
         ]
         body = encode_batch(batch_id, members)
@@ -353,6 +381,23 @@ def _check_delay(seconds: object) -> None:
         or not 0 <= seconds < math.inf
     ):
         raise _delay_error(seconds)
+
+
+def _check_expiry(expires_in: object, delay: float | None) -> None:
+    """Refuse an ``expires_in`` that is not None or seconds > 0, or not past ``delay``."""
+    if expires_in is None:
+        return
+    seconds = seconds_argument("expires_in", expires_in)
+    if delay is not None and delay >= seconds:
+        raise ArgumentError(
+            f"delay: got {delay!r}, must be shorter than expires_in ({expires_in!r}): the "
+            "message would expire before it is due"
+        )
+
+
+def _expires_at(now: datetime, seconds: float | None) -> str | None:
+    """A message's deadline, ISO 8601 UTC (``expires_in`` checked)."""
+    return None if seconds is None else (now + timedelta(seconds=seconds)).isoformat()
 
 
 def _due(now: datetime, seconds: float | None) -> datetime:

@@ -48,8 +48,8 @@ class BlockingMessage:
     them from any thread but the loop's. A lost lease raises ``LeaseLostError``.
 
     Read-only, as in the async API: ``id``, ``topic``, ``subscription``, ``producer_id``,
-    ``created_at`` (ISO-8601 UTC), ``payload``, ``attributes``, ``receive_count``,
-    ``settled`` (acked or nacked) and ``lease_held``.
+    ``created_at`` (ISO-8601 UTC), ``payload``, ``attributes``, ``expires_at``,
+    ``receive_count``, ``settled`` (acked or nacked) and ``lease_held``.
     """
 
     __slots__ = ("_inner", "_runner")
@@ -62,6 +62,7 @@ class BlockingMessage:
     payload = Forwarded[Any]()
     attributes = Forwarded[dict[str, str]]()
     group = Forwarded[str | None]()
+    expires_at = Forwarded[str | None]()
     receive_count = Forwarded[int]()
     settled = Forwarded[bool]()
     lease_held = Forwarded[bool]()

@@ -440,12 +440,19 @@ class Claimer:
         claimed = ClaimedObject(
             key, lease, len(envelopes), self._runtime, self._keeper, self._handout
         )
-        self._keeper.hold(lease)
-        return [
-            Message(envelope, claimed, index)
-            for index, envelope in enumerate(envelopes)
-            if index not in lease.settled
-        ]
+        now = self._clock()
+        messages = []
+        for index, envelope in enumerate(envelopes):
+            if index in lease.settled:
+                continue
+            message = Message(envelope, claimed, index)
+            if envelope.expires_at is not None and envelope.expired(now):
+                await _settle_expired(message, settings.retention_action)
+            else:
+                messages.append(message)
+        if messages:
+            self._keeper.hold(lease)
+        return messages
 
     async def _remove(self, key: str, lease: Lease) -> None:
         """Delete a claimed object, then its lease (rule 4). If the object's delete fails,
@@ -480,3 +487,13 @@ class Claimer:
         logger.warning("quarantined corrupt object key=%s error=%s", key, error)
         if self._runtime.observers:
             self._runtime.observers.quarantined(topic, key, error)
+
+
+async def _settle_expired(message: Message, action: str) -> None:
+    """Settle a message past its own deadline as its topic's ``retention_action`` says:
+    removed undelivered, or dead-lettered with reason ``expired``."""
+    if action == "dead_letter":
+        await message.dead_letter("expired", f"not delivered by its expiry {message.expires_at}")
+    else:
+        await message._drop_expired()
+        logger.info("expired message id=%s expires_at=%s", message.id, message.expires_at)

@@ -295,6 +295,12 @@ class Message:
         return dict(self._envelope.attributes)
 
     @property
+    def expires_at(self) -> str | None:
+        """When the message stops being delivered (``publish(expires_in=...)``), ISO 8601
+        UTC; None if only the topic's retention ends it."""
+        return self._envelope.expires_at
+
+    @property
     def settled(self) -> bool:
         """True once ack() or nack() succeeded."""
         return self._settled
@@ -359,6 +365,17 @@ class Message:
             await self._claimed.requeue(self._index, self._envelope, delay)
             self._settled = True
             self._observed("nack_requeue")
+
+    async def _drop_expired(self) -> None:
+        """Remove the message undelivered: it is past its own deadline (a topic whose
+        ``retention_action`` is ``"dead_letter"`` dead-letters it instead)."""
+        async with _Settling(self):
+            if self._settled:
+                return
+            await self._claimed.ensure_held()
+            await self._claimed.settle(self._index)
+            self._settled = True
+            self._observed("expired")
 
     async def dead_letter(self, reason: str, error: str | None = None) -> None:
         """Dead-letter with a reason (and the error text of a failed handler)."""

@@ -112,6 +112,17 @@ class Envelope:
     attributes: dict[str, str] = field(default_factory=dict)
     prior_receives: int = 0  # receives before the message was moved (requeued batch member)
     group: str | None = None
+    expires_at: str | None = None  # ISO 8601 UTC: never delivered after it (publish expires_in)
+
+    def expired(self, now: datetime) -> bool:
+        """Past its own deadline at ``now``. A deadline that does not parse never expires the
+        message: a garbled field must not drop it."""
+        if self.expires_at is None:
+            return False
+        try:
+            return parse_time(self.expires_at) <= now
+        except ValueError:
+            return False
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -127,6 +138,8 @@ class Envelope:
             body["prior_receives"] = self.prior_receives
         if self.group is not None:
             body["group"] = self.group
+        if self.expires_at is not None:
+            body["expires_at"] = self.expires_at
         return body
 
     def encode(self) -> bytes:
@@ -144,6 +157,7 @@ class Envelope:
             attributes=attributes,
             prior_receives=_positive_int(obj.get("prior_receives"), 0),
             group=obj["group"] if isinstance(obj.get("group"), str) else None,
+            expires_at=obj["expires_at"] if isinstance(obj.get("expires_at"), str) else None,
         )
 
     @classmethod
@@ -164,6 +178,7 @@ def encode_batch(batch_id: str, members: list[Envelope]) -> bytes:
                 "id": m.id,
                 "payload": m.payload,
                 **({"attributes": m.attributes} if m.attributes else {}),
+                **({"expires_at": m.expires_at} if m.expires_at is not None else {}),
             }
             for m in members
         ],

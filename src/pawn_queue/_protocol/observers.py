@@ -31,9 +31,10 @@ def _overrides(observer: object, hook: str) -> bool:
     return method is not None and not getattr(getattr(method, "__func__", method), _NO_OP, False)
 
 
-Outcome = Literal["ack", "nack_requeue", "dead_letter"]
-"""How a message was settled: acked, requeued (``nack(requeue=True)``, a retry), or
-dead-lettered (``nack()``, a failed handler, ``max_receive_count``, retention)."""
+Outcome = Literal["ack", "nack_requeue", "dead_letter", "expired"]
+"""How a message was settled: acked, requeued (``nack(requeue=True)``, a retry),
+dead-lettered (``nack()``, a failed handler, ``max_receive_count``, retention, its own
+deadline), or removed undelivered past its own deadline (``publish(expires_in=...)``)."""
 
 
 @dataclass(slots=True)

@@ -47,6 +47,7 @@ class Producer:
         group: str | None = None,
         dedup_id: str | None = None,
         wait_for_room: float = 30.0,
+        expires_in: float | None = None,
     ) -> str:
         """Publish ``payload`` (any JSON value) to ``topic``; return the id once durable.
         The options are those of the async ``Producer.publish``."""
@@ -58,16 +59,25 @@ class Producer:
             group=group,
             dedup_id=dedup_id,
             wait_for_room=wait_for_room,
+            expires_in=expires_in,
         )
         return self._runner.call(inner)
 
     def publish_batch(
-        self, topic: str, payloads: Iterable[Any], *, attributes: Mapping[str, str] | None = None
+        self,
+        topic: str,
+        payloads: Iterable[Any],
+        *,
+        attributes: Mapping[str, str] | None = None,
+        expires_in: float | None = None,
     ) -> list[str]:
         """Publish many messages as one batch object (one write); return their ids."""
         # Iterated here: a generator must not run on the loop thread.
         items = producer.payloads_argument(payloads)
-        return self._runner.call(self._inner.publish_batch(topic, items, attributes=attributes))
+        inner = self._inner.publish_batch(
+            topic, items, attributes=attributes, expires_in=expires_in
+        )
+        return self._runner.call(inner)
 
 
 class Consumer:

@@ -1,0 +1,160 @@
+"""Messages with their own deadline (``publish(expires_in=...)``): never handed to a
+consumer after it, removed or dead-lettered as the topic's ``retention_action`` says, and
+seen by observers (and so by metrics) as ``expired``.
+
+The consumer's queue runs on a clock set ahead of the producer's: the messages are past
+their deadline for it without the test waiting for them to be."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from pawn_queue import ArgumentError, Message, PawnQueue
+from pawn_queue.config import load_config
+from pawn_queue.observe import Observer, Outcome
+from pawn_queue.sync import PawnQueue as BlockingPawnQueue
+from tests.helpers.support import keys_under
+
+
+class Settlements(Observer):
+    def __init__(self) -> None:
+        self.outcomes: dict[str, tuple[Outcome, str | None]] = {}
+
+    def settled(self, message: Message, outcome: Outcome, reason: str | None) -> None:
+        self.outcomes[message.id] = (outcome, reason)
+
+
+class Ahead:
+    """A clock ``seconds`` ahead of the wall clock (changed by the test)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self.seconds)
+
+
+@pytest.fixture
+async def queues(
+    queue_config: dict[str, Any],
+) -> AsyncIterator[tuple[PawnQueue, PawnQueue, Ahead, Settlements]]:
+    """A producer's queue on the wall clock, a consumer's on a clock the test moves."""
+    clock, settlements = Ahead(), Settlements()
+    async with (
+        await PawnQueue.from_config(queue_config) as producing,
+        PawnQueue(load_config(queue_config), clock=clock, observers=[settlements]) as consuming,
+    ):
+        yield producing, consuming, clock, settlements
+
+
+async def drain(consuming: PawnQueue, topic: str = "t") -> list[Message]:
+    consumer = await consuming.register_consumer("c", topics=[topic])
+    received = []
+    while messages := await consumer.poll():
+        received += messages
+    return received
+
+
+async def test_a_message_past_its_expiry_is_removed_undelivered(
+    queues: tuple[PawnQueue, PawnQueue, Ahead, Settlements],
+) -> None:
+    producing, consuming, clock, settlements = queues
+    await producing.create_topic("t")
+    producer = await producing.register_producer("p")
+    short = await producer.publish("t", "short", expires_in=1)
+    long = await producer.publish("t", "long", expires_in=60)
+    forever = await producer.publish("t", "forever")
+    clock.seconds = 5
+    received = await drain(consuming)
+    assert sorted(m.id for m in received) == sorted([long, forever])
+    assert {m.id: m.expires_at is None for m in received} == {long: False, forever: True}
+    assert settlements.outcomes[short] == ("expired", None)
+    await asyncio.gather(*(m.ack() for m in received))
+    assert await keys_under(producing, "t/messages/") == []
+    assert await producing.dead_letters("t") == []
+
+
+async def test_an_expired_message_is_dead_lettered_where_the_topic_says_so(
+    queues: tuple[PawnQueue, PawnQueue, Ahead, Settlements],
+) -> None:
+    producing, consuming, clock, settlements = queues
+    await producing.create_topic("t", retention_action="dead_letter")
+    producer = await producing.register_producer("p")
+    published = await producer.publish("t", {"n": 1}, expires_in=2, attributes={"k": "v"})
+    clock.seconds = 5
+    assert await drain(consuming) == []
+    [letter] = await producing.dead_letters("t")
+    assert (letter.id, letter.reason, letter.payload) == (published, "expired", {"n": 1})
+    assert settlements.outcomes[published] == ("dead_letter", "expired")
+
+
+async def test_members_of_one_object_expire_each_by_its_own_deadline(
+    queues: tuple[PawnQueue, PawnQueue, Ahead, Settlements],
+) -> None:
+    """A batch's members share a deadline; group commit packs messages of several publishes
+    (some with a deadline, some without) into one object: each member is judged alone."""
+    producing, consuming, clock, settlements = queues
+    await producing.create_topic("t")
+    producer = await producing.register_producer("p")
+    batch = await producer.publish_batch("t", [1, 2, 3], expires_in=1)
+    together = await asyncio.gather(
+        *(producer.publish("t", n, expires_in=1 if n % 2 else None) for n in range(10))
+    )
+    clock.seconds = 5
+    received = await drain(consuming)
+    assert sorted(m.payload for m in received) == [0, 2, 4, 6, 8]
+    expired = [*batch, *(mid for n, mid in enumerate(together) if n % 2)]
+    assert {settlements.outcomes[mid] for mid in expired} == {("expired", None)}
+    await asyncio.gather(*(m.ack() for m in received))
+    assert await keys_under(producing, "t/messages/") == []
+
+
+async def test_a_retry_does_not_revive_an_expired_message(
+    queues: tuple[PawnQueue, PawnQueue, Ahead, Settlements],
+) -> None:
+    producing, consuming, clock, settlements = queues
+    await producing.create_topic("t")
+    published = await (await producing.register_producer("p")).publish("t", 1, expires_in=10)
+    consumer = await consuming.register_consumer("c", topics=["t"])
+    [message] = await consumer.poll()
+    await message.nack(requeue=True)
+    clock.seconds = 20
+    assert await drain(consuming) == []
+    assert settlements.outcomes[published] == ("expired", None)
+
+
+async def test_expires_in_is_checked_against_the_delay() -> None:
+    async with PawnQueue.from_url("memory://") as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        for delay in (5, 6):
+            with pytest.raises(ArgumentError, match="shorter than expires_in"):
+                await producer.publish("t", 1, delay=delay, expires_in=5)
+        with pytest.raises(ArgumentError, match="expires_in"):
+            await producer.publish_batch("t", [1], expires_in=0)
+        assert await keys_under(pq, "t/messages/") == []
+        await producer.publish("t", 1, delay=4, expires_in=5)
+
+
+def test_the_blocking_api_publishes_with_an_expiry() -> None:
+    with BlockingPawnQueue.from_url("memory://") as pq:
+        pq.create_topic("t")
+        producer = pq.register_producer("p")
+        before = datetime.now(UTC)
+        producer.publish("t", 1, expires_in=30)
+        producer.publish_batch("t", [2], expires_in=30)
+        messages = pq.register_consumer("c", topics=["t"]).poll()
+        assert len(messages) == 2
+        for message in messages:
+            assert message.expires_at is not None
+            deadline = datetime.fromisoformat(message.expires_at)
+            assert (
+                before + timedelta(seconds=30)
+                <= deadline
+                <= datetime.now(UTC) + timedelta(seconds=30)
+            )
