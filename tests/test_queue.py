@@ -26,7 +26,7 @@ from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
 from tests.helpers.storage import lease_key
 from tests.helpers.stores import BACKENDS, CONDITIONAL, STORE_MATRIX
-from tests.helpers.support import keys_under, settled
+from tests.helpers.support import ack_patiently, keys_under, settled
 
 conditional = pytest.mark.parametrize("backend", sorted(CONDITIONAL), indirect=True)
 
@@ -338,7 +338,7 @@ async def test_poll_refreshes_leases_and_lost_lease_ack_deletes_nothing(
         taken = await _poll_until_one(b, within=10)
         assert taken.id == held.id
         with pytest.raises(LeaseLostError):
-            await held.ack()
+            await ack_patiently(held)
         assert len(await keys_under(qa, "t/messages/")) == 1, "a lost lease deleted the message"
         with pytest.raises(LeaseLostError):
             await held.nack()

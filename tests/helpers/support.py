@@ -10,6 +10,9 @@ import stat
 from pathlib import Path
 
 from pawn_queue import Consumer, Message, PawnQueue
+from pawn_queue.exceptions import StoreUnavailableError
+
+ACK_ATTEMPTS = 3
 
 
 async def settled(pq: PawnQueue) -> None:
@@ -33,6 +36,19 @@ async def poll_count(consumer: Consumer, count: int) -> list[Message]:
         while len(messages) < count:
             messages += await consumer.poll(wait=1)
     return messages
+
+
+async def ack_patiently(message: Message) -> None:
+    """``ack()``, again after a StoreUnavailableError, as a consumer does when the store was
+    slow to answer (a lease write is given up at its bound, its outcome unknown; ack is
+    idempotent). A loaded test machine makes a server that slow now and then."""
+    for attempt in range(1, ACK_ATTEMPTS + 1):
+        try:
+            await message.ack()
+            return
+        except StoreUnavailableError:
+            if attempt == ACK_ATTEMPTS:
+                raise
 
 
 def sigkill(process: asyncio.subprocess.Process) -> None:

@@ -37,7 +37,7 @@ from pawn_queue.exceptions import SubscriptionConflictError, SubscriptionNotFoun
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.helpers.stores import BACKENDS, CONDITIONAL, STORE_MATRIX
-from tests.helpers.support import keys_under, settled
+from tests.helpers.support import ack_patiently, keys_under, settled
 
 SHIPPED_INDEX_CACHE_SECONDS = subscriptions_module.INDEX_CACHE_SECONDS
 QUICK_INDEX_CACHE_SECONDS = 0.1
@@ -120,14 +120,14 @@ async def drain(consumers: list[Consumer], count: int) -> list[Message]:
         while len(received) < count:
             for message in await consumer.poll(wait=0.2):
                 received.append(message)
-                await message.ack()
+                await ack_patiently(message)
 
     async with asyncio.timeout(DEADLINE):
         await asyncio.gather(*(consume(c) for c in consumers))
         for consumer in consumers:
             for message in await consumer.poll():
                 received.append(message)
-                await message.ack()
+                await ack_patiently(message)
     return received
 
 
