@@ -18,7 +18,7 @@ from pawn_queue import ArgumentError, Message, PawnQueue
 from pawn_queue.config import load_config
 from pawn_queue.observe import Observer, Outcome
 from pawn_queue.sync import PawnQueue as BlockingPawnQueue
-from tests.helpers.support import keys_under
+from tests.helpers.support import keys_under, poll_count
 
 
 class Settlements(Observer):
@@ -121,7 +121,7 @@ async def test_a_retry_does_not_revive_an_expired_message(
     await producing.create_topic("t")
     published = await (await producing.register_producer("p")).publish("t", 1, expires_in=10)
     consumer = await consuming.register_consumer("c", topics=["t"])
-    [message] = await consumer.poll()
+    [message] = await poll_count(consumer, 1)
     await message.nack(requeue=True)
     clock.seconds = 20
     assert await drain(consuming) == []
@@ -158,3 +158,31 @@ def test_the_blocking_api_publishes_with_an_expiry() -> None:
                 <= deadline
                 <= datetime.now(UTC) + timedelta(seconds=30)
             )
+
+
+async def test_metrics_count_expired_messages_apart_from_dead_letters() -> None:
+    pytest.importorskip("prometheus_client", reason="the metrics extra is not installed")
+    from prometheus_client import CollectorRegistry
+
+    from pawn_queue.metrics import QueueMetrics
+
+    registry = CollectorRegistry()
+    metrics = QueueMetrics(registry)
+    clock = Ahead()
+    config = load_config({"backend": "memory", "memory": {"name": "expiry-metrics"}})
+    async with (
+        PawnQueue(config) as producing,
+        PawnQueue(config, clock=clock, observers=[metrics.observer]) as consuming,
+    ):
+        await producing.create_topic("t")
+        producer = await producing.register_producer("p")
+        await producer.publish_batch("t", [1, 2], expires_in=1)
+        await producer.publish("t", 3, expires_in=1)
+        clock.seconds = 5
+        assert await drain(consuming) == []
+
+    def sample(name: str) -> float:
+        return registry.get_sample_value(name, {"topic": "t"}) or 0.0
+
+    assert sample("pawnqueue_messages_expired_total") == 3
+    assert sample("pawnqueue_messages_dead_lettered_total") == 0

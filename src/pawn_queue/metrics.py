@@ -5,7 +5,8 @@ Needs the ``metrics`` extra (``prometheus-client``), imported only here and only
 
 - ``PawnQueue(config, observers=[metrics.observer])`` counts what the queue publishes,
   delivers, acks, nacks and dead-letters (for any reason), the leases it finds lost on
-  settling, and how long ``listen()`` handlers run.
+  settling, how long ``listen()`` handlers run, and the schedule ticks its
+  ``run_schedules()`` fires and records as missed, with how late each fired.
 - :class:`MetricsStore` wraps a store (``PawnQueue(config, store=metrics.wrap_store(...))``)
   and counts every request by operation and outcome, with its latency.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pawn_queue._protocol.delivery import Message
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 
     from pawn_queue._protocol.topics import TopicStats
     from pawn_queue.consumer import Consumer
+    from pawn_queue.schedules import Schedule
 
 T = TypeVar("T")
 
@@ -60,6 +63,9 @@ PREFIX = "pawnqueue"
 
 # Seconds; store requests and polls are usually milliseconds, handlers anything.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# Seconds after its tick a tick is published: a request or two on time, up to jitter_seconds
+# with jitter, up to catch_up_seconds (60 by default, any length) after an outage.
+_LATE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 _OUTCOMES: tuple[tuple[type[BaseException], str], ...] = (
     (NotFound, "not_found"),
@@ -77,6 +83,8 @@ METRIC_NAMES: dict[str, str] = {
     f"{PREFIX}_messages_acked_total": "messages acked, by topic",
     f"{PREFIX}_messages_nacked_total": "messages nacked, by topic and requeue (true/false)",
     f"{PREFIX}_messages_dead_lettered_total": "dead letters written (any reason), by topic",
+    f"{PREFIX}_messages_expired_total": "messages removed undelivered past their own "
+    "deadline (publish expires_in), by topic",
     f"{PREFIX}_lease_lost_total": "ack/nack that found its lease taken over, by topic",
     f"{PREFIX}_store_requests_total": "store requests, by operation and outcome",
     f"{PREFIX}_store_request_seconds": "store request latency (histogram), by operation",
@@ -89,6 +97,12 @@ METRIC_NAMES: dict[str, str] = {
     f"{PREFIX}_topic_delayed": "delayed objects (gauge)",
     f"{PREFIX}_topic_dead_letters": "dead letters (gauge)",
     f"{PREFIX}_topic_oldest_age_seconds": "age of the oldest pending message (gauge)",
+    f"{PREFIX}_schedule_ticks_fired_total": "schedule ticks this process published, by "
+    "schedule (each tick is counted by one runner)",
+    f"{PREFIX}_schedule_ticks_missed_total": "schedule ticks skipped as older than "
+    "catch_up_seconds, by schedule (counted by the runner that recorded them)",
+    f"{PREFIX}_schedule_late_seconds": "seconds from a tick's time to its publish "
+    "(histogram), by schedule",
 }
 """Every metric this module defines and what it counts (the README's table). One is
 exported once it has a sample (:func:`only_sampled`)."""
@@ -114,11 +128,11 @@ class QueueMetrics:
             full = f"{PREFIX}_{name}"
             return Counter(full, METRIC_NAMES[f"{full}_total"], labels, registry=reg)
 
-        def histogram(name: str, labels: Sequence[str]) -> Histogram:
+        def histogram(
+            name: str, labels: Sequence[str], buckets: Sequence[float] = _LATENCY_BUCKETS
+        ) -> Histogram:
             full = f"{PREFIX}_{name}"
-            return Histogram(
-                full, METRIC_NAMES[full], labels, buckets=_LATENCY_BUCKETS, registry=reg
-            )
+            return Histogram(full, METRIC_NAMES[full], labels, buckets=buckets, registry=reg)
 
         def gauge(name: str) -> Gauge:
             full = f"{PREFIX}_{name}"
@@ -129,6 +143,7 @@ class QueueMetrics:
         self.acked_total = counter("messages_acked", ["topic"])
         self.nacked_total = counter("messages_nacked", ["topic", "requeue"])
         self.dead_lettered_total = counter("messages_dead_lettered", ["topic"])
+        self.expired_total = counter("messages_expired", ["topic"])
         self.lease_lost_total = counter("lease_lost", ["topic"])
         self.store_requests_total = counter("store_requests", ["operation", "outcome"])
         self.store_throttled_total = counter("store_throttled", ["operation"])
@@ -140,6 +155,9 @@ class QueueMetrics:
         self.topic_delayed = gauge("topic_delayed")
         self.topic_dead_letters = gauge("topic_dead_letters")
         self.topic_oldest_age = gauge("topic_oldest_age_seconds")
+        self.schedule_ticks_fired_total = counter("schedule_ticks_fired", ["schedule"])
+        self.schedule_ticks_missed_total = counter("schedule_ticks_missed", ["schedule"])
+        self.schedule_late_seconds = histogram("schedule_late_seconds", ["schedule"], _LATE_BUCKETS)
         self.observer = MetricsObserver(self)
         """Register it on a queue (``PawnQueue(config, observers=[metrics.observer])``)."""
 
@@ -219,6 +237,8 @@ class MetricsObserver(Observer):
             m.acked_total.labels(topic).inc()
         elif outcome == "nack_requeue":
             m.nacked_total.labels(topic, "true").inc()
+        elif outcome == "expired":
+            m.expired_total.labels(topic).inc()
         else:
             if reason == "nack":  # nack() without requeue dead-letters
                 m.nacked_total.labels(topic, "false").inc()
@@ -229,6 +249,13 @@ class MetricsObserver(Observer):
 
     def lease_lost(self, message: Message) -> None:
         self.metrics.lease_lost_total.labels(message.topic).inc()
+
+    def schedule_fired(self, schedule: Schedule, tick: datetime, late_seconds: float) -> None:
+        self.metrics.schedule_ticks_fired_total.labels(schedule.name).inc()
+        self.metrics.schedule_late_seconds.labels(schedule.name).observe(late_seconds)
+
+    def schedule_missed(self, schedule: Schedule, count: int) -> None:
+        self.metrics.schedule_ticks_missed_total.labels(schedule.name).inc(count)
 
 
 class MetricsStore(StoreWrapper):

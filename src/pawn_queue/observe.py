@@ -1,4 +1,5 @@
-"""Observers: hooks the core calls as messages are published, delivered, handled and settled.
+"""Observers: hooks the core calls as messages are published, delivered, handled and settled,
+and as schedule runners fire ticks.
 
 Register observers on the queue, ``PawnQueue(config, observers=[...])`` (the blocking
 ``pawn_queue.sync.PawnQueue`` the same); :mod:`pawn_queue.metrics` and
@@ -10,12 +11,14 @@ invoked it. With no observer registered the core calls none of them.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pawn_queue._protocol.observers import Observers, Outcome, Publication, no_op
 
 if TYPE_CHECKING:
     from pawn_queue._protocol.delivery import Message
+    from pawn_queue._protocol.schedules import Schedule
 
 __all__ = ["Observer", "Observers", "Outcome", "Publication"]
 
@@ -63,3 +66,15 @@ class Observer:
     def quarantined(self, topic: str, key: str, error: str) -> None:
         """An unreadable object at ``key`` was moved to dead letter (reason ``corrupt``):
         it never became a message, so no other hook saw it."""
+
+    @no_op
+    def schedule_fired(self, schedule: Schedule, tick: datetime, late_seconds: float) -> None:
+        """This process's schedule runner published ``tick`` (UTC) of ``schedule``,
+        ``late_seconds`` after the tick's time by its clock (jitter, catch-up, a slow store).
+        Across the runners of a queue, each tick is reported once."""
+
+    @no_op
+    def schedule_missed(self, schedule: Schedule, count: int) -> None:
+        """This process's schedule runner recorded ``count`` ticks of ``schedule`` as missed
+        (older than ``catch_up_seconds`` when a runner came back), in the marker of the tick
+        it fired next: across runners, each missed tick is reported once."""

@@ -98,8 +98,7 @@ class Producer:
         cannot be encoded and ArgumentError for a bad option (all before anything is
         written), PublishError if the write fails.
         """
-        _check_delay(delay)
-        _check_expiry(expires_in, delay)
+        check_timing(delay, expires_in)
         seconds_argument("wait_for_room", wait_for_room, zero=True)
         settings = await self._topics.settings(topic)
         if group is not None and (not isinstance(group, str) or not group):
@@ -289,7 +288,7 @@ class Producer:
         written if any payload cannot be encoded.
         """
         payloads = payloads_argument(payloads)
-        _check_expiry(expires_in, None)
+        check_timing(None, expires_in)
         settings = await self._topics.settings(topic)
         checked = check_attributes(attributes)
         if not payloads:
@@ -383,12 +382,19 @@ def _check_delay(seconds: object) -> None:
         raise _delay_error(seconds)
 
 
-def _check_expiry(expires_in: object, delay: float | None) -> None:
+def check_timing(delay: object, expires_in: object) -> None:
+    """Refuse a publish's ``delay`` and ``expires_in`` as :meth:`Producer.publish` does (for
+    callers that must refuse them before they write anything)."""
+    _check_delay(delay)
+    _check_expiry(expires_in, delay)
+
+
+def _check_expiry(expires_in: object, delay: object) -> None:
     """Refuse an ``expires_in`` that is not None or seconds > 0, or not past ``delay``."""
     if expires_in is None:
         return
     seconds = seconds_argument("expires_in", expires_in)
-    if delay is not None and delay >= seconds:
+    if isinstance(delay, int | float) and delay >= seconds:
         raise ArgumentError(
             f"delay: got {delay!r}, must be shorter than expires_in ({expires_in!r}): the "
             "message would expire before it is due"

@@ -14,7 +14,9 @@ letters), on a fresh memory store whose topics are created for it, and the subsc
 subscribers read (``@app.subscriber("orders", subscription="billing")``): a message
 published to such a topic goes to each of them, and :meth:`TestClient.drain` waits for all
 (``client.dead_letters("orders", subscription="billing")`` reads one's dead letters).
-Creating a subscription takes about 2 s, so entering the block does too.
+Creating a subscription takes about 2 s, so entering the block does too. The schedules the
+app declares (``@app.schedule``) are created but not run, so that nothing fires by the clock:
+``await client.app.queue.trigger_schedule(name)`` publishes one tick now.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class TestClient:
             await self.app.start(self._config)
         finally:
             self.app.create_topics = create
-        self._serving = asyncio.create_task(self.app.serve(grace=self._grace))
+        self._serving = asyncio.create_task(self.app.serve(grace=self._grace, schedules=False))
         return self
 
     async def __aexit__(

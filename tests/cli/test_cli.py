@@ -273,6 +273,15 @@ def test_publish_one_and_consume(url: str) -> None:
     assert cli(url, "consume", "orders", "--wait", "0").stdout == ""
 
 
+def test_publish_with_an_expiry_shows_it_on_the_message(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    cli(url, "publish", "orders", "1", "--expires-in", "600")
+    cli(url, "publish", "orders", "--batch", "2", "--expires-in", "600", input="2\n3\n")
+    out = json_lines(cli(url, "consume", "orders", "--count", "3").stdout)
+    assert sorted(m["payload"] for m in out) == [1, 2, 3]
+    assert all("expires_at" in m for m in out)
+
+
 def test_publish_stdin_reports_invalid_line_and_publishes_the_rest(url: str) -> None:
     cli(url, "topics", "create", "orders")
     lines = '{"n": 1}\n{not json\n\n[2, 3]\n"four"\n'
@@ -776,6 +785,9 @@ REFUSED = [
     (["publish", "orders", "{}", "--group", ""], 2, "--group"),
     (["publish", "orders", "{}", "--delay", "-1"], 2, "--delay"),
     (["publish", "orders", "{}", "--delay", "1e12"], 2, "delay"),
+    (["publish", "orders", "{}", "--expires-in", "0"], 2, "expires_in"),
+    (["publish", "orders", "{}", "--expires-in", "inf"], 2, "expires_in"),
+    (["publish", "orders", "{}", "--delay", "5", "--expires-in", "5"], 2, "shorter than"),
     (["demo", "--orders", "-5"], 2, "--orders"),
     (["demo", "--workers", "0"], 2, "--workers"),
     (["demo", "--fail-rate", "7"], 2, "--fail-rate"),

@@ -164,6 +164,7 @@ def test_every_page_renders_whole_and_as_a_fragment(fs_config: dict[str, Any]) -
         "/topics/orders/dead-letters",
         f"/topics/orders/dead-letters/{letter}",
         "/registry",
+        "/schedules",
     ]
     with client_for(fs_config, settings()) as client:
         for path in pages:

@@ -8,14 +8,17 @@ machine's speed.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Mapping
+import asyncio
+import contextlib
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
@@ -23,13 +26,18 @@ from pawn_queue._protocol.schedule_runner import ScheduleRunner
 from pawn_queue._protocol.schedule_ticks import TickRule, plan
 from pawn_queue._protocol.schedules import Schedule, Schedules
 from pawn_queue.config import PawnQueueConfig
+from pawn_queue.metrics import QueueMetrics
+from pawn_queue.observe import Observer
+from pawn_queue.store.base import IfMatch, Store
 from pawn_queue.store.memory import MemoryStore
+from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 
 BERLIN = ZoneInfo("Europe/Berlin")
+T = TypeVar("T")
 
 
 def utc(*parts: int) -> datetime:
-    return datetime(*parts, tzinfo=UTC)  # type: ignore[misc]
+    return datetime(*parts, tzinfo=UTC)  # type: ignore[arg-type, misc]
 
 
 def take(rule: TickRule, after: datetime, count: int) -> list[datetime]:
@@ -134,14 +142,17 @@ class Published:
 
 @dataclass
 class Hosts:
-    store: MemoryStore
+    store: Store
     timeline: Timeline
     published: Published
     queues: list[PawnQueue] = field(default_factory=list)
+    sections: dict[str, Any] = field(default_factory=dict)
+    """Config sections of every host's queue."""
 
-    async def runner(self, skew: float = 0.0) -> ScheduleRunner:
-        config = PawnQueueConfig.from_url("memory://")
-        pq = PawnQueue(config, store=self.store, clock=self.timeline.clock(skew))
+    async def runner(self, skew: float = 0.0, observers: Sequence[Observer] = ()) -> ScheduleRunner:
+        config = PawnQueueConfig.from_url("memory://", **self.sections)
+        clock = self.timeline.clock(skew)
+        pq = PawnQueue(config, store=self.store, clock=clock, observers=observers)
         await pq.setup()
         self.queues.append(pq)
         producer = await pq.register_producer("ticks")
@@ -161,14 +172,22 @@ class Hosts:
         return runner
 
 
-@pytest.fixture
-async def hosts() -> AsyncIterator[Hosts]:
+@contextlib.asynccontextmanager
+async def open_hosts(store: Store | None = None, **sections: Any) -> AsyncIterator[Hosts]:
     # Half a minute past a whole minute: how many minute ticks a span holds is fixed.
     start = datetime.now(UTC).replace(second=30, microsecond=0)
-    found = Hosts(MemoryStore(), Timeline(start), Published())
-    yield found
-    for pq in found.queues:
-        await pq.teardown()
+    found = Hosts(store or MemoryStore(), Timeline(start), Published(), sections=sections)
+    try:
+        yield found
+    finally:
+        for pq in found.queues:
+            await pq.teardown()
+
+
+@pytest.fixture
+async def hosts() -> AsyncIterator[Hosts]:
+    async with open_hosts() as found:
+        yield found
 
 
 async def create(hosts: Hosts, **options: Any) -> Schedule:
@@ -183,6 +202,13 @@ async def run(
 ) -> None:
     for runner in runners:
         await runner.refresh()
+    await advance(runners, timeline, seconds, step)
+
+
+async def advance(
+    runners: list[ScheduleRunner], timeline: Timeline, seconds: float, step: float
+) -> None:
+    """Move the timeline on ``seconds`` by ``step``, each runner stepping at each."""
     end = timeline.elapsed + seconds
     turn = 0
     while timeline.elapsed < end:
@@ -238,3 +264,140 @@ async def test_a_winner_that_crashed_before_publishing_is_covered(hosts: Hosts) 
     assert dict(hosts.published.ids) == {}
     await run([runner], hosts.timeline, 5, 0.5)  # past the grace: published for the winner
     assert [len(ids) for ids in hosts.published.ids.values()] == [1]
+
+
+# -- requests per tick, and what the runners report ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    operation: str
+    key: str
+    mode: str | None
+    accepted: bool
+
+
+class Recorded(StoreWrapper):
+    """Every request, in order, with its key, its put mode and whether the store took it."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.requests: list[Request] = []
+
+    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
+        mode = "if-match" if isinstance(call.mode, IfMatch) else call.mode
+        accepted = False
+        try:
+            result = await run()
+            accepted = True
+            return result
+        finally:
+            self.requests.append(Request(call.operation, call.key, mode, accepted))
+
+
+def writes_per_key(requests: list[Request]) -> Counter[int]:
+    """How many keys were written once, twice... (accepted puts)."""
+    return Counter(Counter(r.key for r in requests if r.accepted).values())
+
+
+async def test_a_tick_of_three_runners_costs_three_marker_puts_and_its_publish() -> None:
+    store = Recorded(MemoryStore())
+    # Change signals are writes of their own, off the publish's path (test_notify.py).
+    async with open_hosts(store, notify={"enabled": False}) as hosts:
+        runners = [await hosts.runner() for _ in range(3)]
+        await create(hosts, cron=None, every=5.0)
+        # What one publish with a dedup id writes: the winner's publish of a tick is one.
+        producer = await hosts.queues[0].register_producer("baseline")
+        mark = len(store.requests)
+        await producer.publish("jobs", None, attributes={"a": "b"}, dedup_id="baseline")
+        publish = [r for r in store.requests[mark:] if r.operation == "put"]
+        for runner in runners:
+            await runner.refresh()
+        mark = len(store.requests)
+        await advance(runners, hosts.timeline, 60, 0.25)
+        # Heartbeats are the processes' own, whatever their schedules.
+        requests = [r for r in store.requests[mark:] if not r.key.startswith(layout.REGISTRY)]
+
+    ticks = [datetime.fromisoformat(t) for t in sorted(hosts.published.ids)]
+    assert len(ticks) == 12 and all(len(ids) == 1 for ids in hosts.published.ids.values())
+    puts = [r for r in requests if r.operation == "put"]
+    assert len(puts) == len(ticks) * (3 + len(publish))
+    # Each marker: one create-only PUT per runner, one accepted.
+    markers = [r for r in puts if r.key.startswith(layout.SCHEDULE_TICKS)]
+    keys = {layout.schedule_tick_key("tick", tick) for tick in ticks}
+    assert Counter(r.key for r in markers) == dict.fromkeys(keys, 3)
+    assert {r.mode for r in markers} == {"create"}
+    assert writes_per_key(markers) == {1: len(ticks)}
+    # The rest: a publish per tick, keys written as often as one publish writes them (its
+    # dedup marker twice: created, then marked written), none more.
+    published = [r for r in puts if not r.key.startswith(layout.SCHEDULE_TICKS)]
+    assert Counter(r.mode for r in published) == {
+        mode: count * len(ticks) for mode, count in Counter(r.mode for r in publish).items()
+    }
+    assert writes_per_key(published) == {
+        times: count * len(ticks) for times, count in writes_per_key(publish).items()
+    }
+    # No LIST per tick: the sweep of old markers, once per runner every 10 minutes at most.
+    assert sum(r.operation == "list" for r in requests) <= 3
+
+
+async def test_runners_report_ticks_fired_missed_and_how_late() -> None:
+    metrics = QueueMetrics(CollectorRegistry())
+    async with open_hosts() as hosts:
+        first = await hosts.runner(observers=[metrics.observer])
+        await create(hosts, cron=None, every=60.0, catch_up_seconds=300.0)
+        await run([first], hosts.timeline, 125, 1.0)
+        # Every runner is down for 12 minutes; three come back, each counting the gap.
+        hosts.timeline.elapsed += 12 * 60
+        back = [await hosts.runner(observers=[metrics.observer]) for _ in range(3)]
+        await run(back, hosts.timeline, 0.5, 0.5)
+        stats = await hosts.queues[0].schedule_stats("tick")
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            f"pawnqueue_{name}", {"schedule": "tick", **labels}
+        )
+
+    # Each tick and each missed tick reported once, by the runner that fired or recorded it.
+    assert (stats.fired, stats.missed) == (7, 7)
+    assert value("schedule_ticks_fired_total") == 7
+    assert value("schedule_ticks_missed_total") == 7
+    assert value("schedule_late_seconds_count") == 7
+    # Two fired on time, five caught up 35.5 to 275.5 s after their ticks.
+    assert value("schedule_late_seconds_bucket", le="1.0") == 2
+    assert value("schedule_late_seconds_bucket", le="30.0") == 2
+    assert value("schedule_late_seconds_bucket", le="60.0") == 3
+    assert value("schedule_late_seconds_bucket", le="300.0") == 7
+
+
+async def test_a_runner_on_a_queue_without_schedules_lists_ever_less_often() -> None:
+    """Every worker runs a runner, most queues have no schedule: empty LISTs back off (to
+    IDLE_REFRESH_SECONDS, here scaled down), and a schedule created meanwhile still fires."""
+    store = Recorded(MemoryStore())
+    async with PawnQueue(PawnQueueConfig.from_url("memory://"), store=store) as pq:
+        await pq.create_topic("jobs")
+        fired = asyncio.Event()
+
+        async def publish(
+            topic: str, payload: Any, attributes: Mapping[str, str], ident: str
+        ) -> str:
+            fired.set()
+            return ident
+
+        runner = ScheduleRunner(
+            pq.runtime, publish, refresh_seconds=0.01, idle_refresh_seconds=0.16
+        )
+        running = asyncio.create_task(runner.run())
+        try:
+            await asyncio.sleep(1.0)  # the span over which LISTs are counted
+            lists = [
+                r for r in store.requests if r.operation == "list" and r.key == layout.SCHEDULES
+            ]
+            # Without the back-off: one LIST per 0.01 s, about 100.
+            assert 3 <= len(lists) <= 15, len(lists)
+            await pq.create_schedule("tick", "jobs", every=1)
+            await asyncio.wait_for(fired.wait(), 10)
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running

@@ -2,7 +2,7 @@
 
 :class:`Observers` calls each registered observer in turn and logs and skips one that
 raises; the public base class and the hooks' documentation are :mod:`pawn_queue.observe`.
-This module knows messages only as objects it passes on, so the core below
+This module knows messages and schedules only as objects it passes on, so the core below
 :mod:`pawn_queue.message` can hold observers without importing it.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
 logger = logging.getLogger("pawn_queue.observe")
@@ -66,6 +67,8 @@ class Hooks(Protocol):
     def settled(self, message: Any, outcome: Outcome, reason: str | None) -> None: ...
     def lease_lost(self, message: Any) -> None: ...
     def quarantined(self, topic: str, key: str, error: str) -> None: ...
+    def schedule_fired(self, schedule: Any, tick: datetime, late_seconds: float) -> None: ...
+    def schedule_missed(self, schedule: Any, count: int) -> None: ...
 
 
 class Observers:
@@ -152,6 +155,12 @@ class Observers:
 
     def quarantined(self, topic: str, key: str, error: str) -> None:
         self._each("quarantined", topic, key, error)
+
+    def schedule_fired(self, schedule: object, tick: datetime, late_seconds: float) -> None:
+        self._each("schedule_fired", schedule, tick, late_seconds)
+
+    def schedule_missed(self, schedule: object, count: int) -> None:
+        self._each("schedule_missed", schedule, count)
 
 
 def _check_attributes(attributes: object) -> None:

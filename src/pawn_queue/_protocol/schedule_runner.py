@@ -4,6 +4,10 @@ runners, once each (docs/concepts/schedules.md).
 A runner fires a tick by creating its marker (create-only): of all runners, exactly one
 create succeeds, and that runner publishes. A runner that lost (or could not tell) looks
 again ``GRACE_SECONDS`` later and publishes with the same dedup id if the winner did not.
+
+The queue's observers hear of each tick this runner published (``schedule_fired``, with how
+late) and of the missed ticks it recorded in a marker (``schedule_missed``): across runners,
+each tick is reported once (:mod:`pawn_queue.metrics` counts them).
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 5.0
 """How often a runner LISTs the definitions: a pause, resume or change applies that late."""
+IDLE_REFRESH_SECONDS = 60.0
+"""How often, at most, while the queue has no schedule: each empty LIST doubles the pause
+up to this (every worker runs a runner; most queues have no schedule)."""
 GRACE_SECONDS = 10.0
 """How long after a tick a runner that lost its marker looks whether it was published."""
 SWEEP_SECONDS = 600.0
@@ -86,14 +93,17 @@ class ScheduleRunner:
         *,
         runner_id: str | None = None,
         refresh_seconds: float = REFRESH_SECONDS,
+        idle_refresh_seconds: float = IDLE_REFRESH_SECONDS,
         grace_seconds: float = GRACE_SECONDS,
         rng: random.Random | None = None,
     ) -> None:
         self._runtime = runtime
         self._store = runtime.store
         self._publish = publish
+        self._observers = runtime.observers
         self.runner_id = runner_id or str(uuid.uuid4())
         self._refresh_seconds = refresh_seconds
+        self._idle_refresh_seconds = idle_refresh_seconds
         self._grace = timedelta(seconds=grace_seconds)
         self._rng = rng or random.Random()
         self._running: dict[str, _Running] = {}
@@ -106,11 +116,17 @@ class ScheduleRunner:
         Errors are logged and retried: a runner outlives a store's bad minute or a deleted topic."""
         loop = asyncio.get_running_loop()
         next_refresh = loop.time()
+        pause = self._refresh_seconds
         while True:
             try:
                 if loop.time() >= next_refresh:
                     await self.refresh()
-                    next_refresh = loop.time() + self._refresh_seconds
+                    pause = (
+                        self._refresh_seconds
+                        if self._running
+                        else min(2 * pause, self._idle_refresh_seconds)
+                    )
+                    next_refresh = loop.time() + pause
                 wait = await self.step()
             except (PawnQueueError, OSError) as error:
                 # A store's bad minute, or a schedule's topic deleted: the others keep firing.
@@ -212,6 +228,9 @@ class ScheduleRunner:
             logger.warning("schedule %r tick %s: %s", schedule.name, tick_iso(tick), error)
             self._expect(schedule.name, tick, now)
             return
+        # Reported here, where they were written down: a loser's own count is dropped.
+        if running.missed and self._observers:
+            self._observers.schedule_missed(schedule, running.missed)
         running.missed = 0
         self.won += 1
         try:
@@ -225,7 +244,13 @@ class ScheduleRunner:
             logger.warning("schedule %r tick %s not published: %s", schedule.name, tick, error)
             self._expect(schedule.name, tick, now)
             return
+        self._fired(schedule, tick)
         await self._maybe_sweep(running, now)
+
+    def _fired(self, schedule: Schedule, tick: datetime) -> None:
+        if self._observers:
+            late = (self._runtime.clock() - tick).total_seconds()
+            self._observers.schedule_fired(schedule, tick, max(0.0, late))  # a clock set back
 
     def _expect(self, name: str, tick: datetime, now: datetime) -> None:
         self._checks.append(_Check(max(now, tick) + self._grace, name, tick))
@@ -261,6 +286,7 @@ class ScheduleRunner:
         logger.warning("schedule %r tick %s: publishing for its winner", schedule.name, check.tick)
         attributes = tick_attributes(schedule, check.tick)
         await self._publish(schedule.topic, schedule.payload, attributes, ident)
+        self._fired(schedule, check.tick)
 
     async def _maybe_sweep(self, running: _Running, now: datetime) -> None:
         if (

@@ -238,9 +238,15 @@ class Schedules:
         await self._store.delete_many([meta.key for meta in markers])
 
     async def stats(self, name: str) -> ScheduleStats:
-        """Counts over the markers kept: one LIST, and a GET per marker that records
-        missed ticks (only those are larger than a plain marker)."""
+        """Counts over the markers kept: a GET of the definition, then :meth:`stats_of`."""
         schedule, _ = await self.get(name)
+        return await self.stats_of(schedule)
+
+    async def stats_of(self, schedule: Schedule) -> ScheduleStats:
+        """Counts over the markers kept of a schedule already read: one LIST (a page per
+        1,000 markers), and a GET per marker that records missed ticks (only those are
+        larger than a plain marker)."""
+        name = schedule.name
         markers = await self._store.list(layout.schedule_ticks_prefix(name))
         ticks = [tick for meta in markers if (tick := layout.tick_of(meta.key)) is not None]
         recorded = [m.key for m in markers if m.size != _PLAIN_MARKER_SIZE]

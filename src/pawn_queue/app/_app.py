@@ -21,6 +21,9 @@ grace period and gives every other message back at once.
 
 A batch subscriber (``batch=N``) calls its handler with lists of up to N messages or
 payloads (:mod:`pawn_queue._handling.batching`); when it returns, the messages are acked together.
+
+``@app.schedule`` declares a schedule, created at start, and :meth:`App.serve` runs the
+queue's schedules beside the subscribers (:mod:`pawn_queue.app._schedules`).
 """
 
 from __future__ import annotations
@@ -32,13 +35,16 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 from pawn_queue._handling.arguments import check_concurrency
 from pawn_queue._handling.batching import check_batch
 from pawn_queue._handling.binding import Binding
 from pawn_queue._internal.daemon_pool import DaemonThreadPool
+from pawn_queue._internal.durations import flag_argument
 from pawn_queue._protocol import layout
+from pawn_queue.app._schedules import declared_schedule, ensure_schedules, run_schedules
 from pawn_queue.app._subscriber import Subscriber, batch_handler, message_handler
 from pawn_queue.app._subscriptions import (
     declared_filter,
@@ -53,6 +59,7 @@ from pawn_queue.exceptions import ArgumentError, PawnQueueError
 from pawn_queue.observe import Observer
 from pawn_queue.producer import Producer
 from pawn_queue.retry import Retry
+from pawn_queue.schedules import Schedule
 from pawn_queue.store import open_store
 from pawn_queue.store.base import Store
 
@@ -91,6 +98,7 @@ class App:
         self.source = queue
         self.create_topics = create_topics
         self._subscribers: dict[str, Subscriber] = {}
+        self._schedules: dict[str, Schedule] = {}
         self._on_startup: list[Hook] = []
         self._on_shutdown: list[Hook] = []
         self._observers: list[Observer] = list(observers)
@@ -99,6 +107,7 @@ class App:
         self._producer: Producer | None = None
         self._consumers: dict[str, Consumer] = {}
         self._listeners: dict[str, asyncio.Task[None]] = {}
+        self._runner: asyncio.Task[None] | None = None
         self._executor: DaemonThreadPool | None = None
         # TestClient's: retries come back at once instead of after their backoff.
         self._instant_retries = False
@@ -192,6 +201,61 @@ class App:
 
         return register
 
+    def schedule(
+        self,
+        name: str,
+        *,
+        topic: str,
+        cron: str | None = None,
+        every: float | None = None,
+        payload: Any = None,
+        attributes: Mapping[str, str] | None = None,
+        timezone: str = "UTC",
+        jitter_seconds: float = 0,
+        catch_up_seconds: float = 60,
+        start: datetime | None = None,
+        end: datetime | None = None,
+    ) -> Callable[[F], F]:
+        """Declare a schedule that publishes ``payload`` and ``attributes`` to ``topic`` on each
+        tick of ``cron`` or ``every`` seconds (the options are ``create_schedule``'s, checked
+        now with its errors). The app creates it at start if it is missing; one that exists
+        with another definition stops the start (ScheduleExistsError): change it with
+        ``update_schedule``. Whether it is paused is left as it is.
+
+        Decorating a function also makes it a subscriber of ``topic`` (as
+        ``@app.subscriber(topic)`` with its defaults), which then receives every message of
+        the topic: this schedule's ticks and whatever else is published there. A function
+        that ``@app.subscriber`` below already subscribes to ``topic`` keeps that subscriber.
+        Called without decorating, it only declares the schedule.
+        """
+        declared = declared_schedule(
+            self._schedules,
+            name,
+            topic,
+            {
+                "cron": cron,
+                "every": every,
+                "payload": payload,
+                "attributes": attributes,
+                "timezone": timezone,
+                "jitter_seconds": jitter_seconds,
+                "catch_up_seconds": catch_up_seconds,
+                "start": start,
+                "end": end,
+            },
+        )
+        self._schedules[declared.name] = declared
+
+        def handle(handler: F) -> F:
+            subscribed = any(
+                sub.handler is handler and declared.topic in sub.topics for sub in self.subscribers
+            )
+            if not subscribed:
+                self.subscriber(declared.topic)(handler)
+            return handler
+
+        return handle
+
     def on_startup(self, hook: F) -> F:
         """Decorate a function (plain or async) run when the app starts, before consuming;
         ``app.queue`` and ``app.producer`` are ready then."""
@@ -206,6 +270,12 @@ class App:
     @property
     def subscribers(self) -> tuple[Subscriber, ...]:
         return tuple(self._subscribers.values())
+
+    @property
+    def schedules(self) -> tuple[Schedule, ...]:
+        """The schedules the app declares, as declared (``app.queue.schedule(name)`` reads
+        the stored one, with its ``created_at`` and whether it is paused)."""
+        return tuple(self._schedules.values())
 
     # -- what services add ------------------------------------------------------------------
 
@@ -269,6 +339,7 @@ class App:
                 for topic in self._topic_names():
                     await queue.create_topic(topic)
             await ensure_subscriptions(queue, self.subscribers)
+            await ensure_schedules(queue, self.schedules)
             self._producer = await queue.register_producer(self.name)
             threads = sum(s.concurrency for s in self.subscribers if not s.is_async)
             if threads:
@@ -287,12 +358,21 @@ class App:
             await self._close()
             raise
 
-    async def serve(self, grace: float | None = None) -> None:
+    async def serve(self, grace: float | None = None, *, schedules: bool | None = None) -> None:
         """Consume until :meth:`stop_consuming` (or a cancel); raise if a subscriber fails.
         ``grace``: how long running handlers may finish when stopping (default
-        ``polling.shutdown_grace_seconds``)."""
+        ``polling.shutdown_grace_seconds``). ``schedules``: run the queue's schedules
+        meanwhile (every schedule of the queue, each tick once across the processes that
+        run them; a crash of the runner is logged and it starts again, the handlers go on);
+        default: if the app declares any."""
         if self._queue is None:
             raise PawnQueueError(f"app {self.name!r} is not started")
+        if schedules is None:
+            schedules = bool(self._schedules)
+        if flag_argument("schedules", schedules):
+            self._runner = asyncio.create_task(
+                run_schedules(self._queue, self.name), name=f"{self.name}.schedules"
+            )
         self._listeners = {
             sub.name: asyncio.create_task(self._listen(sub, grace), name=f"{self.name}.{sub.name}")
             for sub in self.subscribers
@@ -302,14 +382,20 @@ class App:
         finally:
             # A cancel of serve(), or one subscriber failing, stops them all (with grace).
             self.stop_consuming()
+            runner, self._runner = self._runner, None
             results = await asyncio.gather(*self._listeners.values(), return_exceptions=True)
+            if runner is not None:
+                await asyncio.gather(runner, return_exceptions=True)
         for result in results:
             if isinstance(result, Exception):
                 raise result
 
     def stop_consuming(self) -> None:
-        """Stop claiming; running handlers get the grace period to finish, then every held
-        message is given back. Called again, the grace is cut short."""
+        """Stop claiming and running schedules; running handlers get the grace period to
+        finish, then every held message is given back. Called again, the grace is cut
+        short."""
+        if self._runner is not None:
+            self._runner.cancel()
         for task in self._listeners.values():
             task.cancel()
 
@@ -347,6 +433,7 @@ class App:
 
     def _topic_names(self) -> list[str]:
         names = [t for s in self.subscribers for t in (*s.topics, s.publish_to) if t]
+        names += [schedule.topic for schedule in self.schedules]
         return list(dict.fromkeys(names))
 
     # -- handling ---------------------------------------------------------------------------

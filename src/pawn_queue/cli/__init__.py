@@ -7,6 +7,8 @@
 - ``admin.py``: ``topics``, ``consumers``, ``producers``.
 - ``subscriptions.py``: ``subscriptions`` (a topic's subscriptions).
 - ``dlq.py``: ``dlq`` (dead letters of a topic or of one of its subscriptions).
+- ``schedules.py``: ``schedules`` (messages published on a cron expression or an
+  interval, and ``schedules run``, which fires them).
 - ``worker.py``: ``worker`` (an app's handlers as a service).
 - ``doctor.py``: ``doctor``, ``metrics`` and ``demo``.
 - ``demo.py``: the demo job (``make demo``, ``pawn-queue demo``); ``demo_dirs.py``: the

@@ -283,6 +283,18 @@ def json_line(value: Any) -> str:
     return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
 
 
+def attribute_options(values: list[str] | None) -> dict[str, str]:
+    """The ``--attribute KEY=VALUE`` options given, as attributes (a usage error if one has
+    no ``=`` or no key)."""
+    out: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--attribute: expected KEY=VALUE, got {item!r}", EXIT_USAGE)
+        out[key] = value
+    return out
+
+
 def payload_fields(payload: Any) -> dict[str, Any]:
     """``{"payload": ...}``, or ``{"payload_base64": ...}`` for a bytes payload."""
     if isinstance(payload, bytes | bytearray | memoryview):

@@ -23,6 +23,7 @@ from pawn_queue.cli.common import (
     JsonOption,
     Options,
     SubscriptionOption,
+    attribute_options,
     build_config,
     fail,
     json_line,
@@ -37,19 +38,10 @@ from pawn_queue.cli.common import (
     stdout_console,
 )
 from pawn_queue.exceptions import PayloadError, PublishError
+from pawn_queue.producer import check_timing
 from pawn_queue.store.base import Store
 
 _T = TypeVar("_T")
-
-
-def _attributes(values: list[str] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in values or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            fail(f"--attribute: expected KEY=VALUE, got {item!r}", EXIT_USAGE)
-        out[key] = value
-    return out
 
 
 _ROOM_NOTICE_AFTER = 0.5  # a publish still running then may be waiting for room: look
@@ -250,6 +242,12 @@ def publish(
         float,
         typer.Option(min=0, help="On a topic at its max_pending: wait this long for room."),
     ] = 30.0,
+    expires_in: Annotated[
+        float | None,
+        typer.Option(
+            min=0, help="Never deliver the messages after this many seconds (longer than --delay)."
+        ),
+    ] = None,
     producer_name: Annotated[
         str, typer.Option("--producer", help="Producer name to register as.")
     ] = "pawn-queue-cli",
@@ -268,7 +266,7 @@ def publish(
     later lines are not published.
     """
     opts = options(ctx)
-    attributes = _attributes(attribute)
+    attributes = attribute_options(attribute)
     payload: Any = None
     if message is not None:
         try:
@@ -285,7 +283,9 @@ def publish(
         fail("--group must not be empty", EXIT_USAGE)
 
     async def main() -> tuple[int, int]:
-        layout.validate_name(topic, "topic name")  # before registering: a refusal writes nothing
+        # Before registering: a refusal writes nothing.
+        layout.validate_name(topic, "topic name")
+        check_timing(delay, expires_in)
         async with open_queue(opts) as pq:
             settings = await pq.topic_settings(topic)
             producer = await pq.register_producer(producer_name)
@@ -300,6 +300,7 @@ def publish(
                     group=group,
                     dedup_id=dedup,
                     wait_for_room=wait_for_room,
+                    expires_in=expires_in,
                 )
                 return notice.publish(published)
 
@@ -308,7 +309,9 @@ def publish(
                 return 1, 0
 
             def send_batch(values: list[Any]) -> Awaitable[list[str]]:
-                return producer.publish_batch(topic, values, attributes=attributes)
+                return producer.publish_batch(
+                    topic, values, attributes=attributes, expires_in=expires_in
+                )
 
             try:
                 return await _publish_stdin(send, send_batch, batch, concurrency)
@@ -336,6 +339,8 @@ def message_dict(message: Message) -> dict[str, Any]:
     }
     if message.group is not None:
         body["group"] = message.group
+    if message.expires_at is not None:
+        body["expires_at"] = message.expires_at
     return body
 
 

@@ -32,6 +32,7 @@ from pawn_queue.cli.dashboard import dashboard
 from pawn_queue.cli.dlq import dlq_app
 from pawn_queue.cli.doctor import demo, doctor, metrics
 from pawn_queue.cli.messages import consume, peek, publish
+from pawn_queue.cli.schedules import schedules_app
 from pawn_queue.cli.subscriptions import subscriptions_app
 from pawn_queue.cli.worker import worker
 
@@ -114,8 +115,8 @@ class _Root(TyperGroup):
 app = typer.Typer(
     cls=_Root,
     name="pawn-queue",
-    help="Operate a pawn-queue: topics, subscriptions, messages, dead letters, registry, "
-    "store checks.",
+    help="Operate a pawn-queue: topics, subscriptions, messages, dead letters, schedules, "
+    "registry, store checks.",
     no_args_is_help=True,
     # Never print locals in a traceback: they may hold credentials.
     pretty_exceptions_enable=False,
@@ -167,6 +168,7 @@ def _global(
 app.add_typer(topics_app, name="topics")
 app.add_typer(subscriptions_app, name="subscriptions")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(schedules_app, name="schedules")
 app.command()(publish)
 app.command()(consume)
 app.command()(peek)

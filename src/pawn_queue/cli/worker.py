@@ -100,6 +100,15 @@ def worker(
     create_topics: Annotated[
         bool, typer.Option(help="Create the topics the app uses if missing.")
     ] = False,
+    schedules: Annotated[
+        bool,
+        typer.Option(
+            "--schedules/--no-schedules",
+            help="Run the queue's schedules beside the handlers, in every process (each tick "
+            "fires once across them all); --no-schedules leaves that to other processes. "
+            "An App's declared schedules are created at start either way.",
+        ),
+    ] = True,
     supervised: Annotated[bool, typer.Option(hidden=True)] = False,
 ) -> None:
     """Run handlers as a service until SIGTERM or SIGINT.
@@ -111,6 +120,10 @@ def worker(
     A subscriber reads its topics' own messages or, with @app.subscriber(subscription=...)
     or --subscription, that subscription of each topic: created at start if missing (about
     2 s the first time), it receives a copy of every message published from then on.
+
+    Each process also runs the queue's schedules (every schedule, not only those the app
+    declares with @app.schedule): each tick is published once across all the processes that
+    run them. --no-schedules turns that off.
     """
     opts = options(ctx)
     level = opts.log_level or "info"
@@ -143,6 +156,7 @@ def worker(
         log_format=fmt,
         log_level=level,
         supervised=supervised,
+        schedules=schedules,
     )
     raise typer.Exit(run_worker(app, worker_options))
 
@@ -236,4 +250,6 @@ def _own_arguments(ctx: typer.Context) -> list[str]:
             line += [f"--{name.replace('_', '-')}", str(params[name])]
     if params.get("create_topics"):
         line.append("--create-topics")
+    if params.get("schedules") is False:
+        line.append("--no-schedules")
     return line

@@ -72,9 +72,9 @@ class ScheduleMethods:
         name, PayloadError for a bad payload or attributes and ArgumentError for another bad
         value (nothing written)."""
         runtime = self._ready()
-        schedule = _checked(
-            name=name,
-            topic=topic,
+        schedule = new_schedule(
+            name,
+            topic,
             cron=cron,
             every=every,
             payload=payload,
@@ -84,7 +84,6 @@ class ScheduleMethods:
             catch_up_seconds=catch_up_seconds,
             start=start,
             end=end,
-            paused=False,
             created_at=runtime.clock(),
         )
         return await Schedules(runtime).create(schedule)
@@ -139,9 +138,9 @@ class ScheduleMethods:
 
         def change(current: Schedule) -> Schedule:
             fields = {f: getattr(current, f) for f in current.__dataclass_fields__}
-            return _checked(**{**fields, **given})
+            return new_schedule(**{**fields, **given})
 
-        _checked(**{**_PROBE, **given})  # bad values raise before any request
+        new_schedule(**{**_PROBE, **given})  # bad values raise before any request
         return await Schedules(self._ready()).update(_name(name), change)
 
     async def pause_schedule(self, name: str) -> None:
@@ -186,12 +185,14 @@ class ScheduleMethods:
         """Fire the ticks of every schedule of the queue until cancelled. Run it in as many
         processes as you like: each tick fires once (docs/concepts/schedules.md)."""
         runtime = self._ready()
-        producer = await self.register_producer(SCHEDULE_PRODUCER)
+        producers: list[Producer] = []  # registered at the first tick: most queues have none
 
         async def publish(
             topic: str, payload: Any, attributes: Mapping[str, str], ident: str
         ) -> str:
-            return await producer.publish(topic, payload, attributes=attributes, dedup_id=ident)
+            if not producers:
+                producers.append(await self.register_producer(SCHEDULE_PRODUCER))
+            return await producers[0].publish(topic, payload, attributes=attributes, dedup_id=ident)
 
         await ScheduleRunner(runtime, publish).run()
 
@@ -201,10 +202,10 @@ def _name(name: object) -> str:
     return layout.validate_name(name, "schedule name")
 
 
-def _checked(
-    *,
+def new_schedule(
     name: object,
     topic: object,
+    *,
     cron: object,
     every: object,
     payload: object,
@@ -214,12 +215,13 @@ def _checked(
     catch_up_seconds: object,
     start: object,
     end: object,
-    paused: bool,
     created_at: datetime,
+    paused: bool = False,
 ) -> Schedule:
     """A Schedule of these values, else the error each value's kind raises everywhere:
     ConfigError for names, PayloadError for the payload and attributes, ArgumentError for
-    the rest. Each value is checked before how they go together."""
+    the rest. Each value is checked before how they go together; nothing is read or
+    written (``create_schedule``, ``update_schedule`` and ``@app.schedule`` check with it)."""
     checked = Schedule(
         name=_name(name),
         topic=layout.validate_name(topic, "topic name"),

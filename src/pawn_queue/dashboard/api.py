@@ -1,17 +1,19 @@
 """The dashboard's JSON (:class:`Api`): ``/api/state``, which the pages' script asks every
-refresh interval (whether the queue changed, and what the dashboard costs), and the topics
-and a topic's subscriptions with their counts, as the pages show them."""
+refresh interval (whether the queue changed, and what the dashboard costs), the topics and a
+topic's subscriptions with their counts, and the schedules with their stats, as the pages
+show them."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import datetime
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from pawn_queue.dashboard.rendering import subject
 from pawn_queue.dashboard.settings import DashboardSettings
-from pawn_queue.dashboard.snapshots import OVERVIEW, Monitor
+from pawn_queue.dashboard.snapshots import OVERVIEW, SCHEDULES, Monitor
 
 
 class Api:
@@ -60,6 +62,36 @@ class Api:
             )
         return JSONResponse(rows)
 
+    async def schedules(self, request: Request) -> Response:
+        """The schedules with their stats, as their page shows them (read again when
+        ``refresh`` seconds old)."""
+        await self.monitor.look(SCHEDULES)
+        rows = []
+        for row in self.monitor.schedules or []:
+            stats = row.stats
+            rows.append(
+                {
+                    "schedule": row.name,
+                    "topic": row.topic,
+                    "cron": row.cron,
+                    "every": row.every,
+                    "timezone": row.timezone,
+                    "paused": row.paused,
+                    "last_fire_time": _iso(stats.last_fire_time) if stats else None,
+                    "next_fire_time": _iso(stats.next_fire_time) if stats else None,
+                    "fired": stats.fired if stats else None,
+                    "missed": stats.missed if stats else None,
+                    "error": row.error,
+                }
+            )
+        return JSONResponse(
+            {
+                "schedules": rows,
+                "unread": self.monitor.schedules_unread,
+                "error": self.monitor.error,
+            }
+        )
+
     async def subscriptions(self, request: Request) -> Response:
         """The topic's subscriptions with their counts, as its page shows them (read again
         when ``refresh`` seconds old); 404 for a topic that does not exist."""
@@ -82,3 +114,7 @@ class Api:
                 "error": self.monitor.error,
             }
         )
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()

@@ -1,7 +1,7 @@
 """The dashboard's HTML pages (:class:`Pages`): the overview (sorted, problems first), a
 topic's page (counts, charts, groups, its head), its dead letters and one dead letter (of the
-topic or of one of its subscriptions), and the registry; and what a request names, the topic
-and the subscription, found in the store or answered with a 404."""
+topic or of one of its subscriptions), the schedules and the registry; and what a request
+names, the topic and the subscription, found in the store or answered with a 404."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from starlette.responses import Response
 from pawn_queue._protocol import layout
 from pawn_queue.dashboard import charts
 from pawn_queue.dashboard.rendering import Renderer, quoted
-from pawn_queue.dashboard.snapshots import DEAD_LETTER_LIMIT, OVERVIEW
+from pawn_queue.dashboard.snapshots import DEAD_LETTER_LIMIT, OVERVIEW, SCHEDULES
 from pawn_queue.dashboard.views import TopicView
 from pawn_queue.exceptions import SubscriptionNotFoundError, TopicNotFoundError
 
@@ -112,6 +112,10 @@ class Pages:
             )
 
         return await self.renderer.guarded(request, page)
+
+    async def schedules(self, request: Request) -> Response:
+        await self.monitor.look(SCHEDULES)
+        return self.renderer.render(request, "schedules.html", rows=self.monitor.schedules or [])
 
     async def registry(self, request: Request) -> Response:
         heartbeat = self.monitor.queue.config.registry.heartbeat_interval_seconds

@@ -8,8 +8,11 @@ versions they are cached by. A topic's subscriptions are read from its subscript
 (one GET, none when the queue read it less than 2 s before), then each subscription's queue
 as a topic's (three LISTs, and the batch objects not seen yet, at most
 :data:`SUBSCRIPTION_BATCHES_PER_READ`), for the first :data:`SUBSCRIPTIONS_READ` by name. A
-read already under way is shared: concurrent pages never read one thing twice at once. When
-to read is :class:`~pawn_queue.dashboard.snapshots.Monitor`'s."""
+read already under way is shared: concurrent pages never read one thing twice at once. The
+schedules are read with one LIST of their definitions, then for each of the first
+:data:`SCHEDULES_READ` by name what ``schedule_stats`` reads: a GET of its definition, a
+LIST of its tick markers (a page per 1,000) and a GET of each marker that records missed
+ticks. When to read is :class:`~pawn_queue.dashboard.snapshots.Monitor`'s."""
 
 from __future__ import annotations
 
@@ -24,16 +27,25 @@ from pawn_queue._internal.aio import gather_limited
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.counts import read_topic
 from pawn_queue._protocol.registry import Liveness
+from pawn_queue._protocol.schedules import Schedules, schedule_name_of
 from pawn_queue.client import PawnQueue
 from pawn_queue.dashboard.meter import RequestMeter
 from pawn_queue.dashboard.settings import DashboardSettings
-from pawn_queue.dashboard.views import FlowPoint, Point, SubscriptionView, TopicView, counts_key
-from pawn_queue.exceptions import ConfigError, TopicNotFoundError
+from pawn_queue.dashboard.views import (
+    FlowPoint,
+    Point,
+    ScheduleView,
+    SubscriptionView,
+    TopicView,
+    counts_key,
+)
+from pawn_queue.exceptions import ConfigError, ScheduleNotFoundError, TopicNotFoundError
 
 logger = logging.getLogger(__name__)
 
 SUBSCRIPTIONS_READ = 50  # a topic's subscriptions read (by name) for its pages, at most
 SUBSCRIPTION_BATCHES_PER_READ = 100  # batch objects first seen a read of one GETs, at most
+SCHEDULES_READ = 100  # schedules read (by name) for the schedules page, at most
 _READ_CONCURRENCY = 8
 
 T = TypeVar("T")
@@ -50,6 +62,11 @@ class Reader:
         self.topics: dict[str, TopicView] = {}
         self.consumers: list[Liveness] = []  # one row per process running each name
         self.producers: list[Liveness] = []
+        # The schedules (the first SCHEDULES_READ by name), read while their page is open;
+        # None until then.
+        self.schedules: list[ScheduleView] | None = None
+        self.schedules_unread = 0  # schedules beyond those read
+        self.schedules_read_at: float | None = None  # epoch seconds
         self.version = 0
         self.last_full: float | None = None
         self.full_cost = 0  # requests the last full refresh sent
@@ -242,6 +259,35 @@ class Reader:
             SUBSCRIPTION_BATCHES_PER_READ,
         )
         sub.stats, sub.read_at = reading.counts, reading.at.timestamp()
+
+    async def _read_schedules(self) -> None:
+        """Read the schedules and their stats; record what changed."""
+        metas = await self.queue.store.list(layout.SCHEDULES)
+        names = sorted(n for meta in metas if (n := schedule_name_of(meta.key)) is not None)
+        wanted = names[:SCHEDULES_READ]
+        results = await gather_limited(
+            _READ_CONCURRENCY, (self._read_schedule(name) for name in wanted)
+        )
+        rows = []
+        for result in results:
+            if isinstance(result, ScheduleNotFoundError):
+                continue  # deleted since the listing
+            if isinstance(result, BaseException):
+                raise result
+            rows.append(result)
+        unread = len(names) - len(wanted)
+        if rows != self.schedules or unread != self.schedules_unread:
+            self.version += 1
+        self.schedules, self.schedules_unread = rows, unread
+        self.schedules_read_at = self.now()
+
+    async def _read_schedule(self, name: str) -> ScheduleView:
+        schedules = Schedules(self.queue.runtime)
+        try:
+            schedule, _ = await schedules.get(name)
+        except ValueError as exc:  # written by another program, or damaged
+            return ScheduleView(name, error=f"its definition cannot be read: {exc}")
+        return ScheduleView.of(schedule, await schedules.stats_of(schedule))
 
     def _trim(self, points: deque[Point] | deque[FlowPoint], now: float) -> None:
         while points and points[0].at < now - self.settings.history_seconds:

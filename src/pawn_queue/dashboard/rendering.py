@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -21,7 +21,7 @@ from pawn_queue._internal.durations import short_age
 from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.dashboard.security import Csrf, csrf_cookie
 from pawn_queue.dashboard.settings import DashboardSettings
-from pawn_queue.dashboard.snapshots import OVERVIEW, Monitor
+from pawn_queue.dashboard.snapshots import OVERVIEW, SCHEDULES, Monitor
 from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError, TopicNotFoundError
 
 _PREVIEW_CHARS = 160
@@ -44,7 +44,13 @@ class Renderer:
             lstrip_blocks=True,
         )
         self.env.filters.update(
-            age=short_age, preview=_preview, clip=_clip, full=_full, ago=_ago, q=quoted
+            age=short_age,
+            preview=_preview,
+            clip=_clip,
+            full=_full,
+            ago=_ago,
+            q=quoted,
+            utc=_utc,
         )
 
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
@@ -91,9 +97,11 @@ def quoted(value: str) -> str:
 
 def subject(path: str) -> str | None:
     """What the page at ``path`` shows of the queue, for :meth:`Monitor.look`: every topic
-    (the overview), one topic (its pages), or nothing it reads for (None)."""
+    (the overview), the schedules, one topic (its pages), or nothing it reads for (None)."""
     if path == "/":
         return OVERVIEW
+    if path == "/schedules":
+        return SCHEDULES
     name = unquote(path.removeprefix("/topics/").partition("/")[0])
     return name if path.startswith("/topics/") and name else None
 
@@ -103,6 +111,13 @@ def _ago(iso: str) -> float | None:
         return (now_utc() - datetime.fromisoformat(iso)).total_seconds()
     except (ValueError, TypeError):
         return None
+
+
+def _utc(moment: datetime | None) -> str:
+    """A time in UTC to the second (``2026-12-02 01:00:00Z``); ``-`` for none."""
+    if moment is None:
+        return "-"
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -21,8 +21,9 @@ says how many). A page naming a topic the dashboard does not know yet looks for 
 GET of its marker).
 
 A topic's subscriptions are read only while a page of the topic is open, when they are
-``refresh`` seconds old. What each read costs and tells, and how concurrent pages share one,
-is :class:`~pawn_queue.dashboard.reader.Reader`'s. Pages render from memory: looking costs
+``refresh`` seconds old; the schedules likewise while the schedules page is open. What each
+read costs and tells, and how concurrent pages share one, is
+:class:`~pawn_queue.dashboard.reader.Reader`'s. Pages render from memory: looking costs
 those reads, and the peeks and dead letters a page shows (kept until the topic changes).
 """
 
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 PEEK_LIMIT = 10
 DEAD_LETTER_LIMIT = 100
 OVERVIEW = ""  # what :meth:`Monitor.look` is asked for by the overview: every topic
+SCHEDULES = "_schedules"  # by the schedules page (no topic has a name starting with _)
 _MISSING_KEPT = 1000  # names of topics found missing lately, kept to answer 404s cheaply
 
 
@@ -102,20 +104,23 @@ class Monitor(Reader):
             await self.queue.teardown()
 
     def refresh_soon(self) -> None:
-        """Read everything at the next chance (no sooner than ``refresh`` after the last)."""
+        """Read everything at the next chance (no sooner than ``refresh`` after the last),
+        and the schedules when their page is next looked at."""
+        self.schedules_read_at = None
         self._refresh_now.set()
 
     # -- what a page shows ------------------------------------------------------------------
 
     async def look(self, subject: str, *, discover: bool = False) -> TopicView | None:
         """A page is about to show ``subject``: :data:`OVERVIEW` (the topic list and every
-        topic's counts) or a topic's name (its counts). Read again what of it is ``refresh``
-        seconds old, so that no page shows older counts. ``discover``: look in the store for
-        a topic the dashboard does not know yet. Returns the topic's view (None: no such
-        topic, or the overview). A failed read shows on the page as any refresh's; a failed
-        look for an unknown topic raises the store's error."""
+        topic's counts), :data:`SCHEDULES` (the schedules and their stats) or a topic's name
+        (its counts). Read again what of it is ``refresh`` seconds old, so that no page
+        shows older counts. ``discover``: look in the store for a topic the dashboard does
+        not know yet. Returns the topic's view (None: no such topic, or another subject). A
+        failed read shows on the page as any refresh's; a failed look for an unknown topic
+        raises the store's error."""
         view = None
-        if subject != OVERVIEW:
+        if subject not in (OVERVIEW, SCHEDULES):
             view = self.topics.get(subject)
             if view is None and discover:
                 view = await self._discover(subject)
@@ -123,7 +128,10 @@ class Monitor(Reader):
                 return None
         before = self.meter.counts.total()
         try:
-            read = await self._read_stale(view)
+            if subject == SCHEDULES:
+                read = await self._read_stale_schedules()
+            else:
+                read = await self._read_stale(view)
         except PawnQueueError as exc:
             self._note_error(exc)
             return view
@@ -155,6 +163,13 @@ class Monitor(Reader):
                 return True
         await self.refresh_topics(names)
         return listed or bool(names)
+
+    async def _read_stale_schedules(self) -> bool:
+        """Read the schedules if they are ``refresh`` seconds old; whether they were."""
+        if not self._stale(self.schedules_read_at):
+            return False
+        await self._once(SCHEDULES, self._read_schedules)
+        return True
 
     def _stale(self, read_at: float | None) -> bool:
         return read_at is None or self.now() - read_at >= self.settings.refresh

@@ -1,5 +1,6 @@
 """What the dashboard knows of one topic (:class:`TopicView`) and of its subscriptions
-(:class:`SubscriptionView`), and the points of its charts."""
+(:class:`SubscriptionView`), the points of its charts, and the schedules
+(:class:`ScheduleView`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pawn_queue._protocol.counts import BatchSizes, Counts
+from pawn_queue._protocol.schedules import Schedule, ScheduleStats
 from pawn_queue._protocol.topics import TopicSettings
 
 PROBLEM_WINDOW_SECONDS = 300.0  # dead letters added within this long say "growing"
@@ -134,3 +136,39 @@ def counts_key(stats: Counts | None) -> tuple[int, ...] | None:
         stats.delayed_objects,
         stats.uncounted_batches,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleView:
+    """One schedule as the schedules page shows it: its definition's topic and rule, and
+    its stats (``schedule_stats``); ``error`` for a definition that cannot be read."""
+
+    name: str
+    topic: str = ""
+    cron: str | None = None
+    every: float | None = None
+    timezone: str = "UTC"
+    paused: bool = False
+    stats: ScheduleStats | None = None
+    error: str | None = None
+
+    @classmethod
+    def of(cls, schedule: Schedule, stats: ScheduleStats) -> ScheduleView:
+        return cls(
+            name=schedule.name,
+            topic=schedule.topic,
+            cron=schedule.cron,
+            every=schedule.every,
+            timezone=schedule.timezone,
+            paused=schedule.paused,
+            stats=stats,
+        )
+
+    @property
+    def spec(self) -> str:
+        """When it fires: ``cron 0 2 * * * (Europe/Berlin)`` or ``every 60 s``."""
+        if self.cron is not None:
+            return f"cron {self.cron} ({self.timezone})"
+        if self.every is not None:
+            return f"every {self.every:g} s"
+        return ""

@@ -4,6 +4,11 @@ The first SIGTERM or SIGINT stops claiming, lets running handlers finish within 
 period, gives every other message back at once (no receive counted) and exits 0. A second
 one cuts the grace short: unfinished handlers are cancelled, their messages given back, and
 the exit code is 3. A ``kill -9`` loses nothing either: the leases of its messages expire.
+
+Beside the handlers the process runs the queue's schedules (unless ``--no-schedules``): each
+tick fires once across every process that runs them, with no leader; a signal stops the
+runner at once, and a crash of it is logged and it starts again while the handlers go on
+(:mod:`pawn_queue.app._schedules`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class WorkerOptions:
     log_format: LogFormat = "text"
     log_level: str = "info"
     supervised: bool = False  # a child of --processes: stop when the supervisor is gone
+    schedules: bool = True  # run the queue's schedules beside the handlers (--no-schedules)
 
 
 def run_worker(app: App, options: WorkerOptions) -> int:
@@ -85,15 +91,16 @@ async def run_app(app: App, options: WorkerOptions) -> int:
             )
             await server.start()
         logger.info(
-            "worker started app=%s subscribers=%s pid=%d",
+            "worker started app=%s subscribers=%s schedules=%s pid=%d",
             app.name,
             ",".join(f"{s.name}:{_reads(s)}" for s in app.subscribers),
+            "on" if options.schedules else "off",
             os.getpid(),
         )
         for sub in app.subscribers:
             logger.info("subscriber %s receives %s", sub.name, sub.binding.describe())
         if not signals:
-            await app.serve(grace=options.grace)
+            await app.serve(grace=options.grace, schedules=options.schedules)
         if not signals:
             code = EXIT_FAILED  # serve() returns only when stopped
     except Exception:

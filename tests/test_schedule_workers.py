@@ -1,0 +1,115 @@
+"""Issue 42's target: three runner processes fire an ``every=1`` schedule for 60 s while one
+of them is killed with ``kill -9`` every 10 s and started again; each of the 60 ticks is
+published once, none twice and none left out (a tick whose winner died between its marker
+and its publish is published by a runner that lost it, 10 s later).
+
+The runners are ``tests/workers/schedule_worker.py`` (``run_schedules()`` in a process of its
+own); ``pawn-queue worker --processes 2`` running an App's schedule is
+tests/cli/test_worker_schedules.py. A local directory only: the scenario takes 60 s by
+nature, and the protocol's store requests are the same on S3 (tests/test_schedules.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from pawn_queue import Consumer, Message, PawnQueue
+from tests.helpers.support import sigkill
+
+WORKER = Path(__file__).parent / "workers" / "schedule_worker.py"
+RUNNERS = 3
+KILL_EVERY_SECONDS = 10.0
+TICKS = 60
+
+
+def tick_of(message: Message) -> datetime:
+    return datetime.fromisoformat(message.attributes["schedule_time"])
+
+
+async def start_runner(url: str) -> asyncio.subprocess.Process:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(WORKER), url, stdout=asyncio.subprocess.PIPE
+    )
+    assert process.stdout is not None
+    assert await asyncio.wait_for(process.stdout.readline(), 60) == b"ready\n"
+    return process
+
+
+class Reader:
+    """The messages of the topic, each acked as it comes."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.seen: list[Message] = []
+
+    def ticks(self) -> set[datetime]:
+        return {tick_of(m) for m in self.seen}
+
+    async def until(self, done: Callable[[], bool], timeout: float) -> None:  # noqa: ASYNC109
+        """Read until ``done()`` (TimeoutError after ``timeout`` seconds)."""
+        async with asyncio.timeout(timeout):
+            while not done():
+                for message in await self.consumer.poll(wait=0.5):
+                    await message.ack()
+                    self.seen.append(message)
+
+    async def until_time(self, moment: float) -> None:
+        """Read until the event loop's clock says ``moment``."""
+        loop = asyncio.get_running_loop()
+        await self.until(lambda: loop.time() >= moment, moment - loop.time() + 60)
+
+    async def drain(self) -> None:
+        while messages := await self.consumer.poll(wait=1.0):
+            for message in messages:
+                await message.ack()
+            self.seen += messages
+
+
+@pytest.mark.alone
+async def test_each_tick_fires_once_while_runners_are_killed_and_restarted(
+    tmp_path: Path,
+) -> None:
+    url = f"file://{tmp_path / 'store'}"
+    loop = asyncio.get_running_loop()
+    async with PawnQueue.from_url(url) as pq:
+        await pq.create_topic("jobs")
+        await pq.create_schedule("every-second", "jobs", every=1)
+        reader = Reader(await pq.register_consumer("counter", ["jobs"]))
+        runners = [await start_runner(url) for _ in range(RUNNERS)]
+        killed = 0
+        try:
+            await reader.until(lambda: bool(reader.seen), 60)
+            first = min(reader.ticks())
+            window = {first + timedelta(seconds=k) for k in range(TICKS)}
+            began = loop.time()
+            # The scenario: every 10 s for 60 s, one runner killed (in turn) and started again.
+            for round_ in range(1, int(TICKS / KILL_EVERY_SECONDS) + 1):
+                await reader.until_time(began + round_ * KILL_EVERY_SECONDS)
+                index = round_ % RUNNERS
+                sigkill(runners[index])
+                assert await runners[index].wait() == -9
+                killed += 1
+                runners[index] = await start_runner(url)
+            # Every tick of the window, an orphaned one 10 s after its winner died.
+            await reader.until(lambda: window <= reader.ticks(), 120)
+        finally:
+            for runner in runners:
+                runner.terminate()
+            for runner in runners:
+                await runner.wait()
+        await reader.drain()
+        stats = await pq.schedule_stats("every-second")
+    counts = Counter(tick_of(m) for m in reader.seen)
+    assert killed == TICKS / KILL_EVERY_SECONDS
+    assert [tick for tick, n in counts.items() if n > 1] == []  # no tick twice
+    assert sorted(t for t in counts if t in window) == sorted(window)  # none left out
+    assert sum(counts[t] for t in window) == TICKS
+    assert stats.missed == 0  # nothing skipped: a runner started again catches up
+    assert all(m.attributes["schedule"] == "every-second" for m in reader.seen)
