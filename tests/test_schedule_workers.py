@@ -18,8 +18,6 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import pytest
-
 from pawn_queue import Consumer, Message, PawnQueue
 from tests.helpers.support import sigkill
 
@@ -72,7 +70,6 @@ class Reader:
             self.seen += messages
 
 
-@pytest.mark.alone
 async def test_each_tick_fires_once_while_runners_are_killed_and_restarted(
     tmp_path: Path,
 ) -> None:
