@@ -104,13 +104,12 @@ $(NPM_DIR)/node_modules/.installed: $(NPM_DIR)/package.json $(NPM_DIR)/package-l
 
 test-servers: ceph $(NPM_DIR)/node_modules/.installed
 
-# The suite mostly waits (servers, processes, leases). PYTEST_WORKERS=N runs it in N processes
-# (pytest-xdist; the controller starts the test servers once for all of them,
-# tests/servers/shared.py), about 11 minutes with 4; then the tests marked `alone`
-# (timing-dependent: Spark, s3rver's, strict order and request counts) run in one process.
-# Not the default: in two of three fresh-clone runs a worker died of a segfault in native
-# code (docs/development/layout.md). Both phases run; either failing fails.
-PYTEST_WORKERS ?= 0
+# The suite mostly waits (servers, processes, leases): it runs in PYTEST_WORKERS processes
+# (pytest-xdist; 0 for one process), for which the controller starts the test servers once
+# (tests/servers/shared.py); then the tests marked `alone` (timing-dependent: Spark, s3rver's
+# queue tests, strict order and request counts) run in one process. Both phases run; either
+# failing fails (docs/development/layout.md).
+PYTEST_WORKERS ?= 4
 PYTEST := PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
 pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
 	$(PYTEST) --numprocesses $(PYTEST_WORKERS) --durations=40 -m "not alone"; \

@@ -18,7 +18,7 @@ from pawn_queue.exceptions import StoreError
 from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
 from tests.helpers.storage import lease_of, leases_of
-from tests.helpers.support import keys_under, settled
+from tests.helpers.support import keys_under, poll_count, settled
 
 
 async def test_batch_is_one_object_delivered_in_order(pq: PawnQueue) -> None:
@@ -74,7 +74,7 @@ async def test_ack_all_takes_a_list_of_messages(pq: PawnQueue, bad: Any) -> None
     await pq.create_topic("t")
     await (await pq.register_producer("p")).publish("t", 1)
     consumer = await pq.register_consumer("c", topics=["t"])
-    [message] = await consumer.poll()
+    [message] = await poll_count(consumer, 1)
     with pytest.raises(ArgumentError, match="ack_all takes"):
         await consumer.ack_all(bad)
     with pytest.raises(ArgumentError, match="a list of messages, got Message"):

@@ -30,7 +30,7 @@ async def test_dead_letters_carry_why_and_redrive_restores_them(pq: PawnQueue) -
     assert by_id[ids[0]].topic == "t" and by_id[ids[0]].dead_lettered_at
 
     assert await pq.redrive("t", ids=[ids[1]]) == 1
-    [back] = await consumer.poll()
+    [back] = await poll_count(consumer, 1)
     assert (back.id, back.payload, back.attributes) == (ids[1], {"n": 1}, {"k": "1"})
     assert back.producer_id == producer.id
     await back.ack()
@@ -104,7 +104,7 @@ async def test_redrive_cut_short_and_run_again_leaves_one_copy(
         [pending] = await pq.store.list("t/messages/")
         assert message_id in pending.key
         consumer = await pq.register_consumer("c2", topics=["t"])
-        [again] = await consumer.poll()
+        [again] = await poll_count(consumer, 1)
         assert again.id == message_id
         await again.ack()
         assert await consumer.poll() == []

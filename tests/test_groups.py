@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pawn_queue import ArgumentError, Message, PawnQueue
+from tests.helpers.support import poll_count
 
 
 async def test_group_order_under_competing_consumers(queue_config: dict[str, Any]) -> None:
@@ -73,7 +74,7 @@ async def test_groups_run_in_parallel_and_block_only_themselves(pq: PawnQueue) -
     assert await consumer.poll() == []
     by_id = {m.id: m for m in first}
     await by_id[a1].ack()
-    [second] = await consumer.poll()
+    [second] = await poll_count(consumer, 1)
     assert second.id == a2
     with pytest.raises(ArgumentError):
         await producer.publish("t", 1, group="")

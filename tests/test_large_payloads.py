@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pawn_queue import PawnQueue
+from tests.helpers.support import poll_count
 
 MIB = 1024 * 1024
 SIZE = 100 * MIB
@@ -79,12 +80,12 @@ async def test_small_bytes_payload_and_dead_letter(pq: PawnQueue) -> None:
     producer = await pq.register_producer("p")
     await producer.publish("t", b"\x00\xffbinary\nwith newline", attributes={"type": "raw"})
     consumer = await pq.register_consumer("c", topics=["t"])
-    [message] = await consumer.poll()
+    [message] = await poll_count(consumer, 1)
     assert message.payload == b"\x00\xffbinary\nwith newline"
     assert message.attributes == {"type": "raw"}
     await message.nack()
     [letter] = await pq.dead_letters("t")
     assert letter.payload == b"\x00\xffbinary\nwith newline"
     assert await pq.redrive("t") == 1
-    [again] = await consumer.poll()
+    [again] = await poll_count(consumer, 1)
     assert again.payload == b"\x00\xffbinary\nwith newline"

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from pawn_queue import PawnQueue, PawnQueueError, sync
+from tests.helpers.support import poll_count
 
 Opener = Callable[[], PawnQueue]
 
@@ -41,7 +42,7 @@ async def round_trip(pq: PawnQueue) -> None:
     producer = await pq.register_producer("shop")
     consumer = await pq.register_consumer("billing", ["orders"])
     sent = await producer.publish("orders", {"order_id": 42})
-    [message] = await consumer.poll()
+    [message] = await poll_count(consumer, 1)
     assert (message.id, message.payload) == (sent, {"order_id": 42})
     await message.ack()
 

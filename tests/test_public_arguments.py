@@ -34,6 +34,7 @@ from pawn_queue.config import PawnQueueConfig
 from pawn_queue.consumer import Consumer
 from pawn_queue.message import Message
 from pawn_queue.producer import Producer
+from tests.helpers.support import poll_count
 
 
 class Unrelated:
@@ -269,7 +270,7 @@ async def async_world() -> AsyncIterator[World]:
         producer = await pq.register_producer("p")
         consumer = await pq.register_consumer("c", ["t"])
         await producer.publish("t", {"n": 1})
-        [message] = await consumer.poll()
+        [message] = await poll_count(consumer, 1)
         await producer.publish("t", {"n": 2})
         yield World(pq, producer, consumer, message)
 

@@ -26,7 +26,7 @@ from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
 from tests.helpers.storage import lease_key
 from tests.helpers.stores import BACKENDS, CONDITIONAL, STORE_MATRIX
-from tests.helpers.support import ack_patiently, keys_under, settled
+from tests.helpers.support import ack_patiently, keys_under, poll_count, settled
 
 conditional = pytest.mark.parametrize("backend", sorted(CONDITIONAL), indirect=True)
 
@@ -52,7 +52,7 @@ async def test_publish_poll_ack(pq: PawnQueue) -> None:
     producer = await pq.register_producer("order-service")
     consumer = await pq.register_consumer("billing", topics=["orders"])
     mid = await producer.publish("orders", {"order_id": 42, "item": "widget"})
-    [message] = await consumer.poll()
+    [message] = await poll_count(consumer, 1)
     assert (message.id, message.topic, message.producer_id) == (mid, "orders", producer.id)
     assert message.payload == {"order_id": 42, "item": "widget"}
     assert message.created_at.endswith("+00:00")
@@ -329,7 +329,7 @@ async def test_poll_refreshes_leases_and_lost_lease_ack_deletes_nothing(
         await (await qa.register_producer("p")).publish("t", {"v": 1})
         a = await qa.register_consumer("a", topics=["t"])
         b = await qb.register_consumer("b", topics=["t"])
-        [held] = await a.poll()
+        [held] = await poll_count(a, 1)
         # Three visibility timeouts later the background refresh still keeps it ours.
         for _ in range(6):
             await asyncio.sleep(0.5)
@@ -372,7 +372,7 @@ async def test_refresh_after_takeover_does_not_overwrite(queue_config: dict[str,
         await (await qa.register_producer("p")).publish("t", {"v": 1})
         a = await qa.register_consumer("a", topics=["t"])
         b = await qb.register_consumer("b", topics=["t"])
-        [held] = await a.poll()
+        [held] = await poll_count(a, 1)
         a.held_leases.paused = True
         taken = await _poll_until_one(b, within=10)
         key = lease_key("t", held.id)
@@ -398,7 +398,7 @@ async def test_claim_racing_ack_never_redelivers(queue_config: dict[str, Any]) -
         b = await qb.register_consumer("b", topics=["t"])
         for _ in range(15):
             await producer.publish("t", {"v": 1})
-            [message] = await a.poll()
+            [message] = await poll_count(a, 1)
             results = await asyncio.gather(message.ack(), b.poll(), b.poll(), b.poll())
             stolen = [m for batch in results[1:] for m in batch]
             assert stolen == [], "an acked message was delivered again"
@@ -435,7 +435,7 @@ async def test_nack_with_failing_dead_letter_write_loses_nothing(
         await pq.create_topic("t")
         mid = await (await pq.register_producer("p")).publish("t", {"v": 1})
         consumer = await pq.register_consumer("c", topics=["t"])
-        [message] = await consumer.poll()
+        [message] = await poll_count(consumer, 1)
         faulty.hooks.append(fail_dead_letter)
         with pytest.raises(StoreUnavailable):
             await message.nack()
@@ -471,7 +471,7 @@ async def test_a_failed_settle_comes_back_to_this_process(
         await pq.create_topic("t")
         mid = await (await pq.register_producer("p")).publish("t", {"v": 1})
         consumer = await pq.register_consumer("c", topics=["t"])
-        [message] = await consumer.poll()
+        [message] = await poll_count(consumer, 1)
         faulty.hooks.append(fail)
         with pytest.raises(StoreUnavailable):
             await getattr(message, settle)()
@@ -554,7 +554,7 @@ async def test_janitor_racing_refresh_keeps_live_lease(queue_config: dict[str, A
         await (await qa.register_producer("p")).publish("t", {"v": 1})
         a = await qa.register_consumer("a", topics=["t"])
         b = await qb.register_consumer("b", topics=["t"])
-        [held] = await a.poll()
+        [held] = await poll_count(a, 1)
         a.held_leases.paused = True
         key = lease_key("t", held.id)
         lease_a = a.held_leases.get(key)

@@ -13,7 +13,7 @@ from pawn_queue.config import load_config
 from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
 from tests.helpers.storage import dead_letter_ids, lease_of, message_keys, write_message
-from tests.helpers.support import keys_under
+from tests.helpers.support import keys_under, poll_count
 
 MARGIN = timedelta(seconds=0.2)  # clock_skew_margin_seconds in the test config
 
@@ -38,7 +38,7 @@ async def test_requeue_with_delay_redelivers_after_the_delay(pq: PawnQueue) -> N
     await pq.create_topic("t")
     mid = await (await pq.register_producer("p")).publish("t", {"n": 1})
     consumer = await pq.register_consumer("c", topics=["t"])
-    [first] = await consumer.poll()
+    [first] = await poll_count(consumer, 1)
     assert first.receive_count == 1
     requeued_at = datetime.now(UTC)
     await first.nack(requeue=True, delay=1.5)
@@ -224,7 +224,7 @@ async def test_extend_and_per_consumer_visibility(pq: PawnQueue) -> None:
     with pytest.raises(ConfigError):
         await pq.register_consumer("c", topics=["t"], visibility_timeout=0.1)
     consumer = await pq.register_consumer("c", topics=["t"], visibility_timeout=20)
-    [message] = await consumer.poll()
+    [message] = await poll_count(consumer, 1)
 
     async def expires_in() -> float:
         lease = await lease_of(pq.store, "t", message.id)

@@ -19,6 +19,7 @@ from pawn_queue.sync import Message as BlockingMessage
 from pawn_queue.sync import PawnQueue as SyncPawnQueue
 from tests.helpers.faults import FaultyStore
 from tests.helpers.storage import dead_letter_ids, message_keys
+from tests.helpers.support import poll_count
 
 LONG_LEASE = {"visibility_timeout_seconds": 30.0, "lease_refresh_interval_seconds": 0.2}
 
@@ -116,7 +117,7 @@ async def test_stopping_lets_running_handlers_finish_and_releases_the_rest_uncou
         slow = await producer.publish("t", "slow")
         # The slow one was received once before: a stop must not count a second receive.
         consumer = await pq.register_consumer("c", ["t"])
-        [first, second] = await consumer.poll()
+        [first, second] = await poll_count(consumer, 2)
         assert second.id == slow
         await second.nack(requeue=True)
         await first.nack(requeue=True)

@@ -38,6 +38,7 @@ from pawn_queue.observe import Observer
 from pawn_queue.service.logs import JsonFormatter, TextFormatter
 from pawn_queue.sync import PawnQueue
 from tests.helpers.stores import queue_config_dict
+from tests.helpers.support import poll_count
 from tests.servers.fault_proxy import FaultProxy, FaultRule
 from tests.servers.seaweedfs import SeaweedFS
 
@@ -350,9 +351,9 @@ def test_library_lines_are_structured_and_a_requeue_is_no_takeover() -> None:
             await pq.create_topic("jobs")
             await (await pq.register_producer("p")).publish("jobs", {"n": 1})
             consumer = await pq.register_consumer("c", ["jobs"])
-            [message] = await consumer.poll()
+            [message] = await poll_count(consumer, 1)
             await message.nack(requeue=True)  # given back: the next claim is routine
-            [again] = await consumer.poll()
+            [again] = await poll_count(consumer, 1)
 
             async def fail(message: Any) -> None:
                 raise RuntimeError("boom")

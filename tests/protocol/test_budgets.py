@@ -470,6 +470,7 @@ def topic_lists(counter: ListCounter) -> int:
     return sum(n for key, n in counter.lists.items() if key.endswith("/messages/"))
 
 
+@pytest.mark.alone  # counts each LIST: a loaded machine's slow looks add a backfill listing
 async def test_poll_of_an_idle_topic_lists_nothing_between_sweeps(
     queue_config: dict[str, Any],
 ) -> None:

@@ -23,6 +23,7 @@ from pawn_queue.exceptions import StoreUnavailable
 from pawn_queue.store.memory import MemoryStore
 from tests.helpers.faults import FaultyStore
 from tests.helpers.stores import queue_config_dict
+from tests.helpers.support import poll_count
 from tests.servers.fault_proxy import FaultProxy, FaultRule
 from tests.servers.seaweedfs import SeaweedFS
 
@@ -132,7 +133,7 @@ async def test_a_stalled_refresh_on_s3_does_not_let_the_lease_lapse(
         await holder_pq.create_topic("t")
         message_id = await (await holder_pq.register_producer("p")).publish("t", "work")
         holder = await holder_pq.register_consumer("holder", topics=["t"])
-        [message] = await holder.poll()
+        [message] = await poll_count(holder, 1)
         lease_key = layout.lease_key("t", message_id)
         proxy.set_rules(
             [FaultRule("stall", 1.0, frozenset({"put"}), lease_key, delay_seconds=10, limit=1)]

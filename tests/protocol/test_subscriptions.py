@@ -37,7 +37,7 @@ from pawn_queue.exceptions import SubscriptionConflictError, SubscriptionNotFoun
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.helpers.stores import BACKENDS, CONDITIONAL, STORE_MATRIX
-from tests.helpers.support import ack_patiently, keys_under, settled
+from tests.helpers.support import ack_patiently, keys_under, poll_count, settled
 
 SHIPPED_INDEX_CACHE_SECONDS = subscriptions_module.INDEX_CACHE_SECONDS
 QUICK_INDEX_CACHE_SECONDS = 0.1
@@ -744,7 +744,7 @@ async def test_delete_topic_removes_its_subscriptions(pq: PawnQueue, other: Pawn
     producer = await pq.register_producer("p")
     await producer.publish("t", 1, attributes={"k": "v"})
     consumer = await pq.register_consumer("c", ["t"], subscription="a")
-    [message] = await consumer.poll()
+    [message] = await poll_count(consumer, 1)
     await message.nack()
     await pq.delete_topic("t")
     assert await pq.store.list("t/") == []

@@ -17,7 +17,7 @@ from pawn_queue import PawnQueue, TopicNotFoundError
 from pawn_queue.cli import app
 from pawn_queue.exceptions import BucketNotFound, NotFound, RootNotFound
 from pawn_queue.store.filesystem import FilesystemStore
-from tests.helpers.support import mode_of
+from tests.helpers.support import mode_of, poll_count
 from tests.servers.seaweedfs import SeaweedFS
 
 # -- the store ------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ async def test_the_first_write_creates_the_directory(tmp_path: Path) -> None:
         await producer.publish("orders", {"n": 1})
         assert await pq.list_topics() == ["orders"]
         consumer = await pq.register_consumer("c", topics=["orders"])
-        [message] = await consumer.poll()
+        [message] = await poll_count(consumer, 1)
         await message.ack()
     assert not (root / "_probe").exists()
 
