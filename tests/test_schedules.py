@@ -26,6 +26,7 @@ from pawn_queue import (
     ScheduleNotFoundError,
     TopicNotFoundError,
 )
+from pawn_queue.config import PawnQueueConfig
 from tests.helpers.storage import schedule_key, schedule_tick_keys
 from tests.helpers.support import poll_count
 
@@ -228,3 +229,13 @@ async def test_three_processes_fire_each_tick_once(tmp_path: Path) -> None:
     expected = [first + timedelta(seconds=k) for k in range(span)]
     assert sorted(t for t in counts if t <= last_seen) == expected  # no tick left out
     assert first > created.created_at and span >= 20
+
+
+async def test_schedules_refuse_to_run_where_a_tick_could_fire_once_per_runner() -> None:
+    """Without conditional writes every runner's create-only tick marker would succeed."""
+    config = PawnQueueConfig.from_url("memory://", concurrency={"strategy": "csprng_verify"})
+    async with PawnQueue(config) as pq:
+        await pq.create_topic("jobs")
+        await pq.create_schedule("tick", "jobs", every=1)
+        with pytest.raises(ConfigError, match="conditional writes"):
+            await asyncio.wait_for(pq.run_schedules(), 10)

@@ -27,7 +27,12 @@ from typing import Any
 from pawn_queue._protocol.schedules import Schedule, decode_schedule, encode_schedule
 from pawn_queue.client import PawnQueue
 from pawn_queue.client._schedules import new_schedule
-from pawn_queue.exceptions import ArgumentError, ScheduleExistsError, ScheduleNotFoundError
+from pawn_queue.exceptions import (
+    ArgumentError,
+    ConfigError,
+    ScheduleExistsError,
+    ScheduleNotFoundError,
+)
 
 logger = logging.getLogger("pawn_queue.app")
 
@@ -129,6 +134,9 @@ async def run_schedules(queue: PawnQueue, app: str) -> None:
         failure: BaseException | None = None
         try:
             await queue.run_schedules()
+        except ConfigError as exc:  # a store where they cannot fire once: never will
+            logger.error("schedules are not run app=%s: %s (the handlers go on)", app, exc)
+            return
         except Exception as exc:
             failure = exc
         if loop.time() - started >= RESTART_MAX_SECONDS:

@@ -27,7 +27,7 @@ from pawn_queue._protocol.schedules import (
     dedup_id,
     tick_attributes,
 )
-from pawn_queue.exceptions import ArgumentError, PayloadError
+from pawn_queue.exceptions import ArgumentError, ConfigError, PayloadError
 
 if TYPE_CHECKING:
     from pawn_queue.producer import Producer
@@ -183,8 +183,17 @@ class ScheduleMethods:
 
     async def run_schedules(self) -> None:
         """Fire the ticks of every schedule of the queue until cancelled. Run it in as many
-        processes as you like: each tick fires once (docs/concepts/schedules.md)."""
+        processes as you like: each tick fires once (docs/concepts/schedules.md).
+
+        Raises ConfigError on a store without conditional writes (strategy
+        ``csprng_verify``): there every runner's create-only tick marker would succeed, and
+        each tick would fire once per runner."""
         runtime = self._ready()
+        if runtime.leases.strategy != "conditional_write":
+            raise ConfigError(
+                "schedules fire once per tick only on a store with conditional writes: this "
+                f"one runs strategy {runtime.leases.strategy} (docs/concepts/schedules.md)"
+            )
         producers: list[Producer] = []  # registered at the first tick: most queues have none
 
         async def publish(
