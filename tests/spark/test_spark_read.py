@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from pawn_queue import PawnQueue
+from pawn_queue.config import load_config
 from tests.helpers.spark_helpers import SparkQueue, publish, remaining
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
-# Spark runs alone, after the others (make pytest): a pytest-xdist worker holding a local
-# session died of a segfault in native code twice, and Spark's Python workers must connect
-# back within Spark's own 10 s, which a saturated machine misses.
+# Spark runs alone, after the others (make pytest): Spark's Python workers must connect back
+# within Spark's own 10 s, which a machine saturated by pytest workers misses.
 pytestmark = pytest.mark.alone
 
 
@@ -70,3 +72,29 @@ def test_snapshot_of_several_topics_and_empty_ones(
     assert reader(topic="c").count() == 0
     with pytest.raises(Exception, match="topic 'd' does not exist"):
         reader(topics="a,d")
+
+
+def test_a_snapshot_leaves_out_messages_past_their_own_expiry(
+    spark: SparkSession, fs_queue: SparkQueue
+) -> None:
+    async def main() -> list[str]:
+        config = load_config(fs_queue.config, environ={})
+        a_minute_ago = datetime.now(UTC) - timedelta(seconds=60)
+        async with (
+            PawnQueue(config, clock=lambda: a_minute_ago) as earlier,
+            fs_queue.queue() as now,
+        ):
+            await now.create_topic("t")
+            old = await earlier.register_producer("old")
+            await old.publish("t", 1, expires_in=10)
+            await old.publish_batch("t", [2, 3], expires_in=10)
+            producer = await now.register_producer("new")
+            return [
+                await producer.publish("t", 4, expires_in=600),
+                await producer.publish("t", 5),
+                *await producer.publish_batch("t", [6], expires_in=600),
+            ]
+
+    live = asyncio.run(main())
+    rows = spark.read.format("pawnqueue").options(**fs_queue.options, topic="t").load().collect()
+    assert sorted(row.id for row in rows) == sorted(live)

@@ -30,9 +30,8 @@ from tests.helpers.spark_helpers import (
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
-# Spark runs alone, after the others (make pytest): a pytest-xdist worker holding a local
-# session died of a segfault in native code twice, and Spark's Python workers must connect
-# back within Spark's own 10 s, which a saturated machine misses.
+# Spark runs alone, after the others (make pytest): Spark's Python workers must connect back
+# within Spark's own 10 s, which a machine saturated by pytest workers misses.
 pytestmark = pytest.mark.alone
 
 

@@ -11,6 +11,7 @@ import logging
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -148,6 +149,11 @@ def _add_object(
     envelopes = decode_batch(data) if is_batch else [Envelope.decode(data)]
     if skip:
         envelopes = [e for index, e in enumerate(envelopes) if index not in skip]
+    if any(e.expires_at is not None for e in envelopes):
+        # Past its own deadline a message is never delivered (publish expires_in): a stream's
+        # commit removes it with its object, a snapshot leaves it out.
+        now = datetime.now(UTC)
+        envelopes = [e for e in envelopes if not e.expired(now)]
     buffer.add(envelopes, ref.key, receives)
 
 
