@@ -74,6 +74,9 @@ PARAMETER_DIFFERENCES: dict[tuple[str, str, str], str] = {
     ("PawnQueue", "__init__", "clock"): (
         "a test hook (a skewed host clock); tests of clock skew drive the async core"
     ),
+    ("PawnQueue", "concurrency_limit", "return"): (
+        "async with on the async queue, with on the blocking one: both hold a LimitSlot"
+    ),
     ("PawnQueue", "run_schedules", "stop"): (
         "blocking only: a threading.Event that ends run_schedules(); the async runner ends "
         "when its task is cancelled"

@@ -102,6 +102,7 @@ async def test_bad_names_are_refused_and_write_nothing(pq: PawnQueue, tmp_path: 
             lambda: pq.register_consumer("c2", topics=["good", bad]),
             lambda: producer.publish(bad, {"a": 1}),
             lambda: producer.publish_batch(bad, [1, 2]),
+            lambda: pq.concurrency_limit(bad, 1).__aenter__(),  # raises at the call
         ]
 
     for bad in [*BAD_NAMES, *NOT_STRINGS]:

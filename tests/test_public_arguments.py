@@ -116,6 +116,8 @@ WRONG: dict[str, tuple[type[Exception], list[object]]] = {
     "batch": (ArgumentError, COUNT),
     "batch_wait": (ArgumentError, SECONDS_OR_ZERO),
     "stop": (ArgumentError, [Unrelated(), True]),
+    # concurrency limits (and ``limit`` above)
+    "timeout": (ArgumentError, SECONDS_OR_ZERO),
     # settling
     "seconds": (ArgumentError, SECONDS),
     "requeue": (ArgumentError, [Unrelated(), "yes", 1, None]),
@@ -136,6 +138,7 @@ VALID: dict[str, object] = {
     "reason": "test",
     "role": "consumers",
     "window": 60,
+    "limit": 2,
 }
 """A value for each required parameter, given while another one is wrong."""
 

@@ -17,6 +17,7 @@ from pawn_queue.exceptions import (
     ConfigError,
     LeaseConflictError,
     LeaseLostError,
+    LimitTimeoutError,
     PawnQueueError,
     PayloadError,
     PublishError,
@@ -30,6 +31,7 @@ from pawn_queue.exceptions import (
     TopicNotFoundError,
     TopicSettingsConflictError,
 )
+from pawn_queue.limits import LimitSlot
 from pawn_queue.message import Message
 from pawn_queue.producer import Producer
 from pawn_queue.registry import RegistryEntry
@@ -47,6 +49,8 @@ __all__ = [
     "DeadLetter",
     "LeaseConflictError",
     "LeaseLostError",
+    "LimitSlot",
+    "LimitTimeoutError",
     "Message",
     "PawnQueue",
     "PawnQueueBuilder",

@@ -22,6 +22,8 @@ One root, so ``except PawnQueueError`` catches everything the library raises::
     │   └── SubscriptionConflictError  create_subscription asked for another filter or settings
     ├── ScheduleNotFoundError        the schedule has not been created (or was deleted)
     ├── ScheduleExistsError          create_schedule found a schedule of that name
+    ├── LimitTimeoutError            concurrency_limit's timeout passed with every slot held
+    │                                (also a ``TimeoutError``)
     ├── PublishError                 a message could not be written (``__cause__`` says why)
     │   ├── QueueFullError           a topic stayed at ``max_pending`` for the whole wait
     │   └── PayloadError             the payload or attributes cannot be encoded (not
@@ -149,6 +151,11 @@ class ScheduleNotFoundError(PawnQueueError):
 class ScheduleExistsError(PawnQueueError, ValueError):
     """``create_schedule`` found a schedule of that name; nothing was written (change it
     with ``update_schedule``)."""
+
+
+class LimitTimeoutError(PawnQueueError, TimeoutError):
+    """``concurrency_limit``'s ``timeout`` passed while every slot of the limit was held;
+    nothing is held. Also a :class:`TimeoutError`."""
 
 
 class TopicSettingsConflictError(PawnQueueError, ValueError):

@@ -35,6 +35,7 @@ EXAMPLES = {
     "subscription_index_key": layout.subscription_index_key("orders"),
     "schedule_key": layout.schedule_key("nightly-report"),
     "schedule_tick_key": layout.schedule_tick_key("nightly-report", AT),
+    "limit_slot_key": layout.limit_slot_key("partner-api", 2),
     "topic_marker_key subscription": layout.topic_marker_key(SUBSCRIPTION),
     "message_key subscription": layout.message_key(SUBSCRIPTION, ID, AT, batch=True),
     "lease_key subscription": layout.lease_key(SUBSCRIPTION, ID),

@@ -8,6 +8,7 @@ see ``tests.helpers.support`` (``settled``, ``keys_under``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from typing import Any
 
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import Envelope, LeaseBody
+from pawn_queue.exceptions import NotFound
 from pawn_queue.store.base import Store
 
 
@@ -144,3 +146,22 @@ async def schedule_tick_keys(store: Store, name: str) -> list[str]:
 def schedule_key(name: str) -> str:
     """Where a schedule's definition is stored."""
     return layout.schedule_key(name)
+
+
+# -- concurrency limits ---------------------------------------------------------------------
+
+
+def limit_slot_key(name: str, slot: int) -> str:
+    """Where slot ``slot`` of the concurrency limit ``name`` is stored."""
+    return layout.limit_slot_key(name, slot)
+
+
+async def limit_slots(store: Store, name: str, limit: int) -> dict[int, LeaseBody]:
+    """The stored slots of the concurrency limit ``name`` (its lease bodies), by slot; the
+    slots never written are left out."""
+    found: dict[int, LeaseBody] = {}
+    for slot in range(limit):
+        with contextlib.suppress(NotFound):
+            stored = await store.get(layout.limit_slot_key(name, slot))
+            found[slot] = LeaseBody.decode(stored.data)
+    return found

@@ -142,6 +142,24 @@ class LoopThread:
 
 
 @contextlib.contextmanager
+def blocking_context(
+    runner: LoopThread, inner: contextlib.AbstractAsyncContextManager[T]
+) -> Iterator[T]:
+    """The async context manager ``inner`` as a plain one: entered and exited on the loop.
+    Once the loop is closed (its queue torn down, which let go of what ``inner`` held),
+    the exit is skipped."""
+    value = runner.call(inner.__aenter__())
+    try:
+        yield value
+    except BaseException as exc:
+        if runner.closed or not runner.call(inner.__aexit__(type(exc), exc, exc.__traceback__)):
+            raise
+    else:
+        if not runner.closed:
+            runner.call(inner.__aexit__(None, None, None))
+
+
+@contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
     """In the main thread, SIGTERM raises ``SystemExit(143)`` (as Ctrl-C raises
     KeyboardInterrupt) instead of killing the process, so a stop can release its leases."""

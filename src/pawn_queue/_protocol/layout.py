@@ -26,6 +26,7 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     _spark/{query}/sink/{n}.json                a streaming write's micro-batch marker
     _schedules/{name}.json                      a schedule's definition (JSON)
     _schedule_ticks/{name}/{tick}               a fired tick of a schedule (create-only, once)
+    _limits/{name}/{slot}.lease                 a slot of a concurrency limit: a lease
 
 Names of topics, producers and consumers (:func:`validate_name`) are safe as a key segment
 and a file name on every store, and cannot pass for another name on screen: 1-128
@@ -86,10 +87,8 @@ DELAYED_MARK = "d"
 
 
 def validate_name(name: object, what: str = "name") -> str:
-    """Return ``name`` if it is a valid topic, producer or consumer name, else raise ConfigError.
-
-    The rules are in the module docstring; the error names the first offending character.
-    """
+    """Return ``name`` if it is a valid topic, producer or consumer name, else raise ConfigError
+    naming the first offending character (the rules are in the module docstring)."""
     if not isinstance(name, str):
         raise ConfigError(
             f"{what} must be a string, got {type(name).__name__} {reprlib.repr(name)}"
@@ -438,10 +437,8 @@ def topic_from_marker_key(key: str) -> str | None:
 
 
 def after_subtree(segment: str) -> str:
-    """A ``start_after`` value that skips every key under ``segment/``.
-
-    ``0`` is the character right after ``/``, so ``segment0`` sorts after all of ``segment/...``.
-    """
+    """A ``start_after`` value that skips every key under ``segment/``: ``0`` is the character
+    right after ``/``, so ``segment0`` sorts after all of ``segment/...``."""
     return f"{segment}0"
 
 
@@ -496,3 +493,8 @@ def schedule_tick_key(name: str, tick: datetime) -> str:
 def tick_of(key: str) -> datetime | None:
     """The tick a marker key names, None for any other key."""
     return due_from_key(key) if key.endswith("Z") else None
+
+
+def limit_slot_key(name: str, slot: int) -> str:
+    """Slot ``slot`` (0 to limit - 1) of the concurrency limit ``name`` (pawn_queue.limits)."""
+    return f"_limits/{name}/{slot}{LEASE_SUFFIX}"

@@ -39,6 +39,9 @@ _T = TypeVar("_T")
 
 ResolvedStrategy = Literal["conditional_write", "csprng_verify"]
 
+RELEASED = "1970-01-01T00:00:00+00:00"
+"""The ``expires_at`` of a lease given back for good: expired on every clock, free to take."""
+
 _REFUSED_UNCHANGED_WRITES = 3
 """How many times a write over our lease is tried while the store refuses it though the
 lease is unchanged (a 409 conflict answer): then the lease counts as lost."""
@@ -103,18 +106,18 @@ class LeaseProtocol:
     async def _claim_conditional(
         self, key: str, body: LeaseBody, seconds: float
     ) -> tuple[str, LeaseBody] | None:
-        etag, current = await self._conditional_put(key, body, "create", seconds)
+        etag, current = await conditional_put(self._store, key, body, "create", seconds)
         if etag is not None:
             return etag, body
         if current is None:
             # Released between our put and our read: one more create decides.
-            etag, _ = await self._conditional_put(key, body, "create", seconds)
+            etag, _ = await conditional_put(self._store, key, body, "create", seconds)
             return None if etag is None else (etag, body)
         previous = self._expired_lease(key, current.data, current.meta.last_modified)
         if previous is None:
             return None
         body = replace(body, settled=previous.settled, receive_count=previous.receive_count + 1)
-        etag, _ = await self._conditional_put(key, body, IfMatch(current.meta.etag), seconds)
+        etag, _ = await conditional_put(self._store, key, body, IfMatch(current.meta.etag), seconds)
         if etag is None:
             return None
         if previous.released:  # given back (a requeue, a stop): routine, not a lost holder
@@ -135,7 +138,7 @@ class LeaseProtocol:
         for _ in range(_STALE_READS):
             read_at = time.monotonic()
             try:
-                current = await _bounded(seconds, key, self._store.get(key))
+                current = await bounded(seconds, key, self._store.get(key))
             except NotFound:
                 current = None
             if time.monotonic() - read_at <= fastest_decision_ms / 2000:
@@ -149,7 +152,7 @@ class LeaseProtocol:
                 return None
             body = replace(body, settled=previous.settled, receive_count=previous.receive_count + 1)
         put = self._store.put(key, body.encode(), "overwrite", durable=False)
-        etag = await _bounded(seconds, key, put)
+        etag = await bounded(seconds, key, put)
         jitter_ms = cfg.jitter_min_ms + secrets.randbelow(cfg.jitter_max_ms - cfg.jitter_min_ms + 1)
         await asyncio.sleep(jitter_ms / 1000)
         for attempt in range(cfg.verify_retries + 1):
@@ -180,27 +183,23 @@ class LeaseProtocol:
     def _expired_lease(self, key: str, data: bytes, last_modified: datetime) -> LeaseBody | None:
         """The stored lease if it may be taken over, else None (and remember until when it is
         live). A corrupt lease counts as expiring at its write time."""
-        try:
-            previous = LeaseBody.decode(data)
-            free_at = previous.expires if previous.released else previous.expires + self.margin
-        except (CorruptObject, OverflowError):  # overflow: an expiry at the end of time
-            previous = LeaseBody("", "", "", last_modified.isoformat(), "")
-            free_at = last_modified + self.margin
-        if self.clock() > free_at:
+        previous, free = free_at(data, last_modified, self.margin)
+        if self.clock() > free:
             return previous
-        self._busy_until[key] = free_at
+        self._busy_until[key] = free
         return None
 
-    async def _replace(self, lease: Lease, body: LeaseBody) -> str | None:
-        """Write ``body`` over our lease; None if the lease is no longer ours."""
+    async def write_over(self, lease: Lease, body: LeaseBody) -> str | None:
+        """Write ``body`` over our lease (if-match its etag, within rule 11's bound); None if
+        the lease is no longer ours. Raises StoreUnavailable when the outcome is unknown."""
         window = self.margin.total_seconds() + min(1.0, lease.visibility / 4)
         safe = (lease.expires - self.clock()).total_seconds() - window
         seconds = renew_seconds(lease.visibility, safe)
         if self.strategy == "conditional_write":
             give_up = time.monotonic() + seconds
             for attempt in range(1, _REFUSED_UNCHANGED_WRITES + 1):
-                etag, current = await self._conditional_put(
-                    lease.key, body, IfMatch(lease.etag), seconds
+                etag, current = await conditional_put(
+                    self._store, lease.key, body, IfMatch(lease.etag), seconds
                 )
                 # Refused while the lease is still as we last wrote it: no takeover, but a
                 # store that refused a write it did not apply (AWS's 409 to conditional
@@ -214,46 +213,58 @@ class LeaseProtocol:
         if not await self._etag_is(lease.key, lease.etag, seconds):
             return None
         put = self._store.put(lease.key, body.encode(), "overwrite", durable=False)
-        return await _bounded(seconds, lease.key, put)
-
-    async def _conditional_put(
-        self, key: str, body: LeaseBody, mode: PutMode, seconds: float
-    ) -> tuple[str | None, StoredObject | None]:
-        """``(etag, None)`` once ``body`` is stored; else ``(None, what is stored)``, where
-        None means nothing. A retried request can fail on its own earlier success, so a
-        refusal is checked against the stored nonce before it counts as lost (rule 6).
-
-        A transient failure is checked the same way: S3 clients do not resend a conditional
-        write whose connection broke or timed out, though the server may have applied it.
-        If the stored lease is not ours then, the failure is raised (the outcome is unknown).
-        Each request is given up after ``seconds`` (rule 11), which counts as such a failure.
-        """
-        unknown: StoreUnavailable | None = None
-        try:
-            put = self._store.put(key, body.encode(), mode, durable=False)
-            return await _bounded(seconds, key, put), None
-        except (AlreadyExists, PreconditionFailed):
-            pass
-        except StoreUnavailable as exc:
-            unknown = exc
-        try:
-            current = await _bounded(seconds, key, self._store.get(key))
-        except NotFound:
-            current = None
-        try:
-            if current is not None and LeaseBody.decode(current.data).nonce == body.nonce:
-                return current.meta.etag, None
-        except CorruptObject:
-            pass
-        if unknown is not None:
-            raise unknown
-        return None, current
+        return await bounded(seconds, lease.key, put)
 
     async def _etag_is(self, key: str, etag: str, seconds: float) -> bool:
         try:
-            return (await _bounded(seconds, key, self._store.head(key))).etag == etag
+            return (await bounded(seconds, key, self._store.head(key))).etag == etag
         except NotFound:
             return False
+
+
+async def conditional_put(
+    store: Store, key: str, body: LeaseBody, mode: PutMode, seconds: float
+) -> tuple[str | None, StoredObject | None]:
+    """Write the lease ``body`` at ``key`` (``mode``: create or if-match): ``(etag, None)``
+    once it is stored; else ``(None, what is stored)``, where None means nothing. A retried
+    request can fail on its own earlier success, so a refusal is checked against the stored
+    nonce before it counts as lost (rule 6).
+
+    A transient failure is checked the same way: S3 clients do not resend a conditional
+    write whose connection broke or timed out, though the server may have applied it.
+    If the stored lease is not ours then, the failure is raised (the outcome is unknown).
+    Each request is given up after ``seconds`` (rule 11), which counts as such a failure.
+    """
+    unknown: StoreUnavailable | None = None
+    try:
+        put = store.put(key, body.encode(), mode, durable=False)
+        return await bounded(seconds, key, put), None
+    except (AlreadyExists, PreconditionFailed):
+        pass
+    except StoreUnavailable as exc:
+        unknown = exc
+    try:
+        current = await bounded(seconds, key, store.get(key))
+    except NotFound:
+        current = None
+    try:
+        if current is not None and LeaseBody.decode(current.data).nonce == body.nonce:
+            return current.meta.etag, None
+    except CorruptObject:
+        pass
+    if unknown is not None:
+        raise unknown
+    return None, current
+
+
+def free_at(data: bytes, last_modified: datetime, margin: timedelta) -> tuple[LeaseBody, datetime]:
+    """A stored lease, and when a taker may take it over: ``margin`` after its expiry, at
+    its expiry once released. A corrupt lease counts as expiring at its write time."""
+    try:
+        stored = LeaseBody.decode(data)
+        return stored, stored.expires if stored.released else stored.expires + margin
+    except (CorruptObject, OverflowError):  # overflow: an expiry at the end of time
+        return LeaseBody("", "", "", last_modified.isoformat(), ""), last_modified + margin
 
 
 _STALE_READS = 3
@@ -261,7 +272,7 @@ _STALE_READS = 3
 process or store (each read found too old by the time its answer was in)."""
 
 
-async def _bounded(seconds: float, key: str, request: Awaitable[_T]) -> _T:
+async def bounded(seconds: float, key: str, request: Awaitable[_T]) -> _T:
     """``request``, given up after ``seconds`` with StoreUnavailable (rule 11). A write given
     up may still land: callers treat its outcome as unknown (rule 6)."""
     try:

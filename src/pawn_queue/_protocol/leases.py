@@ -28,7 +28,7 @@ from pawn_queue._internal.aio import IO_CONCURRENCY, Background, gather_limited
 from pawn_queue._internal.config_sections import claim_seconds
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import CorruptObject, LeaseBody, now_utc
-from pawn_queue._protocol.lease_protocol import Lease, LeaseProtocol, ResolvedStrategy
+from pawn_queue._protocol.lease_protocol import RELEASED, Lease, LeaseProtocol, ResolvedStrategy
 from pawn_queue._protocol.tombstones import TOMBSTONE_SECONDS, Tombstones
 from pawn_queue.config import ConcurrencyConfig
 from pawn_queue.exceptions import LeaseLostError, NotFound, StoreError
@@ -41,7 +41,6 @@ _T = TypeVar("_T")
 
 _SETTLED_SECONDS = 60.0  # longer than any listing stays in use
 _SETTLED_MEMORY = 10_000
-_RELEASED = "1970-01-01T00:00:00+00:00"  # expired on every clock: free to take at once
 
 
 class LeaseManager(LeaseProtocol):
@@ -446,8 +445,8 @@ class LeaseManager(LeaseProtocol):
             released=released,
         )
         if released and seconds <= 0:
-            body = replace(body, expires_at=_RELEASED)
-        etag = await self._replace(lease, body)
+            body = replace(body, expires_at=RELEASED)
+        etag = await self.write_over(lease, body)
         if etag is None:
             lease.lost = True
             self._let_go(lease)

@@ -11,6 +11,7 @@ from datetime import datetime
 from pawn_queue._internal.aio import Background
 from pawn_queue._protocol.dedup import MarkerSweeper
 from pawn_queue._protocol.leases import LeaseManager
+from pawn_queue._protocol.limits import Limits
 from pawn_queue._protocol.listings import SharedListings
 from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue._protocol.observers import Observers
@@ -40,6 +41,8 @@ class Runtime:
     listings: SharedListings
     dedup_sweeper: MarkerSweeper
     retained_sweeper: RetainedSweeper
+    limits: Limits
+    """The concurrency limits' slots held here (``concurrency_limit``)."""
     observers: Observers = field(default_factory=Observers)
     """The queue's observers (:mod:`pawn_queue.observe`), called by the core."""
     background: Background = field(default_factory=Background)
@@ -99,6 +102,7 @@ async def open_runtime(
         listings=SharedListings(store, signals),
         dedup_sweeper=MarkerSweeper(store, background, clock, leases.margin),
         retained_sweeper=RetainedSweeper(store, background, clock, leases.margin),
+        limits=Limits(store, leases, config.polling),
         observers=observers,
         background=background,
     )

@@ -37,6 +37,7 @@ from pawn_queue._protocol.topics import (
     given_settings,
     topic_stats,
 )
+from pawn_queue.client._limits import LimitMethods
 from pawn_queue.client._schedules import ScheduleMethods
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.consumer import Consumer
@@ -51,7 +52,7 @@ logger = logging.getLogger(__name__)
 _BACKGROUND_CLOSE_SECONDS = 10.0  # a teardown waits this long at most for background work
 
 
-class PawnQueue(ScheduleMethods):
+class PawnQueue(ScheduleMethods, LimitMethods):
     """A queue on one store. Use ``async with`` (or ``setup()`` / ``teardown()``)."""
 
     def __init__(
@@ -113,8 +114,7 @@ class PawnQueue(ScheduleMethods):
 
         On S3: one LIST (a missing bucket or bad credentials fail here) and, for ``auto``,
         the probe. A local directory or memory gets no request: both enforce conditional
-        writes, and a local directory is created by the first write, not by opening it.
-        """
+        writes, and a local directory is created by the first write, not by opening it."""
         if self._runtime is not None:
             return
         runtime = self._runtime = await open_runtime(
@@ -126,15 +126,15 @@ class PawnQueue(ScheduleMethods):
         logger.info("pawn-queue ready store=%r strategy=%s", runtime.store, runtime.leases.strategy)
 
     async def teardown(self) -> None:
-        """Release held leases, stop background tasks and close the store. Idempotent."""
+        """Release held leases and slots, stop background tasks and close the store. Idempotent."""
         runtime, self._runtime = self._runtime, None
         if runtime is None:
             return
         try:
             for consumer in self._consumers:
                 await consumer.release_all()
-            # What publishes began (a replay log's or dedup markers' sweep, a one-shot
-            # process's at its first publish), within the store's own close wait.
+            await runtime.limits.close()
+            # What publishes began (sweeps; a one-shot process's first), within the close wait.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(runtime.background.done(), _BACKGROUND_CLOSE_SECONDS)
             await runtime.signals.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import reprlib
 import threading
@@ -12,7 +13,7 @@ from types import EllipsisType
 from typing import Any, TypeVar
 
 from pawn_queue import client, registry
-from pawn_queue._internal.loop_thread import CLOSED, LoopThread
+from pawn_queue._internal.loop_thread import CLOSED, LoopThread, blocking_context
 from pawn_queue._protocol.layout import Role
 from pawn_queue._protocol.lease_protocol import ResolvedStrategy
 from pawn_queue._protocol.registry import Liveness, RegistryEntry
@@ -31,6 +32,7 @@ from pawn_queue._protocol.topics import (
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.dead_letters import DeadLetter
 from pawn_queue.exceptions import ArgumentError, PawnQueueError
+from pawn_queue.limits import LimitSlot
 from pawn_queue.observe import Observer
 from pawn_queue.schedules import Schedule, ScheduleStats
 from pawn_queue.store.base import Store
@@ -433,6 +435,15 @@ class PawnQueue:
             raise ArgumentError(f"stop: got {reprlib.repr(stop)}, must be a threading.Event")
         call = self._runner.submit(self._ready_queue().run_schedules())
         run_until_stopped(self._runner, call, stop)
+
+    def concurrency_limit(
+        self, name: str, limit: int, *, timeout: float | None = None
+    ) -> contextlib.AbstractContextManager[LimitSlot]:
+        """``with pq.concurrency_limit(name, limit):`` runs its block holding one of the
+        ``limit`` slots of ``name`` shared by every process on the store; as the async
+        :meth:`pawn_queue.client.PawnQueue.concurrency_limit`. Any thread may use it."""
+        inner = self._ready_queue().concurrency_limit(name, limit, timeout=timeout)
+        return blocking_context(self._runner, inner)
 
     @property
     def registry(self) -> Registry:
