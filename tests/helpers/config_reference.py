@@ -117,20 +117,26 @@ MEANINGS: dict[str, str] = {
     "registry.heartbeat_interval_seconds": "How often each process rewrites its record in "
     "`_registry/instances/` (one PUT per process, whatever its number of consumers); "
     "liveness is judged on two intervals.",
-    "notify.enabled": "Change signals: producers mark `_notify/`, idle consumers watch it "
+    "notify.enabled": "Change signals: producers write `_notify/_`, idle consumers watch it "
     "([change signals](../concepts/change-signals.md)).",
     "notify.check_interval_seconds": "How often an idle process HEADs `_notify/_` (one "
     "request, whatever the number of topics).",
     "notify.idle_check_interval_seconds": "The check slows down to this after 10 s without a "
     "change: an idle consumer hears of a publish from another process within about this "
     "long.",
-    "notify.backfill_interval_seconds": "How often an idle process lists `_notify/` even "
-    "without a signal (with signals off, `polling.interval_seconds` is used).",
+    "notify.backfill_interval_seconds": "An idle consumer's wait on the signals ends at "
+    "least this often, and it polls (which lists only what a signal or a due time calls "
+    "for); with signals off, `polling.interval_seconds` is used. 0.2.0 also listed "
+    "`_notify/` this often.",
     "notify.sweep_interval_seconds": "Each topic an idle process consumes is listed at least "
     "this often, signal or not.",
     "notify.sweep_pace_seconds": "Those sweeps list one topic at most this often, whatever "
     "the number of topics.",
-    "notify.signal_interval_seconds": "A signal key is written at most this often by every "
+    "notify.slot_signals": "Also write each signalled topic's slot `_notify/{slot}`, as "
+    "0.2.0 did: set it on producers while consumers of 0.2.0 run on the bucket (they "
+    "read the slots; without them they find new messages only by their sweep) "
+    "([request rates](../protocol.md#request-rates)).",
+    "notify.signal_interval_seconds": "The root signal is written at most this often by every "
     "producer process together. Set 1 on a store that allows one write a second per key "
     "(Google Cloud Storage, Cloudflare R2, Storj): fewer requests while busy, and other "
     "processes' consumers list a busy topic every 0.2 s instead of waiting for its signals "

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from pawn_queue import PawnQueue
+from pawn_queue import Message, PawnQueue
 from pawn_queue._protocol import layout, subscriptions
 from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue.config import load_config
@@ -476,7 +476,6 @@ def topic_lists(counter: ListCounter) -> int:
     return sum(n for key, n in counter.lists.items() if key.endswith("/messages/"))
 
 
-@pytest.mark.alone  # counts each LIST: a loaded machine's slow looks add a backfill listing
 async def test_poll_of_an_idle_topic_lists_nothing_between_sweeps(
     queue_config: dict[str, Any],
 ) -> None:
@@ -486,8 +485,8 @@ async def test_poll_of_an_idle_topic_lists_nothing_between_sweeps(
         consumer = await pq.register_consumer("c", topics=["t0"])
         store.reset()
         assert await consumer.poll() == []
-        # The first look at the signals, then the topic's listing.
-        assert store.reset() == Counter({"HEAD": 1, "LIST": 2})
+        # The first look at the signals (no signal yet: nothing to GET), then the listing.
+        assert store.reset() == Counter({"HEAD": 1, "LIST": 1})
         for _ in range(10):
             await counter.next_look()  # the watch keeps looking while polls go on
             assert await consumer.poll() == []
@@ -501,22 +500,38 @@ async def test_poll_of_an_idle_topic_lists_nothing_between_sweeps(
         await message.ack()
 
 
-async def test_idle_listeners_cost_one_slot_list_per_backfill_not_one_each(
+async def test_idle_listeners_cost_a_head_per_check_and_a_signal_lists_only_its_topic(
     queue_config: dict[str, Any],
 ) -> None:
-    """Five idle listeners of five topics: each backfill interval the process lists the
-    signal slots once, and no topic (a full poll per listener and interval before)."""
-    async with watched_queue(queue_config, 5, backfill_interval_seconds=0.2) as queue:
-        pq, _, counter = queue
+    """Five idle listeners of five topics: the process's checks are HEADs of the root, with
+    no LIST at all; another process's publish to one topic costs one GET of the root and a
+    listing of that topic alone."""
+    async with watched_queue(queue_config, 5) as (pq, store, counter):
         consumers = [await pq.register_consumer(f"c{n}", topics=[f"t{n}"]) for n in range(5)]
-        tasks = [asyncio.create_task(c.listen(lambda m: m.ack())) for c in consumers]
+        store.reset()
+        received: asyncio.Queue[str] = asyncio.Queue()
+
+        async def handle(message: Message) -> None:
+            await message.ack()
+            await received.put(message.id)
+
+        tasks = [asyncio.create_task(c.listen(handle)) for c in consumers]
         try:
-            while topic_lists(counter) < 5:  # the listeners' first listings
+            # The listeners' first listings, done (the hook sees a LIST begin, the count
+            # its end).
+            while topic_lists(counter) < 5 or store.counts["LIST"] < 5:
                 await counter.next_look()
             counter.lists.clear()
-            while counter.lists[layout.NOTIFY] < 5:
+            store.reset()
+            for _ in range(20):
                 await counter.next_look()
-            assert topic_lists(counter) == 0, counter.lists
+            idle = store.reset()
+            assert set(idle) == {"HEAD"} and not counter.lists, (idle, counter.lists)
+            async with await PawnQueue.from_config(queue_config) as elsewhere:
+                mid = await (await elsewhere.register_producer("p")).publish("t2", {"n": 1})
+            assert await asyncio.wait_for(received.get(), 10) == mid
+            assert dict(counter.lists) == {layout.messages_prefix("t2"): 1}, counter.lists
+            assert store.reset()["GET"] == 2  # the root's signal log, then the message
         finally:
             for task in tasks:
                 task.cancel()

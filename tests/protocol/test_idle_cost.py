@@ -1,7 +1,7 @@
 """Idle topics cost a bounded number of requests whatever their number (docs/protocol.md,
 rule 14), and nothing depends on a change signal: a signal that never came is made up for by
-the backfill (a lost root) or the sweep (a lost slot) within their bounds, and ``poll()``
-answers from what the queue knows, within the signals' bound."""
+the sweep within its bound, and ``poll()`` answers from what the queue knows, within the
+signals' bound."""
 
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ from tests.helpers.faults import FaultyStore
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Kills its own process with SIGKILL just before it writes ``argv[2]``'s change signal (the
-# topic's slot, or the root once the slot is written): the message is durable, its signal is
-# not, as when a producer dies between the two writes.
+# Kills its own process with SIGKILL just before it writes its change signal (the root): the
+# message is durable, its signal is not, as when a producer dies between the two writes.
 _PUBLISH_AND_DIE = """
 import asyncio, json, os, signal, sys
 from pawn_queue import PawnQueue
@@ -36,10 +35,9 @@ from pawn_queue.store import open_store
 from tests.helpers.faults import FaultyStore
 
 config = load_config(json.loads(sys.argv[1]))
-target = layout.NOTIFY_ROOT if sys.argv[2] == "root" else layout.notify_slot_key("t")
 
 async def die_before_signal(operation: str, key: str) -> None:
-    if operation == "put" and key == target:
+    if operation == "put" and key == layout.NOTIFY_ROOT:
         os.kill(os.getpid(), signal.SIGKILL)
 
 async def main() -> None:
@@ -111,22 +109,15 @@ class Received:
 
 
 @pytest.mark.parametrize("backend", ["filesystem", "s3"])
-@pytest.mark.parametrize(
-    ("lost", "notify", "bound"),
-    [
-        # No slot written: only the sweep can tell. One topic: max(interval, 1 x pace) + pace.
-        ("slot", {"sweep_interval_seconds": 1.0, "sweep_pace_seconds": 0.1}, 1.1),
-        # The slot written, the root not: the backfill's LIST of _notify/ tells, one idle
-        # check after the interval at most.
-        ("root", {"backfill_interval_seconds": 1.0}, 1.2),
-    ],
-)
 async def test_a_signal_that_never_arrives_is_made_up_for_within_its_bound(
-    queue_config: dict[str, Any], lost: str, notify: dict[str, float], bound: float
+    queue_config: dict[str, Any],
 ) -> None:
     """A producer killed (SIGKILL) between its message write and its change signal: the idle
-    listener of another process gets the message within the documented bound (rule 14),
-    not at the next per-topic full poll (60 s here, as the backfill was)."""
+    listener of another process gets the message within the sweep's bound (rule 14; one
+    topic: max(interval, 1 x pace) + pace), not at the next per-topic full poll (60 s
+    here)."""
+    bound = 1.1
+    notify = {"sweep_interval_seconds": 1.0, "sweep_pace_seconds": 0.1}
     config = timings(queue_config, **notify)
     listed = asyncio.Event()
 
@@ -144,13 +135,11 @@ async def test_a_signal_that_never_arrives_is_made_up_for_within_its_bound(
             # The listener's first listing: the signals were looked at before it.
             await asyncio.wait_for(listed.wait(), 10)
             root_before = await etag(pq, layout.NOTIFY_ROOT)
-            code, mid = await run_child(_PUBLISH_AND_DIE, json.dumps(config), lost)
+            code, mid = await run_child(_PUBLISH_AND_DIE, json.dumps(config))
             died = time.monotonic()
             assert code == -signal.SIGKILL and mid
-            # Its signal never came: the slot (or the root) is as it was.
+            # Its signal never came: the root is as it was.
             assert await etag(pq, layout.NOTIFY_ROOT) == root_before
-            if lost == "slot":
-                assert await etag(pq, layout.notify_slot_key("t")) is None
             got, arrived = await received.next(bound + 10)  # slack for a loaded machine
             assert got == mid
             # Within the bound, plus what the listing and the claim take.

@@ -92,9 +92,10 @@ async def test_idle_listener_costs_one_head_per_check(queue_config: dict[str, An
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         counts = counting.reset()
-    # To start: a look at the signals (HEAD, LIST _notify/), then a listing of each of the
-    # 10 topics: the look came first, so nothing can land unseen in between. Then HEADs only.
-    assert counts["LIST"] == 11, counts
+    # To start: a look at the signals (a HEAD: no signal yet, so nothing to GET), then a
+    # listing of each of the 10 topics: the look came first, so nothing can land unseen in
+    # between. Then HEADs only.
+    assert counts["LIST"] == 10, counts
     assert counts["HEAD"] >= 20
     assert set(counts) == {"LIST", "HEAD"}, counts
 
@@ -124,23 +125,29 @@ async def test_signals_of_a_burst_are_coalesced(queue_config: dict[str, Any]) ->
     config = load_config(queue_config)
     counting = CountingStore(open_store(config))
     root_written = asyncio.Event()
+    root_reads: list[str] = []
 
     async def on_put(operation: str, key: str) -> None:
         if operation == "put" and key == layout.NOTIFY_ROOT:
             root_written.set()
 
-    async with PawnQueue(config, store=FaultyStore(counting, observers=[on_put])) as pq:
+    async def on_read(operation: str, key: str) -> None:
+        if operation != "put" and key == layout.NOTIFY_ROOT:
+            root_reads.append(operation)
+
+    observed = FaultyStore(counting, hooks=[on_read], observers=[on_put])
+    async with PawnQueue(config, store=observed) as pq:
         await pq.create_topic("t")
         producer = await pq.register_producer("p")
         counting.reset()
         await asyncio.gather(*(producer.publish("t", n) for n in range(100)))
         await asyncio.wait_for(root_written.wait(), 10)
         counts = counting.reset()
-        # The messages (create-only), then one slot and the root: created, as none was
-        # there (a HEAD of each found none).
-        assert counts["PUT create"] == 100 + 2 and counts["HEAD"] == 2
-        assert counts["PUT"] == 0
-        assert await pq.store.head(layout.notify_slot_key("t"))
+        # The messages (create-only), then the root: created, as none was there (a GET
+        # found none). No slot: only 0.2.0's consumers read them (notify.slot_signals).
+        assert counts["PUT create"] == 100 + 1 and root_reads == ["get"], (counts, root_reads)
+        assert counts["PUT"] == counts["HEAD"] == 0
+        assert await pq.store.list(layout.NOTIFY) == [await pq.store.head(layout.NOTIFY_ROOT)]
 
 
 async def test_signal_checks_go_on_after_store_errors(queue_config: dict[str, Any]) -> None:
@@ -256,10 +263,10 @@ async def test_a_signal_held_back_says_busy_and_other_processes_list_without_wai
     """Messages coming faster than one signal per interval: the late signal says so, and a
     watcher elsewhere wakes its consumers every few checks with no further signal."""
     from pawn_queue._protocol.notify import ChangeSignals
+    from pawn_queue._protocol.signal_log import decode
     from pawn_queue.config import NotifyConfig
     from pawn_queue.store.memory import MemoryStore
 
-    slot = layout.notify_slot_key("t")
     written: list[asyncio.Event] = [asyncio.Event(), asyncio.Event()]
     puts = 0
 
@@ -267,10 +274,14 @@ async def test_a_signal_held_back_says_busy_and_other_processes_list_without_wai
         nonlocal puts
         if operation == "put" and key.startswith(layout.NOTIFY):
             puts += 1
-            if key == slot and not written[0].is_set():
-                written[0].set()
-            elif key == slot:
-                written[1].set()
+            written[0 if not written[0].is_set() else 1].set()
+
+    async def busy() -> bool:
+        log = decode((await store.get(layout.NOTIFY_ROOT)).data)
+        assert log is not None
+        [change] = [c for c in log.changes if c.seq == log.seq]
+        assert change.topic == "t"
+        return change.busy
 
     store = FaultyStore(MemoryStore(), observers=[on_put])
     config = NotifyConfig(check_interval_seconds=0.05, signal_interval_seconds=0.5)
@@ -281,10 +292,10 @@ async def test_a_signal_held_back_says_busy_and_other_processes_list_without_wai
     try:
         producer.published("t")
         await asyncio.wait_for(written[0].wait(), 10)
-        assert not (await store.get(slot)).data.endswith(b"+")  # the first: at once
+        assert not await busy()  # the first: at once
         producer.published("t")  # within the interval: held back, then marked busy
         await asyncio.wait_for(written[1].wait(), 10)
-        assert (await store.get(slot)).data.endswith(b"+")
+        assert await busy()
         await asyncio.wait_for(producer.close(), 10)
         signals = puts
         # The watcher saw it (one wake), then wakes the topic's consumers again and again

@@ -436,20 +436,22 @@ class RegistryConfig(Section):
 
 
 class NotifyConfig(Section):
-    """Change signals: how idle consumers learn of new messages without listing (vnotify).
+    """Change signals: how idle consumers learn of new messages without listing.
 
-    Producers mark ``_notify/{slot}`` and ``_notify/_`` after publishing; a process whose
-    consumers are idle checks ``_notify/_`` with one HEAD every ``check_interval_seconds``,
-    slowing down to ``idle_check_interval_seconds`` after 10 s without a change, and lists
-    a topic only when its slot changed (or something it saw comes due). Nothing depends on a
-    signal arriving: the process lists ``_notify/`` every ``backfill_interval_seconds`` even
-    when the root did not change, and sweeps: each topic its consumers consume is listed at
-    least every ``sweep_interval_seconds``, one topic at most every ``sweep_pace_seconds``
-    (so at most ``60 / sweep_pace_seconds`` sweep LISTs a minute, whatever the number of
-    topics; a topic waits at most ``max(sweep_interval_seconds, topics *
-    sweep_pace_seconds) + sweep_pace_seconds``). docs/protocol.md, rule 14. A signal key is
-    written at most once per ``signal_interval_seconds`` by every process together
-    (docs/protocol.md, "Request rates").
+    Producers write ``_notify/_`` after publishing, its body naming the topics changed in
+    the last seconds; a process whose consumers are idle checks it with one HEAD every
+    ``check_interval_seconds``, slowing down to ``idle_check_interval_seconds`` after 10 s
+    without a change, GETs it when it changed, and lists a topic only when it was named (or
+    something it saw comes due). An idle ``poll(wait=)`` looks again at least every
+    ``backfill_interval_seconds``. Nothing depends on a signal arriving: each topic the
+    process's consumers consume is listed at least every ``sweep_interval_seconds``, one
+    topic at most every ``sweep_pace_seconds`` (so at most ``60 / sweep_pace_seconds`` sweep
+    LISTs a minute, whatever the number of topics; a topic waits at most
+    ``max(sweep_interval_seconds, topics * sweep_pace_seconds) + sweep_pace_seconds``).
+    docs/protocol.md, rule 14. The root is written at most once per
+    ``signal_interval_seconds`` by every process together (docs/protocol.md, "Request
+    rates"). ``slot_signals``: also write the topic's slot ``_notify/{slot}``, which is how
+    0.2.0's consumers learn of new messages (while they run on the bucket).
     """
 
     section_path: ClassVar[str] = "notify"
@@ -461,6 +463,7 @@ class NotifyConfig(Section):
     sweep_interval_seconds: float = Field(default=600.0, gt=0)
     sweep_pace_seconds: float = Field(default=10.0, gt=0)
     signal_interval_seconds: float = Field(default=0.1, gt=0)
+    slot_signals: bool = False
 
 
 class ProducerConfig(Section):

@@ -1,26 +1,26 @@
 """Change signals: how an idle consumer learns that a topic has new messages.
 
-The vnotify scheme: a topic maps to one of 1,000 slot objects ``_notify/000..999``.
-After publishing, a producer changes its topic's slot and then ``_notify/_`` (coalesced
-per topic, off the publish's critical path), each key at most once per
-``notify.signal_interval_seconds`` across every process (if-match on the version read,
-once that version is that old); a signal that had to wait for that says the topic is busy,
-and watchers elsewhere then have its consumers list it every few checks until it is not
-(docs/protocol.md, "Request rates"). A process whose consumers are idle HEADs
-``_notify/_`` every ``notify.check_interval_seconds`` (slowing down to
+After publishing, a producer writes the root signal ``_notify/_`` (coalesced per topic,
+off the publish's critical path): its body, a signal log
+(:mod:`pawn_queue._protocol.signal_log`), names the topics changed in the last seconds.
+The root is written at most once per ``notify.signal_interval_seconds`` across every
+process (if-match on the version read, once that version is that old,
+:mod:`pawn_queue._protocol.signal_writer`); a signal that had to wait for that says the
+topic is busy, and watchers elsewhere then have its consumers list it every few checks
+until it is not (docs/protocol.md, "Request rates"). A process whose consumers are idle
+HEADs ``_notify/_`` every ``notify.check_interval_seconds`` (slowing down to
 ``idle_check_interval_seconds`` after 10 s without a change); only when its etag changed
-does it LIST ``_notify/`` (one page) to see which slots changed, and wake the consumers of
-those topics. Within one process, a publish (or a lease given back) wakes the idle
-consumers of its topic at once, with no request.
+does it GET it, and wake the consumers of the topics named since the version it saw last.
+Within one process, a publish (or a lease given back) wakes the idle consumers of its topic
+at once, with no request.
 
 Each topic has a generation here that every change bumps; a consumer lists a topic only
 when its generation moved since the consumer's last listing, or when that listing said
 something comes due (:mod:`pawn_queue._protocol.freshness`). Correctness never depends on a
-signal: the watch LISTs ``_notify/`` every ``notify.backfill_interval_seconds`` even when
-the root did not change (a root write lost), and a sweep bumps each topic consumed here at
-least every ``notify.sweep_interval_seconds``, at most one topic every
-``notify.sweep_pace_seconds`` (a producer killed before its signal), so idle topics cost a
-bounded number of LISTs a minute whatever their number (docs/protocol.md, rule 14).
+signal: a sweep bumps each topic consumed here at least every
+``notify.sweep_interval_seconds``, at most one topic every ``notify.sweep_pace_seconds`` (a
+producer killed before its signal), so idle topics cost a bounded number of LISTs a minute
+whatever their number (docs/protocol.md, rule 14).
 """
 
 from __future__ import annotations
@@ -28,35 +28,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime
 
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.signal_log import SignalLog, decode
+from pawn_queue._protocol.signal_writer import SignalWriter
 from pawn_queue.config import NotifyConfig
-from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed, StoreError
-from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, Store
+from pawn_queue.exceptions import NotFound, StoreError
+from pawn_queue.store.base import Store
 
 logger = logging.getLogger(__name__)
 
 _WATCH_GRACE_CHECKS = 50  # checks the watch goes on after the last wait ended
 _BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
 _CLOSE_SECONDS = 2.0
-_BUSY = b"+"
-"""Ends a signal written late because the last one was under the signal interval old:
-messages come faster than signals may, and consumers elsewhere list without waiting for
-the next (``_WARM_CHECKS``)."""
 _WARM_CHECKS = 2  # a busy topic is listed every this many check intervals
-_BUSY_SIZE = len(secrets.token_hex(8)) + len(_BUSY)
-
-
-def _etag(meta: ObjectMeta | None) -> str | None:
-    return None if meta is None else meta.etag
-
-
-def _token(busy: bool = False) -> bytes:
-    return secrets.token_hex(8).encode() + (_BUSY if busy else b"")
 
 
 class LocalSignals:
@@ -115,19 +102,22 @@ class ChangeSignals:
         self.local = LocalSignals()
         self._to_mark: set[str] = set()
         self._last_marked: dict[str, float] = {}
-        # Per signal key, a version seen and when it was first seen here (monotonic).
-        self._versions_seen: dict[str, tuple[str, float]] = {}
+        self._writer = SignalWriter(
+            store,
+            config.signal_interval_seconds,
+            config.check_interval_seconds,
+            slots=config.slot_signals,
+        )
         self._marker: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._look_lock = asyncio.Lock()
         self._baseline_taken = False
         self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
-        self._slots: dict[str, str] = {}
+        self._seq: int | None = None  # the seq of that version's signal log (None: none)
         # Topics whose last signal came late (busy), until when they count as busy, and
         # when they were last listed for it (monotonic).
         self._busy_until: dict[str, float] = {}
         self._warmed: dict[str, float] = {}
-        self._slots_listed = 0.0  # when _notify/ was last listed (monotonic)
         self._checked = 0.0  # when the last look at the store succeeded
         self._look_began = -1.0  # when the last look that succeeded began (monotonic)
         # The topics consumed here, and when a consumer here last began to list each: the
@@ -167,11 +157,12 @@ class ChangeSignals:
                     await asyncio.wait_for(self._close_requested.wait(), self._gap / 2)
                 continue
             self._to_mark -= due
-            slots = sorted({layout.notify_slot_key(topic) for topic in due})
             try:
-                await self._signal([*slots, layout.NOTIFY_ROOT])
+                # Closing: write at once (one early write per process at most), or a process
+                # that publishes and exits would linger for the interval.
+                await self._writer.signal(due, at_once=self._closing)
             except StoreError as exc:
-                # A lost signal only delays delivery until the backfill or the sweep.
+                # A lost signal only delays delivery until the sweep.
                 logger.warning("change signal failed topics=%s error=%s", sorted(due), exc)
             for topic in due:
                 self._last_marked[topic] = now
@@ -179,64 +170,6 @@ class ChangeSignals:
     @property
     def _gap(self) -> float:
         return self._config.check_interval_seconds
-
-    async def _signal(self, keys: list[str]) -> None:
-        """Change each signal key (the root last) after now, each written at most once per
-        ``signal_interval_seconds`` across every process (docs/protocol.md, "Request
-        rates"): a write replaces only the version read here (if-match), once that version
-        is that old; a refused write means another process changed the key after the read,
-        which signals as well. When that meant waiting, the signals say the topics are busy."""
-        read = await asyncio.gather(*(self._read(key) for key in keys))
-        current = {key: meta for key, (meta, _) in zip(keys, read, strict=True)}
-        # Closing: write at once (one early write per process at most), or a process that
-        # publishes and exits would linger for the interval.
-        pause = 0.0 if self._closing else max(r for _, r in read) - time.monotonic()
-        interval = self._config.signal_interval_seconds
-        # Busy only where warm listings come sooner than the next signal would.
-        late = pause > interval / 4 and interval > _WARM_CHECKS * self._gap
-        if pause > 0:
-            await asyncio.sleep(pause)
-        if late:
-            # Another process may have written some meanwhile: those need no write here (a
-            # HEAD, where a losing write would count against the key's limit).
-            again = await asyncio.gather(*(self._read(key) for key in keys))
-            current = {
-                key: meta
-                for key, (meta, _) in zip(keys, again, strict=True)
-                if _etag(meta) == _etag(current[key])
-            }
-        # The slots first: a watcher that sees the root move lists them.
-        slots = [key for key in current if key != layout.NOTIFY_ROOT]
-        await asyncio.gather(*(self._write(key, current[key], late) for key in slots))
-        if layout.NOTIFY_ROOT in current:
-            await self._write(layout.NOTIFY_ROOT, current[layout.NOTIFY_ROOT], late)
-
-    async def _read(self, key: str) -> tuple[ObjectMeta | None, float]:
-        """The signal's version now (None: missing) and when it may be replaced (monotonic):
-        ``signal_interval_seconds`` after it was first seen here, or now if its
-        Last-Modified says it is older than that."""
-        try:
-            meta = await self._store.head(key)
-        except NotFound:
-            return None, 0.0
-        seen = time.monotonic()
-        first_seen = self._versions_seen.get(key)
-        if first_seen is not None and first_seen[0] == meta.etag:
-            seen = first_seen[1]  # that version was there already then
-        else:
-            self._versions_seen[key] = (meta.etag, seen)
-        gap = self._config.signal_interval_seconds
-        age = (datetime.now(UTC) - meta.last_modified).total_seconds()
-        # Last-modified has whole seconds (S3): a second more than the gap ago is over the
-        # gap for sure, clocks agreeing; a fast clock here costs a write refused and resent.
-        return meta, 0.0 if age >= gap + 1.0 else seen + gap
-
-    async def _write(self, key: str, current: ObjectMeta | None, busy: bool) -> None:
-        mode: PutMode = "create" if current is None else IfMatch(current.etag)
-        # Refused: created or changed by another process since the read, which signals too.
-        with contextlib.suppress(AlreadyExists, PreconditionFailed):
-            etag = await self._store.put(key, _token(busy), mode, durable=False)
-            self._versions_seen[key] = (etag, time.monotonic())
 
     # -- consumer side ----------------------------------------------------------------------
 
@@ -311,9 +244,10 @@ class ChangeSignals:
             self._watcher = asyncio.create_task(self._watch())
 
     async def _look(self, since: float | None = None) -> bool:
-        """HEAD the root; LIST the slots if it changed, or at the backfill interval; wake
-        the topics whose slot changed. True if the root changed. With ``since``, a look that
-        began after that time (polls asking together) is enough."""
+        """HEAD the root; if it changed, GET it and wake the topics its signal log names
+        since the version seen last (every watched topic if it cannot tell). True if the
+        root changed. With ``since``, a look that began after that time (polls asking
+        together) is enough."""
         async with self._look_lock:
             if since is not None and self._look_began >= since:
                 return False
@@ -321,22 +255,30 @@ class ChangeSignals:
             etag = await self._root_etag()
             now = time.monotonic()
             moved = etag != self._root
-            backfill = now - self._slots_listed >= self._config.backfill_interval_seconds
-            if moved or backfill or not self._baseline_taken:
-                metas = await self._slot_metas()
-                current = {m.key: m.etag for m in metas}
-                busy = {m.key for m in metas if m.size == _BUSY_SIZE}
-                changed = {k for k, v in current.items() if self._slots.get(k) != v}
+            if moved or not self._baseline_taken:
+                etag, log = await self._root_log() if etag is not None else (None, None)
                 if self._baseline_taken:  # the first look only learns where things stand
-                    for topic in set(self._watched) | self.local.waited_on():
-                        slot = layout.notify_slot_key(topic)
-                        if slot in changed:
-                            self.local.changed(topic)
-                            self._note_busy(topic, slot in busy, now)
-                self._root, self._slots, self._slots_listed = etag, current, now
+                    self._wake(log, now)
+                # No root yet is version 0: the first written is 1, its changes all new.
+                self._root = etag
+                self._seq = 0 if etag is None else None if log is None else log.seq
                 self._baseline_taken = True
             self._checked, self._look_began = now, began
             return moved
+
+    def _wake(self, log: SignalLog | None, now: float) -> None:
+        """Wake the watched topics that ``log`` names since the version seen last; all of
+        them when it cannot tell (a 0.2.0 root, the root gone, entries dropped unseen)."""
+        watched = set(self._watched) | self.local.waited_on()
+        changes = None if log is None else log.after(self._seq)
+        if changes is None:
+            for topic in watched:
+                self.local.changed(topic)
+            return
+        for change in changes:
+            if change.topic in watched:
+                self.local.changed(change.topic)
+                self._note_busy(change.topic, change.busy, now)
 
     def _note_busy(self, topic: str, busy: bool, now: float) -> None:
         if busy:
@@ -413,8 +355,12 @@ class ChangeSignals:
         except NotFound:
             return None
 
-    async def _slot_metas(self) -> list[ObjectMeta]:
-        return await self._store.list(layout.NOTIFY, limit=layout.NOTIFY_SLOTS + 1)
+    async def _root_log(self) -> tuple[str | None, SignalLog | None]:
+        try:
+            stored = await self._store.get(layout.NOTIFY_ROOT)
+        except NotFound:
+            return None, None
+        return stored.meta.etag, decode(stored.data)
 
     async def close(self) -> None:
         """Stop watching; give pending marks a last chance to go out."""

@@ -1,0 +1,101 @@
+"""The body of the root signal ``_notify/_``: which topics changed lately.
+
+Every write of the root replaces the version it read (if-match), so its versions form one
+chain, and each write numbers itself: ``seq`` is the previous version's plus one. A write
+adds an entry ``(seq, topic, busy)`` for each topic it signals, replacing the topic's older
+entry, and drops entries older than ``KEEP_SECONDS`` (or past ``MAX_CHANGES``); ``kept_from``
+says from which ``seq`` on every change is still named (by its own entry or a later one of
+its topic). A watcher that last saw ``seq`` ``s`` wakes the topics of the entries after
+``s``; if ``kept_from > s + 1`` (it looked too seldom) or the chain restarted, it cannot tell
+and wakes every topic it watches (docs/protocol.md, "Change signals").
+
+The body is JSON; one that is not this document (a 0.2.0 root holds a random token) tells
+nothing, which a watcher also answers by waking every topic it watches.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+
+KEEP_SECONDS = 10.0
+"""How long an entry stays in the root: well over a running watch's slowest check (1 s, or
+the idle interval), so a watch that checks misses none."""
+MAX_CHANGES = 512
+"""Entries kept at most (one per topic): with more topics changing within ``KEEP_SECONDS``,
+the oldest go and watchers that missed them wake every topic they watch."""
+_FORMAT = "pawn-queue-signals/1"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One topic's latest signal in the root: the version that wrote it, when (the writer's
+    clock, epoch seconds) and whether it came late (the topic is busy)."""
+
+    seq: int
+    topic: str
+    at: float
+    busy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SignalLog:
+    """One version of the root's body."""
+
+    seq: int
+    kept_from: int
+    changes: tuple[Change, ...]
+
+    def encode(self) -> bytes:
+        # The nonce keeps every version's bytes, so its etag, distinct (an etag may be the
+        # content's MD5).
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "seq": self.seq,
+                "kept_from": self.kept_from,
+                "nonce": secrets.token_hex(8),
+                "changes": [[c.seq, c.topic, round(c.at, 3), int(c.busy)] for c in self.changes],
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    def after(self, seen: int | None) -> list[Change] | None:
+        """The changes a watcher that last saw version ``seen`` has not seen; None if it
+        cannot tell (it saw none, the chain restarted, or some were dropped unseen)."""
+        if seen is None or self.seq < seen or self.kept_from > seen + 1:
+            return None
+        return [change for change in self.changes if change.seq > seen]
+
+
+def decode(data: bytes) -> SignalLog | None:
+    """The root's body, or None if it is not a signal log (0.2.0's token, damage)."""
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
+            return None
+        changes = tuple(
+            Change(int(seq), str(topic), float(at), bool(busy))
+            for seq, topic, at, busy in doc["changes"]
+        )
+        return SignalLog(int(doc["seq"]), int(doc["kept_from"]), changes)
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def next_version(current: SignalLog | None, topics: dict[str, bool], now: float) -> SignalLog:
+    """The version a write of ``topics`` (topic -> busy) over ``current`` puts: ``current``
+    or nothing readable starts a new chain."""
+    if current is None:
+        seq, kept_from, kept = 1, 1, []
+    else:
+        seq, kept_from = current.seq + 1, current.kept_from
+        kept = [c for c in current.changes if c.topic not in topics]
+    kept += [Change(seq, topic, now, busy) for topic, busy in sorted(topics.items())]
+    fresh = [c for c in kept if now - c.at <= KEEP_SECONDS][-MAX_CHANGES:]
+    names = {c.topic for c in fresh}
+    for dropped in kept:
+        if dropped.topic not in names:
+            kept_from = max(kept_from, dropped.seq + 1)
+    return SignalLog(seq, kept_from, tuple(fresh))

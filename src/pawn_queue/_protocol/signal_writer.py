@@ -1,0 +1,160 @@
+"""How a producer process writes the root signal ``_notify/_`` (and 0.2.0's slots, if asked).
+
+The root is written at most once per ``notify.signal_interval_seconds`` by every process
+together: a write replaces only the version it read (if-match), once that version is that
+old (docs/protocol.md, "Request rates"). A process remembers the version it wrote last, so
+while nobody else writes, a signal costs one ``PUT`` and no read. A refused write (another
+process wrote meanwhile) reads the root again: the topics that a version written since a
+read made after the messages landed names are signalled already; the rest are merged in
+and written over it, once it is old enough. :mod:`pawn_queue._protocol.signal_log` is the
+body's format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.signal_log import SignalLog, decode, next_version
+from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed
+from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, Store
+
+logger = logging.getLogger(__name__)
+
+_ROUNDS = 20
+"""Writes refused in a row before a signal is given up (the sweep then finds its messages)."""
+_WARM_CHECKS = 2  # a busy topic is listed every this many check intervals
+
+
+@dataclass(frozen=True, slots=True)
+class _Version:
+    """A version of a signal key: its etag (None: missing), its signal log (root only), and
+    when it may be replaced (monotonic)."""
+
+    etag: str | None
+    log: SignalLog | None
+    replaceable_at: float
+
+
+class SignalWriter:
+    """Writes one process's signals, within the fleet's write rate per key."""
+
+    def __init__(self, store: Store, interval: float, check_gap: float, slots: bool) -> None:
+        self._store = store
+        self._interval = interval
+        self._check_gap = check_gap
+        self._slots = slots
+        self._root: _Version | None = None  # the version this process wrote last
+        self._first_seen: dict[str, tuple[str, float]] = {}  # key -> (etag, monotonic)
+
+    async def signal(self, topics: set[str], *, at_once: bool = False) -> None:
+        """Signal ``topics``, whose messages have landed; ``at_once``: without waiting for
+        the interval (a closing process, once)."""
+        if self._slots:
+            keys = sorted({layout.notify_slot_key(topic) for topic in topics})
+            await asyncio.gather(*(self._signal_slot(key, at_once) for key in keys))
+        await self._signal_root(topics, at_once)
+
+    async def _signal_root(self, topics: set[str], at_once: bool) -> None:
+        pending = set(topics)
+        version = self._root
+        # The seq of a version read after the messages landed: an entry of a later version
+        # was written after them, so it signals them.
+        landed_seq: int | None = None
+        if version is None:
+            version = await self._read(layout.NOTIFY_ROOT)
+            landed_seq = _seq(version)
+        for _ in range(_ROUNDS):
+            pause = 0.0 if at_once else version.replaceable_at - time.monotonic()
+            # Busy only where warm listings come sooner than the next signal would.
+            late = pause > self._interval / 4 and self._interval > _WARM_CHECKS * self._check_gap
+            if pause > 0:
+                # A little jitter: processes waiting on one version do not all write at once.
+                await asyncio.sleep(pause + random.uniform(0, self._interval / 4))
+            if late:
+                # Written meanwhile by another process? A read, where a losing write would
+                # count against the key's limit.
+                latest = await self._read(layout.NOTIFY_ROOT)
+                landed_seq = _seq(latest) if landed_seq is None else landed_seq
+                pending -= _signalled(latest, landed_seq)
+                if not pending:
+                    return
+                if latest.etag != version.etag:
+                    version = latest
+                    continue
+            log = next_version(version.log, dict.fromkeys(pending, late), time.time())
+            mode: PutMode = "create" if version.etag is None else IfMatch(version.etag)
+            try:
+                etag = await self._store.put(layout.NOTIFY_ROOT, log.encode(), mode, durable=False)
+            except (AlreadyExists, PreconditionFailed):
+                version = await self._read(layout.NOTIFY_ROOT)
+                landed_seq = _seq(version) if landed_seq is None else landed_seq
+                pending -= _signalled(version, landed_seq)
+                if not pending:
+                    return
+                continue
+            self._root = _Version(etag, log, time.monotonic() + self._interval)
+            self._first_seen[layout.NOTIFY_ROOT] = (etag, time.monotonic())
+            return
+        logger.warning(
+            "change signal given up after %d refused writes topics=%s", _ROUNDS, sorted(pending)
+        )
+
+    async def _read(self, key: str) -> _Version:
+        """The key's version now, and when it may be replaced: ``interval`` after it was
+        first seen here, or now if its Last-Modified says it is older than that."""
+        data: bytes | None = None
+        try:
+            if key == layout.NOTIFY_ROOT:
+                stored = await self._store.get(key)
+                meta, data = stored.meta, stored.data
+            else:
+                meta = await self._store.head(key)
+        except NotFound:
+            return _Version(None, None, 0.0)
+        log = None if data is None else decode(data)
+        if key == layout.NOTIFY_ROOT:
+            self._root = None  # another process's version: read again when it matters
+        return _Version(meta.etag, log, self._replaceable_at(key, meta))
+
+    def _replaceable_at(self, key: str, meta: ObjectMeta) -> float:
+        seen = time.monotonic()
+        first_seen = self._first_seen.get(key)
+        if first_seen is not None and first_seen[0] == meta.etag:
+            seen = first_seen[1]  # that version was there already then
+        else:
+            self._first_seen[key] = (meta.etag, seen)
+        age = (datetime.now(UTC) - meta.last_modified).total_seconds()
+        # Last-modified has whole seconds (S3): a second more than the gap ago is over the
+        # gap for sure, clocks agreeing; a fast clock here costs a write refused and resent.
+        return 0.0 if age >= self._interval + 1.0 else seen + self._interval
+
+    async def _signal_slot(self, key: str, at_once: bool) -> None:
+        """0.2.0's signal: a new token in the topic's slot (``notify.slot_signals``)."""
+        version = await self._read(key)
+        pause = 0.0 if at_once else version.replaceable_at - time.monotonic()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        mode: PutMode = "create" if version.etag is None else IfMatch(version.etag)
+        # Refused: created or changed by another process since the read, which signals too.
+        with contextlib.suppress(AlreadyExists, PreconditionFailed):
+            etag = await self._store.put(key, secrets.token_hex(8).encode(), mode, durable=False)
+            self._first_seen[key] = (etag, time.monotonic())
+
+
+def _seq(version: _Version) -> int | None:
+    return None if version.log is None else version.log.seq
+
+
+def _signalled(version: _Version, landed_seq: int | None) -> set[str]:
+    """The topics ``version`` names in entries written after the version ``landed_seq``."""
+    if version.log is None or landed_seq is None or version.log.seq < landed_seq:
+        return set()
+    return {c.topic for c in version.log.changes if c.seq > landed_seq}

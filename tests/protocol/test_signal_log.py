@@ -1,0 +1,110 @@
+"""The root signal's body (docs/protocol.md, "Request rates"): a chain of versions naming
+the topics changed lately, and what a watcher can tell from it; and how producers of several
+processes write it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.notify import ChangeSignals
+from pawn_queue._protocol.signal_log import KEEP_SECONDS, MAX_CHANGES, decode, next_version
+from pawn_queue.config import NotifyConfig
+from pawn_queue.store.counting import CountingStore
+from pawn_queue.store.memory import MemoryStore
+from tests.helpers.faults import FaultyStore
+
+
+def test_each_version_numbers_itself_and_keeps_one_entry_per_topic() -> None:
+    first = next_version(None, {"a": False}, now=100.0)
+    second = next_version(first, {"b": True}, now=101.0)
+    third = next_version(second, {"a": False}, now=102.0)
+    assert [v.seq for v in (first, second, third)] == [1, 2, 3]
+    assert [(c.seq, c.topic, c.busy) for c in third.changes] == [(2, "b", True), (3, "a", False)]
+    assert third.kept_from == 1
+    # A watcher that saw version 1 learns of b and of a's later change; one that saw 2, of a.
+    assert [c.topic for c in third.after(1) or []] == ["b", "a"]
+    assert [c.topic for c in third.after(2) or []] == ["a"]
+    assert third.after(3) == []
+
+
+def test_a_watcher_that_cannot_tell_is_told_so() -> None:
+    old = next_version(None, {"a": False}, now=100.0)
+    later = next_version(old, {"b": False}, now=100.0 + KEEP_SECONDS + 1)
+    # a's entry went unseen by a watcher at version 0: it must list everything.
+    assert [c.topic for c in later.changes] == ["b"] and later.kept_from == 2
+    assert later.after(0) is None
+    assert [c.topic for c in later.after(1) or []] == ["b"]
+    assert later.after(None) is None  # saw nothing readable before
+    assert old.after(5) is None  # the chain restarted (the root deleted and written again)
+
+
+def test_entries_past_the_cap_drop_the_oldest() -> None:
+    first = next_version(None, {f"t{n}": False for n in range(MAX_CHANGES + 10)}, now=1.0)
+    assert len(first.changes) == MAX_CHANGES
+    assert first.after(0) is None  # 10 topics of version 1 were never named
+    log = next_version(first, {"x": False}, now=1.0)
+    assert len(log.changes) == MAX_CHANGES and log.changes[-1].topic == "x"
+    # The entry dropped now was in version 1: a watcher that saw it needs only x.
+    assert [c.topic for c in log.after(1) or []] == ["x"]
+
+
+def test_the_body_round_trips_and_each_version_has_its_own_bytes() -> None:
+    log = next_version(None, {"orders": True, "billing.eu": False}, now=1_700_000_000.5)
+    assert decode(log.encode()) == log
+    # Equal logs, distinct bytes: an etag that is the content's MD5 still moves.
+    assert log.encode() != log.encode()
+    for legacy in (b"0123456789abcdef", b"0123456789abcdef+", b"", b"[]", b'{"format": 2}'):
+        assert decode(legacy) is None
+
+
+async def test_producers_of_two_processes_each_get_their_topic_named() -> None:
+    """Two processes signal different topics at once: one write wins, the other reads the
+    winner's version and writes its topic over it, so a watcher learns of both (not only of
+    the winner's topic)."""
+    store = MemoryStore()
+    config = NotifyConfig(check_interval_seconds=0.05, signal_interval_seconds=0.05)
+    one, two = ChangeSignals(store, config), ChangeSignals(store, config)
+    watcher = ChangeSignals(store, config)
+    watcher.watch(["a", "b", "c"])
+    assert await watcher.refresh()
+    try:
+        seen = watcher.snapshot(["a", "b", "c"])
+        one.published("a")
+        two.published("b")
+        await asyncio.gather(one.close(), two.close())
+        log = decode((await store.get(layout.NOTIFY_ROOT)).data)
+        assert log is not None and {c.topic for c in log.changes} == {"a", "b"}
+        for topic in ("a", "b"):
+            assert await watcher.local.wait([topic], within=10, since={topic: seen[topic]})
+        assert watcher.snapshot(["c"]) == {"c": seen["c"]}  # not named: not woken
+    finally:
+        await watcher.close()
+
+
+async def test_a_lone_producer_signals_with_one_put_and_no_read() -> None:
+    """While no other process writes the root, each signal is a PUT over the version this
+    process wrote last: no GET, no HEAD."""
+    counting = CountingStore(MemoryStore())
+    written = asyncio.Event()
+
+    async def on_put(operation: str, key: str) -> None:
+        if key == layout.NOTIFY_ROOT:
+            written.set()
+
+    config = NotifyConfig(check_interval_seconds=0.01, signal_interval_seconds=0.01)
+    producer = ChangeSignals(FaultyStore(counting, observers=[on_put]), config)
+    try:
+        for n in range(5):
+            written.clear()
+            producer.published("t")
+            await asyncio.wait_for(written.wait(), 10)
+            counts = counting.reset()
+            if n == 0:  # the first: a GET finds no root, a create-only PUT writes it
+                assert counts == {"GET": 1, "PUT create": 1}, counts
+            else:
+                assert counts == {"PUT if-match": 1}, counts
+        log = decode((await counting.get(layout.NOTIFY_ROOT)).data)
+        assert log is not None and log.seq == 5
+    finally:
+        await producer.close()
