@@ -324,8 +324,9 @@ class Producer:
         key = layout.message_key(topic, batch_id, now, batch=True)
 
         async def write(queue: str) -> None:
-            await write_new(self._runtime, layout.in_queue(key, queue), body)
-            self._signals.published(queue)
+            written = layout.in_queue(key, queue)
+            await write_new(self._runtime, written, body)
+            self._signals.published(queue, written)
 
         try:
             await _each(write(r.queue) for r in await self._routes(topic, settings, checked))

@@ -480,7 +480,7 @@ async def test_idle_costs_one_head_per_refresh_and_a_publish_is_seen(
         monitor = await started(queue_config, settings(refresh=0.1, full_refresh=60), store)
         try:
             meter = monitor.meter
-            await asyncio.sleep(0.5)  # the first look at the signals (a HEAD and a LIST)
+            await asyncio.sleep(0.5)  # the first look at the signals (a HEAD, and a GET)
             before = meter.counts.copy()
             await asyncio.sleep(1.0)
             idle = meter.counts - before

@@ -500,12 +500,12 @@ async def test_poll_of_an_idle_topic_lists_nothing_between_sweeps(
         await message.ack()
 
 
-async def test_idle_listeners_cost_a_head_per_check_and_a_signal_lists_only_its_topic(
+async def test_idle_listeners_cost_a_head_per_check_and_a_signal_needs_no_list(
     queue_config: dict[str, Any],
 ) -> None:
     """Five idle listeners of five topics: the process's checks are HEADs of the root, with
-    no LIST at all; another process's publish to one topic costs one GET of the root and a
-    listing of that topic alone."""
+    no LIST at all; another process's publish to one topic costs one GET of the root, which
+    names the message, and its claim: no LIST of any topic."""
     async with watched_queue(queue_config, 5) as (pq, store, counter):
         consumers = [await pq.register_consumer(f"c{n}", topics=[f"t{n}"]) for n in range(5)]
         store.reset()
@@ -530,8 +530,11 @@ async def test_idle_listeners_cost_a_head_per_check_and_a_signal_lists_only_its_
             async with await PawnQueue.from_config(queue_config) as elsewhere:
                 mid = await (await elsewhere.register_producer("p")).publish("t2", {"n": 1})
             assert await asyncio.wait_for(received.get(), 10) == mid
-            assert dict(counter.lists) == {layout.messages_prefix("t2"): 1}, counter.lists
-            assert store.reset()["GET"] == 2  # the root's signal log, then the message
+            assert not counter.lists, counter.lists
+            spent = store.reset()
+            # The root's signal log and the message; the claim; the ack's deletes.
+            assert spent["GET"] == 2 and spent["PUT create"] == 1, spent
+            assert spent["LIST"] == 0, spent
         finally:
             for task in tasks:
                 task.cancel()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -308,3 +310,49 @@ async def test_a_signal_held_back_says_busy_and_other_processes_list_without_wai
         keep_watching.cancel()
         await asyncio.gather(keep_watching, return_exceptions=True)
         await watcher.close()
+
+
+@contextlib.asynccontextmanager
+async def watching_consumer(queue_config: dict[str, Any]) -> AsyncIterator[tuple[Any, Any]]:
+    """A consumer of topic ``t`` that listed it once and watches the signals, and a producer
+    of another PawnQueue (another process, as far as signals go)."""
+    config = slow_backfill(queue_config)
+    async with (
+        await PawnQueue.from_config(config) as here,
+        await PawnQueue.from_config(config) as there,
+    ):
+        await here.create_topic("t")
+        consumer = await here.register_consumer("c", topics=["t"])
+        assert await consumer.poll(wait=0.2) == []  # listed once; the watch runs
+        yield consumer, await there.register_producer("p")
+
+
+async def test_named_objects_a_poll_cannot_take_are_listed_not_lost(
+    queue_config: dict[str, Any],
+) -> None:
+    """A signal names three messages to a consumer that takes one a poll: it claims one
+    without a listing, and the topic is listed for the others (claimed by name alone, they
+    would wait for the sweep, as no other signal comes)."""
+    queue_config["polling"]["max_messages_per_poll"] = 1
+    queue_config["producer"] = {"group_commit": False}
+    async with watching_consumer(queue_config) as (consumer, producer):
+        ids = [await producer.publish("t", n) for n in range(3)]
+        got: list[Message] = []
+        async with asyncio.timeout(30):
+            while len(got) < 3:
+                got += await consumer.poll(wait=10)
+        assert sorted(m.id for m in got) == sorted(ids)
+        await consumer.ack_all(got)
+
+
+async def test_a_delayed_message_named_by_a_signal_is_listed_and_comes_when_due(
+    queue_config: dict[str, Any],
+) -> None:
+    """A signal can name a delayed message: the consumer cannot claim it yet, so it lists
+    the topic, learns when it comes due, and gets it then with no further signal."""
+    async with watching_consumer(queue_config) as (consumer, producer):
+        mid = await producer.publish("t", {"x": 1}, delay=1)
+        async with asyncio.timeout(30):
+            [message] = await consumer.poll(wait=20)
+        assert message.id == mid
+        await message.ack()

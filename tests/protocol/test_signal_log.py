@@ -8,7 +8,13 @@ import asyncio
 
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.notify import ChangeSignals
-from pawn_queue._protocol.signal_log import KEEP_SECONDS, MAX_CHANGES, decode, next_version
+from pawn_queue._protocol.signal_log import (
+    KEEP_SECONDS,
+    MAX_CHANGES,
+    MAX_NAMES,
+    decode,
+    next_version,
+)
 from pawn_queue.config import NotifyConfig
 from pawn_queue.store.counting import CountingStore
 from pawn_queue.store.memory import MemoryStore
@@ -16,9 +22,9 @@ from tests.helpers.faults import FaultyStore
 
 
 def test_each_version_numbers_itself_and_keeps_one_entry_per_topic() -> None:
-    first = next_version(None, {"a": False}, now=100.0)
-    second = next_version(first, {"b": True}, now=101.0)
-    third = next_version(second, {"a": False}, now=102.0)
+    first = next_version(None, {"a": None}, now=100.0)
+    second = next_version(first, {"b": None}, now=101.0, busy=True)
+    third = next_version(second, {"a": None}, now=102.0)
     assert [v.seq for v in (first, second, third)] == [1, 2, 3]
     assert [(c.seq, c.topic, c.busy) for c in third.changes] == [(2, "b", True), (3, "a", False)]
     assert third.kept_from == 1
@@ -28,9 +34,22 @@ def test_each_version_numbers_itself_and_keeps_one_entry_per_topic() -> None:
     assert third.after(3) == []
 
 
+def test_an_entry_names_its_objects_and_a_later_one_of_its_topic_keeps_them() -> None:
+    """A watcher that missed version 1 sees a's entry of version 2 only: it must still name
+    x, or the consumers that claim what is named, without listing, would never see it."""
+    first = next_version(None, {"a": frozenset({"x"})}, now=1.0)
+    second = next_version(first, {"a": frozenset({"y"}), "b": frozenset({"z"})}, now=2.0)
+    assert {c.topic: c.names for c in second.changes} == {"a": ("x", "y"), "b": ("z",)}
+    # One write without names (a lease given back, too many objects): "list the topic".
+    third = next_version(second, {"a": None}, now=3.0)
+    assert {c.topic: c.names for c in third.changes} == {"b": ("z",), "a": None}
+    many = frozenset(f"m{n}" for n in range(MAX_NAMES + 1))
+    assert next_version(None, {"a": many}, now=1.0).changes[0].names is None
+
+
 def test_a_watcher_that_cannot_tell_is_told_so() -> None:
-    old = next_version(None, {"a": False}, now=100.0)
-    later = next_version(old, {"b": False}, now=100.0 + KEEP_SECONDS + 1)
+    old = next_version(None, {"a": None}, now=100.0)
+    later = next_version(old, {"b": None}, now=100.0 + KEEP_SECONDS + 1)
     # a's entry went unseen by a watcher at version 0: it must list everything.
     assert [c.topic for c in later.changes] == ["b"] and later.kept_from == 2
     assert later.after(0) is None
@@ -40,17 +59,17 @@ def test_a_watcher_that_cannot_tell_is_told_so() -> None:
 
 
 def test_entries_past_the_cap_drop_the_oldest() -> None:
-    first = next_version(None, {f"t{n}": False for n in range(MAX_CHANGES + 10)}, now=1.0)
+    first = next_version(None, {f"t{n}": None for n in range(MAX_CHANGES + 10)}, now=1.0)
     assert len(first.changes) == MAX_CHANGES
     assert first.after(0) is None  # 10 topics of version 1 were never named
-    log = next_version(first, {"x": False}, now=1.0)
+    log = next_version(first, {"x": None}, now=1.0)
     assert len(log.changes) == MAX_CHANGES and log.changes[-1].topic == "x"
     # The entry dropped now was in version 1: a watcher that saw it needs only x.
     assert [c.topic for c in log.after(1) or []] == ["x"]
 
 
 def test_the_body_round_trips_and_each_version_has_its_own_bytes() -> None:
-    log = next_version(None, {"orders": True, "billing.eu": False}, now=1_700_000_000.5)
+    log = next_version(None, {"orders": frozenset({"k1", "k2"}), "billing.eu": None}, now=1.5)
     assert decode(log.encode()) == log
     # Equal logs, distinct bytes: an etag that is the content's MD5 still moves.
     assert log.encode() != log.encode()

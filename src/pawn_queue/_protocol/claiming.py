@@ -18,7 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -32,9 +32,10 @@ from pawn_queue._protocol.envelope import (
     decode_pending,
     encode_unreadable,
 )
-from pawn_queue._protocol.freshness import ListingMemory
+from pawn_queue._protocol.expiry import past_retention, settle_expired
+from pawn_queue._protocol.freshness import ListingMemory, hinted_candidates
 from pawn_queue._protocol.handout import Handout
-from pawn_queue._protocol.lanes import LANE_WIDTH, LANES, Lanes
+from pawn_queue._protocol.lanes import LANE_WIDTH, LANES, Lanes, claims_for
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
 from pawn_queue._protocol.lease_protocol import Lease
 from pawn_queue._protocol.runtime import Runtime
@@ -49,22 +50,6 @@ _MIN_PAGE = 100
 _MIN_PATIENCE_SECONDS = 0.05
 _REMEMBER_SECONDS = 1.0
 _SWEEP_SECONDS = 600.0  # how often a consumer looks for orphan leases in each topic
-
-
-def _claims_for(candidates: list[tuple[layout.PendingKey, str]], wanted: int) -> int:
-    """How many of ``candidates`` to claim at once for ``wanted`` messages when consumers
-    compete: up to the first batch object. It may hold them all; claiming past it would take
-    messages the poll does not need from the others, and lose races for them. (Alone, a
-    consumer claims a poll's worth of candidates at once: no race, one round trip.)"""
-    for count, (pending, _) in enumerate(candidates[:wanted], start=1):
-        if pending.kind == "batch":
-            return count
-    return wanted
-
-
-def _expired(key: str, retention_seconds: float, now: datetime) -> bool:
-    due = layout.due_from_key(key)
-    return due is not None and now - due > timedelta(seconds=retention_seconds)
 
 
 class Claimer:
@@ -188,11 +173,32 @@ class Claimer:
                 self._remembered[topic] = (rest, until)
             if len(claimed) >= wanted or conflicts:
                 return claimed
+        hinted = self._runtime.signals.take_hints(topic)
+        if hinted and watched:  # unwatched, the listing below finds them
+            claimed += await self._claim_hinted(topic, hinted, wanted - len(claimed))
+            if len(claimed) >= wanted:
+                return claimed
         if watched and self.memory.may_skip(topic):
             if topic in self._with_messages:
                 self._maybe_sweep(topic)  # orphan leases go on being swept, listed or not
             return claimed
         return claimed + await self._list_and_claim(topic, wanted - len(claimed), shared, watched)
+
+    async def _claim_hinted(self, topic: str, keys: list[str], wanted: int) -> list[Message]:
+        """Claim objects a change signal named, with no listing; if it leaves any (a poll's
+        maximum, a delayed or group message, a race lost), the topic is listed."""
+        candidates, unsure = hinted_candidates(keys, self._clock(), self._leases.margin)
+        candidates = [
+            (pending, key)
+            for pending, key in candidates
+            if self._leases.worth_claiming(topic, pending.lease_id(), key)
+        ]
+        won, rest, conflicts = await self._claim_candidates(topic, candidates, wanted)
+        if conflicts:
+            self._met_competitor(topic)
+        if rest or conflicts or unsure:
+            self._runtime.signals.local.changed(topic)
+        return won
 
     async def _list_and_claim(
         self, topic: str, wanted: int, shared: bool, watched: bool
@@ -276,7 +282,7 @@ class Claimer:
         while candidates and len(claimed) < wanted and not conflicts:
             take = 1 if probe else wanted - len(claimed)
             if contended:
-                take = _claims_for(candidates, take)
+                take = claims_for(candidates, take)
             chunk, candidates = candidates[:take], candidates[take:]
             results = await self._claim_all(topic, chunk)
             for result in results:
@@ -429,7 +435,8 @@ class Claimer:
             error = f"received {received} times; the topic allows {settings.max_receive_count}"
             await self._dead_letter_all(key, lease, envelopes, "max_receive_count", error)
             return []
-        if settings.retention_seconds and _expired(key, settings.retention_seconds, self._clock()):
+        retention = settings.retention_seconds
+        if retention and past_retention(key, retention, self._clock()):
             error = f"not consumed within the topic's retention of {settings.retention_seconds}s"
             if settings.retention_action == "dead_letter":
                 await self._dead_letter_all(key, lease, envelopes, "retention", error)
@@ -447,7 +454,7 @@ class Claimer:
                 continue
             message = Message(envelope, claimed, index)
             if envelope.expires_at is not None and envelope.expired(now):
-                await _settle_expired(message, settings.retention_action)
+                await settle_expired(message, settings.retention_action)
             else:
                 messages.append(message)
         if messages:
@@ -487,13 +494,3 @@ class Claimer:
         logger.warning("quarantined corrupt object key=%s error=%s", key, error)
         if self._runtime.observers:
             self._runtime.observers.quarantined(topic, key, error)
-
-
-async def _settle_expired(message: Message, action: str) -> None:
-    """Settle a message past its own deadline as its topic's ``retention_action`` says:
-    removed undelivered, or dead-lettered with reason ``expired``."""
-    if action == "dead_letter":
-        await message.dead_letter("expired", f"not delivered by its expiry {message.expires_at}")
-    else:
-        await message._drop_expired()
-        logger.info("expired message id=%s expires_at=%s", message.id, message.expires_at)

@@ -16,7 +16,7 @@ no LIST per poll: it answers from what the queue knows, as ``listen()`` does
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.leases import LeaseManager
@@ -96,3 +96,21 @@ class ListingMemory:
                 if self._leases.worth_claiming(topic, pending.lease_id(), meta.key):
                     return False
         return True
+
+
+def hinted_candidates(
+    keys: Iterable[str], now: datetime, margin: timedelta
+) -> tuple[list[tuple[layout.PendingKey, str]], bool]:
+    """The objects among ``keys`` (named by change signals) that a consumer may claim now,
+    in key order; and whether any other needs a listing (a delayed message, a group's: the
+    listing learns when it comes due, or which of a group is next)."""
+    candidates: list[tuple[layout.PendingKey, str]] = []
+    unsure = False
+    for key in sorted(keys):
+        pending = layout.parse_pending_key(key)
+        visible = layout.visible_from(key, margin)
+        if pending is None or pending.kind == "group" or (visible is not None and visible > now):
+            unsure = True
+        else:
+            candidates.append((pending, key))
+    return candidates, unsure

@@ -220,7 +220,7 @@ class GroupCommit:
             await write_new(self._runtime, key, encode_batch(batch_id, members))
         except StoreError as exc:
             raise publish_failed(topic, exc) from exc
-        self._runtime.signals.published(topic)
+        self._runtime.signals.published(topic, key)
         logger.debug("published batch=%s topic=%s messages=%d", batch_id, topic, len(members))
 
 

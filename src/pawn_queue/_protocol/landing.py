@@ -63,7 +63,7 @@ async def write_message(
     except StoreError as exc:
         raise publish_failed(envelope.topic, exc) from exc
     queue = layout.queue_of(key)
-    runtime.signals.published(queue)
+    runtime.signals.published(queue, key)
     logger.debug("published message=%s queue=%s", envelope.id, queue)
     return envelope.id
 

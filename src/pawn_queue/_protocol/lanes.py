@@ -28,6 +28,17 @@ _LANE_LAG = timedelta(seconds=1)  # how much longer another lane's oldest messag
 Candidates = list[tuple[layout.PendingKey, str]]  # (what a key holds, the key), in key order
 
 
+def claims_for(candidates: list[tuple[layout.PendingKey, str]], wanted: int) -> int:
+    """How many of ``candidates`` to claim at once for ``wanted`` messages when consumers
+    compete: up to the first batch object. It may hold them all; claiming past it would take
+    messages the poll does not need from the others, and lose races for them. (Alone, a
+    consumer claims a poll's worth of candidates at once: no race, one round trip.)"""
+    for count, (pending, _) in enumerate(candidates[:wanted], start=1):
+        if pending.kind == "batch":
+            return count
+    return wanted
+
+
 def lane_of(lease_id: str) -> int:
     """The lane of the message (or group) whose lease is ``lease_id``."""
     return zlib.crc32(lease_id.encode()) % LANES

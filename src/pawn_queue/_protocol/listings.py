@@ -37,7 +37,7 @@ class SharedListings:
         that began after every change signal seen here for ``topic`` (with ``join``), or in
         this call. Callers only read the list: it may be shared."""
         page = (topic, start_after, limit)
-        generation = self._signals.snapshot([topic])[topic]
+        generation = self._signals.generation(topic)
         current = self._in_flight.get(page)
         if join and current is not None and current[0] >= generation:
             return await asyncio.shield(current[1])

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable
 
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.signal_log import SignalLog, decode
+from pawn_queue._protocol.signal_log import SignalLog, decode, merge_names
 from pawn_queue._protocol.signal_writer import SignalWriter
 from pawn_queue.config import NotifyConfig
 from pawn_queue.exceptions import NotFound, StoreError
@@ -44,6 +44,9 @@ _WATCH_GRACE_CHECKS = 50  # checks the watch goes on after the last wait ended
 _BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
 _CLOSE_SECONDS = 2.0
 _WARM_CHECKS = 2  # a busy topic is listed every this many check intervals
+_MAX_HINTS = 256  # keys hinted to a topic's consumers at most; past it, they list
+_HINTED_SECONDS = 30.0  # a name hinted is not hinted again for this long (entries last 10 s)
+_HINTED_MEMORY = 4096
 
 
 class LocalSignals:
@@ -56,14 +59,29 @@ class LocalSignals:
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._generation: dict[str, int] = {}
+        self._hinted: dict[str, int] = {}
 
     def changed(self, topic: str) -> None:
         self._generation[topic] = self._generation.get(topic, 0) + 1
+        self._wake(topic)
+
+    def hinted(self, topic: str) -> None:
+        """New objects of ``topic`` were named to its consumers: wake its waiters, and move
+        its snapshot but not its generation (what its last listing showed still holds)."""
+        self._hinted[topic] = self._hinted.get(topic, 0) + 1
+        self._wake(topic)
+
+    def _wake(self, topic: str) -> None:
         for event in self._waiters.get(topic, ()):
             event.set()
 
+    def generation(self, topic: str) -> int:
+        """The count of the topic's changes that call for a listing."""
+        return self._generation.get(topic, 0)
+
     def snapshot(self, topics: Iterable[str]) -> dict[str, int]:
-        return {topic: self._generation.get(topic, 0) for topic in topics}
+        """Per topic, a count that every change and every hint moves."""
+        return {t: self._generation.get(t, 0) + self._hinted.get(t, 0) for t in topics}
 
     def waited_on(self) -> set[str]:
         """The topics somebody waits on now."""
@@ -100,7 +118,8 @@ class ChangeSignals:
         self._store = store
         self._config = config
         self.local = LocalSignals()
-        self._to_mark: set[str] = set()
+        # topic -> the names of the objects to signal (None: unknown, "list it")
+        self._to_mark: dict[str, frozenset[str] | None] = {}
         self._last_marked: dict[str, float] = {}
         self._writer = SignalWriter(
             store,
@@ -114,6 +133,8 @@ class ChangeSignals:
         self._baseline_taken = False
         self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
         self._seq: int | None = None  # the seq of that version's signal log (None: none)
+        self._hints: dict[str, set[str]] = {}  # topic -> object keys named, not yet taken
+        self._hinted: dict[str, float] = {}  # key -> when it was hinted (monotonic)
         # Topics whose last signal came late (busy), until when they count as busy, and
         # when they were last listed for it (monotonic).
         self._busy_until: dict[str, float] = {}
@@ -131,15 +152,18 @@ class ChangeSignals:
 
     # -- producer side ----------------------------------------------------------------------
 
-    def published(self, topic: str) -> None:
-        """A message was written to ``topic`` (or given back): wake local consumers, signal
-        other processes."""
+    def published(self, topic: str, key: str | None = None) -> None:
+        """A message was written to ``topic`` (at ``key``, if given: a message visible now;
+        else given back, or anything a consumer must list to find): wake local consumers,
+        signal other processes."""
         if layout.is_retained_log(topic):
             return  # nobody consumes it
         self.local.changed(topic)
         if not self._config.enabled:
             return
-        self._to_mark.add(topic)
+        name = None if key is None else frozenset([key.rpartition("/")[2]])
+        marked = self._to_mark.get(topic, frozenset())
+        self._to_mark[topic] = merge_names(marked, name) if topic in self._to_mark else name
         if self._marker is None or self._marker.done():
             self._marker = asyncio.create_task(self._mark_loop())
 
@@ -148,15 +172,16 @@ class ChangeSignals:
         while self._to_mark:
             now = time.monotonic()
             due = {
-                t
-                for t in self._to_mark
+                t: names
+                for t, names in self._to_mark.items()
                 if self._closing or now - self._last_marked.get(t, 0.0) >= self._gap
             }
             if not due:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._close_requested.wait(), self._gap / 2)
                 continue
-            self._to_mark -= due
+            for topic in due:
+                del self._to_mark[topic]
             try:
                 # Closing: write at once (one early write per process at most), or a process
                 # that publishes and exits would linger for the interval.
@@ -177,8 +202,9 @@ class ChangeSignals:
         return self.local.snapshot(topics)
 
     def generation(self, topic: str) -> int:
-        """The topic's change count here: it moves with every change seen for it."""
-        return self.local.snapshot([topic])[topic]
+        """The topic's change count here: it moves with every change seen for it that calls
+        for a listing (not with objects named to its consumers)."""
+        return self.local.generation(topic)
 
     def idle_wait(self, poll_interval: float) -> float:
         """How long an idle consumer waits at most before it looks again (with signals on,
@@ -276,9 +302,41 @@ class ChangeSignals:
                 self.local.changed(topic)
             return
         for change in changes:
-            if change.topic in watched:
+            if change.topic not in watched:
+                continue
+            self._note_busy(change.topic, change.busy, now)
+            # Names go to this process's consumers (busy: warm listings come anyway); a
+            # topic only waited on (the dashboard, a Spark source) counts it as a change.
+            if change.names is None or change.busy or change.topic not in self._watched:
                 self.local.changed(change.topic)
-                self._note_busy(change.topic, change.busy, now)
+            else:
+                self._hint(change.topic, change.names)
+
+    def _hint(self, topic: str, names: Iterable[str]) -> None:
+        """Have the topic's consumers here claim these objects, without a listing. A name
+        already hinted lately (a later entry of the topic repeats the earlier names) is not
+        hinted again."""
+        now = time.monotonic()
+        if len(self._hinted) > _HINTED_MEMORY:
+            self._hinted = {k: t for k, t in self._hinted.items() if now - t < _HINTED_SECONDS}
+        prefix = layout.messages_prefix(topic)
+        keys = {prefix + name for name in names} - self._hinted.keys()
+        if not keys:
+            return
+        self._hinted.update(dict.fromkeys(keys, now))
+        hints = self._hints.setdefault(topic, set())
+        hints |= keys
+        if len(hints) > _MAX_HINTS:  # nobody here takes them: list instead
+            del self._hints[topic]
+            self.local.changed(topic)
+        else:
+            self.local.hinted(topic)
+
+    def take_hints(self, topic: str) -> list[str]:
+        """The keys of ``topic``'s objects that signals named since the last call, in key
+        order: the caller claims them, or (any it leaves) has the topic listed
+        (``local.changed``)."""
+        return sorted(self._hints.pop(topic, ()))
 
     def _note_busy(self, topic: str, busy: bool, now: float) -> None:
         if busy:

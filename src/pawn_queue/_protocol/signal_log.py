@@ -2,10 +2,13 @@
 
 Every write of the root replaces the version it read (if-match), so its versions form one
 chain, and each write numbers itself: ``seq`` is the previous version's plus one. A write
-adds an entry ``(seq, topic, busy)`` for each topic it signals, replacing the topic's older
-entry, and drops entries older than ``KEEP_SECONDS`` (or past ``MAX_CHANGES``); ``kept_from``
-says from which ``seq`` on every change is still named (by its own entry or a later one of
-its topic). A watcher that last saw ``seq`` ``s`` wakes the topics of the entries after
+adds an entry ``(seq, topic, at, busy, names)`` for each topic it signals, replacing the
+topic's older entry (their ``names`` merged), and drops entries older than ``KEEP_SECONDS``
+(or past ``MAX_CHANGES``); ``kept_from`` says from which ``seq`` on every change is still
+named (by its own entry or a later one of its topic). ``names`` are the names (under
+``{topic}/messages/``) of the message objects the entry signals, when they are known and
+few: a watcher's consumers then claim those without listing the topic; None means "list
+it". A watcher that last saw ``seq`` ``s`` wakes the topics of the entries after
 ``s``; if ``kept_from > s + 1`` (it looked too seldom) or the chain restarted, it cannot tell
 and wakes every topic it watches (docs/protocol.md, "Change signals").
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 KEEP_SECONDS = 10.0
@@ -25,18 +29,22 @@ the idle interval), so a watch that checks misses none."""
 MAX_CHANGES = 512
 """Entries kept at most (one per topic): with more topics changing within ``KEEP_SECONDS``,
 the oldest go and watchers that missed them wake every topic they watch."""
+MAX_NAMES = 16
+"""Object names one entry carries at most; past it, the entry says "list the topic"."""
 _FORMAT = "pawn-queue-signals/1"
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
     """One topic's latest signal in the root: the version that wrote it, when (the writer's
-    clock, epoch seconds) and whether it came late (the topic is busy)."""
+    clock, epoch seconds), whether it came late (the topic is busy), and the names of the
+    objects it signals (None: unknown, list the topic)."""
 
     seq: int
     topic: str
     at: float
     busy: bool
+    names: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +64,9 @@ class SignalLog:
                 "seq": self.seq,
                 "kept_from": self.kept_from,
                 "nonce": secrets.token_hex(8),
-                "changes": [[c.seq, c.topic, round(c.at, 3), int(c.busy)] for c in self.changes],
+                "changes": [
+                    [c.seq, c.topic, round(c.at, 3), int(c.busy), c.names] for c in self.changes
+                ],
             },
             separators=(",", ":"),
         ).encode()
@@ -75,27 +85,50 @@ def decode(data: bytes) -> SignalLog | None:
         doc = json.loads(data)
         if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
             return None
-        changes = tuple(
-            Change(int(seq), str(topic), float(at), bool(busy))
-            for seq, topic, at, busy in doc["changes"]
-        )
+        changes = tuple(_change(*entry) for entry in doc["changes"])
         return SignalLog(int(doc["seq"]), int(doc["kept_from"]), changes)
     except (ValueError, TypeError, KeyError):
         return None
 
 
-def next_version(current: SignalLog | None, topics: dict[str, bool], now: float) -> SignalLog:
-    """The version a write of ``topics`` (topic -> busy) over ``current`` puts: ``current``
-    or nothing readable starts a new chain."""
+def _change(
+    seq: int, topic: str, at: float, busy: int, names: list[str] | None = None, *_: object
+) -> Change:
+    listed = None if names is None else tuple(str(name) for name in names)
+    return Change(int(seq), str(topic), float(at), bool(busy), listed)
+
+
+def merge_names(older: Iterable[str] | None, newer: Iterable[str] | None) -> frozenset[str] | None:
+    """Both entries' names, or None if either is unknown or they are too many."""
+    if older is None or newer is None:
+        return None
+    names = frozenset([*older, *newer])
+    return names if len(names) <= MAX_NAMES else None
+
+
+def next_version(
+    current: SignalLog | None,
+    topics: dict[str, frozenset[str] | None],
+    now: float,
+    busy: bool = False,
+) -> SignalLog:
+    """The version a write of ``topics`` (topic -> the names signalled, None: unknown) over
+    ``current`` puts: ``current`` or nothing readable starts a new chain."""
+    older: dict[str, Change] = {}
     if current is None:
         seq, kept_from, kept = 1, 1, []
     else:
         seq, kept_from = current.seq + 1, current.kept_from
+        older = {c.topic: c for c in current.changes if c.topic in topics}
         kept = [c for c in current.changes if c.topic not in topics]
-    kept += [Change(seq, topic, now, busy) for topic, busy in sorted(topics.items())]
+    for topic, names in sorted(topics.items()):
+        before = older.get(topic)
+        merged = merge_names(names, names if before is None else before.names)
+        listed = None if merged is None else tuple(sorted(merged))
+        kept.append(Change(seq, topic, now, busy, listed))
     fresh = [c for c in kept if now - c.at <= KEEP_SECONDS][-MAX_CHANGES:]
-    names = {c.topic for c in fresh}
+    still_named = {c.topic for c in fresh}
     for dropped in kept:
-        if dropped.topic not in names:
+        if dropped.topic not in still_named:
             kept_from = max(kept_from, dropped.seq + 1)
     return SignalLog(seq, kept_from, tuple(fresh))

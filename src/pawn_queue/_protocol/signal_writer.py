@@ -54,16 +54,19 @@ class SignalWriter:
         self._root: _Version | None = None  # the version this process wrote last
         self._first_seen: dict[str, tuple[str, float]] = {}  # key -> (etag, monotonic)
 
-    async def signal(self, topics: set[str], *, at_once: bool = False) -> None:
-        """Signal ``topics``, whose messages have landed; ``at_once``: without waiting for
-        the interval (a closing process, once)."""
+    async def signal(
+        self, topics: dict[str, frozenset[str] | None], *, at_once: bool = False
+    ) -> None:
+        """Signal ``topics`` (topic -> the names of the objects written, None: unknown),
+        whose messages have landed; ``at_once``: without waiting for the interval (a closing
+        process, once)."""
         if self._slots:
             keys = sorted({layout.notify_slot_key(topic) for topic in topics})
             await asyncio.gather(*(self._signal_slot(key, at_once) for key in keys))
         await self._signal_root(topics, at_once)
 
-    async def _signal_root(self, topics: set[str], at_once: bool) -> None:
-        pending = set(topics)
+    async def _signal_root(self, topics: dict[str, frozenset[str] | None], at_once: bool) -> None:
+        pending = dict(topics)
         version = self._root
         # The seq of a version read after the messages landed: an entry of a later version
         # was written after them, so it signals them.
@@ -83,20 +86,20 @@ class SignalWriter:
                 # count against the key's limit.
                 latest = await self._read(layout.NOTIFY_ROOT)
                 landed_seq = _seq(latest) if landed_seq is None else landed_seq
-                pending -= _signalled(latest, landed_seq)
+                _drop_signalled(pending, latest, landed_seq)
                 if not pending:
                     return
                 if latest.etag != version.etag:
                     version = latest
                     continue
-            log = next_version(version.log, dict.fromkeys(pending, late), time.time())
+            log = next_version(version.log, pending, time.time(), busy=late)
             mode: PutMode = "create" if version.etag is None else IfMatch(version.etag)
             try:
                 etag = await self._store.put(layout.NOTIFY_ROOT, log.encode(), mode, durable=False)
             except (AlreadyExists, PreconditionFailed):
                 version = await self._read(layout.NOTIFY_ROOT)
                 landed_seq = _seq(version) if landed_seq is None else landed_seq
-                pending -= _signalled(version, landed_seq)
+                _drop_signalled(pending, version, landed_seq)
                 if not pending:
                     return
                 continue
@@ -153,8 +156,16 @@ def _seq(version: _Version) -> int | None:
     return None if version.log is None else version.log.seq
 
 
-def _signalled(version: _Version, landed_seq: int | None) -> set[str]:
-    """The topics ``version`` names in entries written after the version ``landed_seq``."""
+def _drop_signalled(
+    pending: dict[str, frozenset[str] | None], version: _Version, landed_seq: int | None
+) -> None:
+    """Drop from ``pending`` the topics that entries of ``version`` written after the
+    version ``landed_seq`` signal: they say "list it", or name every object pending names."""
     if version.log is None or landed_seq is None or version.log.seq < landed_seq:
-        return set()
-    return {c.topic for c in version.log.changes if c.seq > landed_seq}
+        return
+    for change in version.log.changes:
+        if change.topic not in pending or change.seq <= landed_seq:
+            continue
+        names = pending[change.topic]
+        if change.names is None or (names is not None and names <= set(change.names)):
+            del pending[change.topic]
