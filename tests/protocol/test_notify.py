@@ -23,7 +23,11 @@ from tests.helpers.faults import FaultyStore
 def slow_backfill(queue_config: dict[str, Any]) -> dict[str, Any]:
     """A full poll only every 60 s: anything faster must come from a change signal."""
     queue_config["polling"]["interval_seconds"] = 60
-    queue_config["notify"] = {"check_interval_seconds": 0.05, "backfill_interval_seconds": 60}
+    queue_config["notify"] = {
+        **queue_config.get("notify", {}),
+        "check_interval_seconds": 0.05,
+        "backfill_interval_seconds": 60,
+    }
     return queue_config
 
 
@@ -313,9 +317,11 @@ async def test_a_signal_held_back_says_busy_and_other_processes_list_without_wai
 
 
 @contextlib.asynccontextmanager
-async def watching_consumer(queue_config: dict[str, Any]) -> AsyncIterator[tuple[Any, Any]]:
-    """A consumer of topic ``t`` that listed it once and watches the signals, and a producer
-    of another PawnQueue (another process, as far as signals go)."""
+async def watching_consumer(
+    queue_config: dict[str, Any],
+) -> AsyncIterator[tuple[PawnQueue, Any, Any]]:
+    """A queue with a consumer of topic ``t`` that listed it once and watches the signals,
+    and a producer of another PawnQueue (another process, as far as signals go)."""
     config = slow_backfill(queue_config)
     async with (
         await PawnQueue.from_config(config) as here,
@@ -324,7 +330,7 @@ async def watching_consumer(queue_config: dict[str, Any]) -> AsyncIterator[tuple
         await here.create_topic("t")
         consumer = await here.register_consumer("c", topics=["t"])
         assert await consumer.poll(wait=0.2) == []  # listed once; the watch runs
-        yield consumer, await there.register_producer("p")
+        yield here, consumer, await there.register_producer("p")
 
 
 async def test_named_objects_a_poll_cannot_take_are_listed_not_lost(
@@ -335,7 +341,7 @@ async def test_named_objects_a_poll_cannot_take_are_listed_not_lost(
     would wait for the sweep, as no other signal comes)."""
     queue_config["polling"]["max_messages_per_poll"] = 1
     queue_config["producer"] = {"group_commit": False}
-    async with watching_consumer(queue_config) as (consumer, producer):
+    async with watching_consumer(queue_config) as (_, consumer, producer):
         ids = [await producer.publish("t", n) for n in range(3)]
         got: list[Message] = []
         async with asyncio.timeout(30):
@@ -350,9 +356,36 @@ async def test_a_delayed_message_named_by_a_signal_is_listed_and_comes_when_due(
 ) -> None:
     """A signal can name a delayed message: the consumer cannot claim it yet, so it lists
     the topic, learns when it comes due, and gets it then with no further signal."""
-    async with watching_consumer(queue_config) as (consumer, producer):
+    async with watching_consumer(queue_config) as (_, consumer, producer):
         mid = await producer.publish("t", {"x": 1}, delay=1)
         async with asyncio.timeout(30):
             [message] = await consumer.poll(wait=20)
+        assert message.id == mid
+        await message.ack()
+
+
+async def test_a_root_written_by_0_2_0_wakes_every_topic_and_slots_are_written_when_asked(
+    queue_config: dict[str, Any],
+) -> None:
+    """0.2.0's producers write a slot and then a 16-byte token to the root: a watcher here
+    cannot read that and has its consumers list every topic, so the message is found. With
+    ``notify.slot_signals`` this version writes the topic's slot too, for 0.2.0's
+    consumers."""
+    queue_config["notify"] = {"slot_signals": True}
+    async with watching_consumer(queue_config) as (here, consumer, producer):
+        slot = layout.notify_slot_key("t")
+        await producer.publish("t", {"from": "this version"})
+        async with asyncio.timeout(30):
+            [message] = await consumer.poll(wait=10)
+        await message.ack()
+        assert await here.store.head(slot)  # written for 0.2.0's consumers
+        # A 0.2.0 producer: the message, its slot, then the root's token.
+        legacy = {**queue_config, "notify": {"enabled": False}}
+        async with await PawnQueue.from_config(legacy) as old:
+            mid = await (await old.register_producer("old")).publish("t", {"from": "0.2.0"})
+            await old.store.put(slot, b"0123456789abcdef", "overwrite")
+            await old.store.put(layout.NOTIFY_ROOT, b"fedcba9876543210", "overwrite")
+        async with asyncio.timeout(30):
+            [message] = await consumer.poll(wait=10)
         assert message.id == mid
         await message.ack()

@@ -36,15 +36,33 @@ def test_each_version_numbers_itself_and_keeps_one_entry_per_topic() -> None:
 
 def test_an_entry_names_its_objects_and_a_later_one_of_its_topic_keeps_them() -> None:
     """A watcher that missed version 1 sees a's entry of version 2 only: it must still name
-    x, or the consumers that claim what is named, without listing, would never see it."""
+    x, or the consumers that claim what is named, without listing, would never see it. One
+    that saw version 1 gets y alone."""
     first = next_version(None, {"a": frozenset({"x"})}, now=1.0)
     second = next_version(first, {"a": frozenset({"y"}), "b": frozenset({"z"})}, now=2.0)
-    assert {c.topic: c.names for c in second.changes} == {"a": ("x", "y"), "b": ("z",)}
-    # One write without names (a lease given back, too many objects): "list the topic".
+    entries = {c.topic: c for c in second.changes}
+    assert entries["a"].named_after(0) == ["x", "y"]
+    assert entries["a"].named_after(1) == ["y"]
+    assert entries["b"].named_after(0) == ["z"]
+    # A write without names (a lease given back): "list the topic" for whoever sees it.
     third = next_version(second, {"a": None}, now=3.0)
-    assert {c.topic: c.names for c in third.changes} == {"b": ("z",), "a": None}
-    many = frozenset(f"m{n}" for n in range(MAX_NAMES + 1))
-    assert next_version(None, {"a": many}, now=1.0).changes[0].names is None
+    [a] = [c for c in third.changes if c.topic == "a"]
+    assert a.named_after(2) is None
+    # Names again: complete only for a watcher that saw the unknown one.
+    fourth = next_version(third, {"a": frozenset({"w"})}, now=4.0)
+    [a] = [c for c in fourth.changes if c.topic == "a"]
+    assert a.named_after(3) == ["w"] and a.named_after(2) is None
+
+
+def test_an_entry_keeps_the_latest_names_and_says_from_when_they_are_complete() -> None:
+    log = None
+    for n in range(MAX_NAMES + 4):  # a busy topic: one object per version
+        log = next_version(log, {"a": frozenset({f"m{n:02d}"})}, now=1.0 + n / 10)
+    assert log is not None
+    [a] = log.changes
+    assert a.named_after(4) == [f"m{n:02d}" for n in range(4, MAX_NAMES + 4)]
+    assert a.named_after(3) is None  # m03 was dropped: that watcher lists the topic
+    assert a.named_after(log.seq - 1) == [f"m{MAX_NAMES + 3:02d}"]
 
 
 def test_a_watcher_that_cannot_tell_is_told_so() -> None:

@@ -307,10 +307,11 @@ class ChangeSignals:
             self._note_busy(change.topic, change.busy, now)
             # Names go to this process's consumers (busy: warm listings come anyway); a
             # topic only waited on (the dashboard, a Spark source) counts it as a change.
-            if change.names is None or change.busy or change.topic not in self._watched:
+            named = None if self._seq is None else change.named_after(self._seq)
+            if named is None or change.busy or change.topic not in self._watched:
                 self.local.changed(change.topic)
             else:
-                self._hint(change.topic, change.names)
+                self._hint(change.topic, named)
 
     def _hint(self, topic: str, names: Iterable[str]) -> None:
         """Have the topic's consumers here claim these objects, without a listing. A name

@@ -167,5 +167,6 @@ def _drop_signalled(
         if change.topic not in pending or change.seq <= landed_seq:
             continue
         names = pending[change.topic]
-        if change.names is None or (names is not None and names <= set(change.names)):
+        named = None if change.names is None else {name for _, name in change.names}
+        if named is None or (names is not None and names <= named):
             del pending[change.topic]
