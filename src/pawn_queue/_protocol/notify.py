@@ -33,7 +33,7 @@ from collections.abc import Iterable
 
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.signal_log import SignalLog, decode, merge_names
-from pawn_queue._protocol.signal_writer import SignalWriter
+from pawn_queue._protocol.signal_writer import WARM_CHECKS, SignalWriter
 from pawn_queue.config import NotifyConfig
 from pawn_queue.exceptions import NotFound, StoreError
 from pawn_queue.store.base import Store
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 _WATCH_GRACE_CHECKS = 50  # checks the watch goes on after the last wait ended
 _BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
 _CLOSE_SECONDS = 2.0
-_WARM_CHECKS = 2  # a busy topic is listed every this many check intervals
 _MAX_HINTS = 256  # keys hinted to a topic's consumers at most; past it, they list
 _HINTED_SECONDS = 30.0  # a name hinted is not hinted again for this long (entries last 10 s)
 _HINTED_MEMORY = 4096
@@ -348,13 +347,13 @@ class ChangeSignals:
             self._busy_until.pop(topic, None)
 
     def _warm(self) -> None:
-        """Wake the consumers here of the busy topics every ``_WARM_CHECKS`` check
+        """Wake the consumers here of the busy topics every ``WARM_CHECKS`` check
         intervals: they list them without waiting for the signal interval."""
         now = time.monotonic()
         for topic, until in list(self._busy_until.items()):
             if until <= now:
                 del self._busy_until[topic]
-            elif now - self._warmed.get(topic, 0.0) >= _WARM_CHECKS * self._gap:
+            elif now - self._warmed.get(topic, 0.0) >= WARM_CHECKS * self._gap:
                 self._warmed[topic] = now
                 self.local.changed(topic)
 

@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 
 _ROUNDS = 20
 """Writes refused in a row before a signal is given up (the sweep then finds its messages)."""
-_WARM_CHECKS = 2  # a busy topic is listed every this many check intervals
+WARM_CHECKS = 2
+"""A busy topic's consumers list it every this many check intervals (so a signal is busy
+only where the signal interval is longer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,7 @@ class SignalWriter:
         for _ in range(_ROUNDS):
             pause = 0.0 if at_once else version.replaceable_at - time.monotonic()
             # Busy only where warm listings come sooner than the next signal would.
-            late = pause > self._interval / 4 and self._interval > _WARM_CHECKS * self._check_gap
+            late = pause > self._interval / 4 and self._interval > WARM_CHECKS * self._check_gap
             if pause > 0:
                 # A little jitter: processes waiting on one version do not all write at once.
                 await asyncio.sleep(pause + random.uniform(0, self._interval / 4))
