@@ -186,7 +186,11 @@ class Claimer:
 
     async def _claim_hinted(self, topic: str, keys: list[str], wanted: int) -> list[Message]:
         """Claim objects a change signal named, with no listing; if it leaves any (a poll's
-        maximum, a delayed or group message, a race lost), the topic is listed."""
+        maximum, a delayed or group message, a race lost), the topic is listed, as it is at
+        once where other processes' consumers compete: each then claims in its lane."""
+        if self.lanes.contended(topic):
+            self._runtime.signals.local.changed(topic)
+            return []
         candidates, unsure = hinted_candidates(keys, self._clock(), self._leases.margin)
         candidates = [
             (pending, key)
