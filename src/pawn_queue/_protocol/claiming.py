@@ -158,11 +158,7 @@ class Claimer:
         if remembered and time.monotonic() < until:
             # What the last listing found beyond its claims: claiming it spares a LIST. Kept
             # briefly, so a message released meanwhile waits at most that long to come first.
-            remembered = [
-                (pending, key)
-                for pending, key in remembered
-                if self._leases.worth_claiming(topic, pending.lease_id(), key)
-            ]
+            remembered = self._worth_claiming(topic, remembered)
             if self.lanes.contended(topic):
                 remembered = self.lanes.in_lane(topic, remembered) or []
             claimed, rest, conflicts = await self._claim_candidates(topic, remembered, wanted)
@@ -192,17 +188,19 @@ class Claimer:
             self._runtime.signals.local.changed(topic)
             return []
         candidates, unsure = hinted_candidates(keys, self._clock(), self._leases.margin)
-        candidates = [
-            (pending, key)
-            for pending, key in candidates
-            if self._leases.worth_claiming(topic, pending.lease_id(), key)
-        ]
+        candidates = self._worth_claiming(topic, candidates)
         won, rest, conflicts = await self._claim_candidates(topic, candidates, wanted)
         if conflicts:
             self._met_competitor(topic)
         if rest or conflicts or unsure:
             self._runtime.signals.local.changed(topic)
         return won
+
+    def _worth_claiming(
+        self, topic: str, candidates: list[tuple[layout.PendingKey, str]]
+    ) -> list[tuple[layout.PendingKey, str]]:
+        """The candidates not known here to be leased or gone (no request)."""
+        return [c for c in candidates if self._leases.worth_claiming(topic, c[0].lease_id(), c[1])]
 
     async def _list_and_claim(
         self, topic: str, wanted: int, shared: bool, watched: bool

@@ -133,7 +133,7 @@ class ChangeSignals:
         self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
         self._seq: int | None = None  # the seq of that version's signal log (None: none)
         self._hints: dict[str, set[str]] = {}  # topic -> object keys named, not yet taken
-        self._hinted: dict[str, float] = {}  # key -> when it was hinted (monotonic)
+        self._hinted_at: dict[str, float] = {}  # key -> when it was hinted (monotonic)
         # Topics whose last signal came late (busy), until when they count as busy, and
         # when they were last listed for it (monotonic).
         self._busy_until: dict[str, float] = {}
@@ -317,13 +317,15 @@ class ChangeSignals:
         already hinted lately (a later entry of the topic repeats the earlier names) is not
         hinted again."""
         now = time.monotonic()
-        if len(self._hinted) > _HINTED_MEMORY:
-            self._hinted = {k: t for k, t in self._hinted.items() if now - t < _HINTED_SECONDS}
+        if len(self._hinted_at) > _HINTED_MEMORY:
+            self._hinted_at = {
+                k: t for k, t in self._hinted_at.items() if now - t < _HINTED_SECONDS
+            }
         prefix = layout.messages_prefix(topic)
-        keys = {prefix + name for name in names} - self._hinted.keys()
+        keys = {prefix + name for name in names} - self._hinted_at.keys()
         if not keys:
             return
-        self._hinted.update(dict.fromkeys(keys, now))
+        self._hinted_at.update(dict.fromkeys(keys, now))
         hints = self._hints.setdefault(topic, set())
         hints |= keys
         if len(hints) > _MAX_HINTS:  # nobody here takes them: list instead

@@ -86,9 +86,7 @@ class SignalWriter:
             if late:
                 # Written meanwhile by another process? A read, where a losing write would
                 # count against the key's limit.
-                latest = await self._read(layout.NOTIFY_ROOT)
-                landed_seq = _seq(latest) if landed_seq is None else landed_seq
-                _drop_signalled(pending, latest, landed_seq)
+                latest, landed_seq = await self._read_after(pending, landed_seq)
                 if not pending:
                     return
                 if latest.etag != version.etag:
@@ -99,9 +97,7 @@ class SignalWriter:
             try:
                 etag = await self._store.put(layout.NOTIFY_ROOT, log.encode(), mode, durable=False)
             except (AlreadyExists, PreconditionFailed):
-                version = await self._read(layout.NOTIFY_ROOT)
-                landed_seq = _seq(version) if landed_seq is None else landed_seq
-                _drop_signalled(pending, version, landed_seq)
+                version, landed_seq = await self._read_after(pending, landed_seq)
                 if not pending:
                     return
                 continue
@@ -111,6 +107,16 @@ class SignalWriter:
         logger.warning(
             "change signal given up after %d refused writes topics=%s", _ROUNDS, sorted(pending)
         )
+
+    async def _read_after(
+        self, pending: dict[str, frozenset[str] | None], landed_seq: int | None
+    ) -> tuple[_Version, int | None]:
+        """Read the root again (after the messages landed, so its seq is ``landed_seq`` if
+        none was read before), and drop from ``pending`` what it signals already."""
+        latest = await self._read(layout.NOTIFY_ROOT)
+        landed_seq = _seq(latest) if landed_seq is None else landed_seq
+        _drop_signalled(pending, latest, landed_seq)
+        return latest, landed_seq
 
     async def _read(self, key: str) -> _Version:
         """The key's version now, and when it may be replaced: ``interval`` after it was
