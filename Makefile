@@ -7,7 +7,7 @@ VSQS_VENV := .venv-vsqs
 DEMO_STAMP := $(VENV)/.demo-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck docs docs-check pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-replay bench-soak bench-cost bench-fleet chromium systemd clean
+.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck docs docs-check pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-limits bench-replay bench-soak bench-cost bench-fleet chromium systemd clean
 
 # What `make demo` needs: the library, its command line (Rich) and PySpark.
 $(DEMO_STAMP): pyproject.toml
@@ -164,6 +164,11 @@ bench-group-commit: $(STAMP) $(COMPAT_VENV)/.installed
 bench-idle: $(STAMP)
 	$(PY) -m bench.cost.idle
 
+# Limits across 4 processes on a local directory (~6 min): concurrency_limit("api", 3) against
+# 3 handlers' worth, rate_limit("api", "20/s") against 20 a second, requests per use.
+bench-limits: $(STAMP)
+	$(PY) -m bench.handlers.limits
+
 # Batch handlers (listen(batch=100)) against per-message listen() on batch objects of 100, memory and SeaweedFS.
 bench-batch-handlers: $(STAMP)
 	$(PY) -m bench.handlers.batch
@@ -191,7 +196,7 @@ FLEET_ARGS ?=
 bench-fleet: $(STAMP)
 	$(PY) -m bench.cost.fleet $(FLEET_ARGS)
 
-bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-replay
+bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-limits bench-replay
 
 # Soak (not in `make bench` or `make test`): SOAK_MINUTES of producers and consumers on S3
 # through injected network faults, then a drain and an audit; fails if a message was lost.

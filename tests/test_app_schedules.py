@@ -263,3 +263,45 @@ async def test_a_crashed_runner_is_logged_and_started_again_while_handlers_go_on
     assert failed.levelno == logging.ERROR and failed.exc_info is not None
     assert "runner bug" in str(failed.exc_info[1])
     assert "starting it again in 1 s" in failed.getMessage()
+
+
+async def test_an_app_of_schedules_alone_serves_its_runner(queue_config: dict[str, Any]) -> None:
+    with pytest.raises(ArgumentError, match="has no subscriber and no schedule"):
+        await App(queue_config, name="empty").start()
+    app = App(queue_config, name="timer", create_topics=True)
+    app.schedule("beat", topic="beats", every=1)  # declared, no function subscribed
+    assert app.subscribers == ()
+    await app.start()
+    try:
+        consumer = await app.queue.register_consumer("reader", ["beats"])
+        with pytest.raises(ArgumentError, match="no subscriber, and schedules are off"):
+            await app.serve(schedules=False)
+        assert not app.consuming
+        serving = asyncio.create_task(app.serve())
+        try:
+            async with asyncio.timeout(30):
+                messages: list[Message] = []
+                while not messages:
+                    messages = await consumer.poll(wait=5)
+            assert app.consuming  # the runner runs: a health check says ready
+            assert messages[0].attributes["schedule"] == "beat"
+        finally:
+            app.stop_consuming()
+            await serving  # cancelled: returns without an error
+        assert not app.consuming
+    finally:
+        await app.stop()
+
+
+async def test_an_app_of_schedules_alone_raises_where_schedules_cannot_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def run_schedules(self: PawnQueue) -> None:
+        raise ConfigError("schedules need conditional writes")
+
+    monkeypatch.setattr(PawnQueue, "run_schedules", run_schedules)
+    app = App("memory://", name="timer", create_topics=True)
+    app.schedule("beat", topic="beats", every=60)
+    async with started(app):
+        with pytest.raises(ConfigError, match="need conditional writes"):
+            await app.serve()

@@ -77,6 +77,9 @@ PARAMETER_DIFFERENCES: dict[tuple[str, str, str], str] = {
     ("PawnQueue", "concurrency_limit", "return"): (
         "async with on the async queue, with on the blocking one: both hold a LimitSlot"
     ),
+    ("PawnQueue", "rate_limit", "return"): (
+        "async with on the async queue, with on the blocking one: both wait for a permit"
+    ),
     ("PawnQueue", "run_schedules", "stop"): (
         "blocking only: a threading.Event that ends run_schedules(); the async runner ends "
         "when its task is cancelled"

@@ -116,8 +116,11 @@ WRONG: dict[str, tuple[type[Exception], list[object]]] = {
     "batch": (ArgumentError, COUNT),
     "batch_wait": (ArgumentError, SECONDS_OR_ZERO),
     "stop": (ArgumentError, [Unrelated(), True]),
-    # concurrency limits (and ``limit`` above)
+    "max_in_flight": (ArgumentError, [*COUNT, 1001]),
+    "rate_limit": (ArgumentError, [Unrelated(), 20, "", "0/s", "20/fortnight", "nan/s"]),
+    # concurrency and rate limits (and ``limit`` above)
     "timeout": (ArgumentError, SECONDS_OR_ZERO),
+    "rate": (ArgumentError, [Unrelated(), 20, "", "0/s", "20", "-1/s", "1/0s"]),
     # settling
     "seconds": (ArgumentError, SECONDS),
     "requeue": (ArgumentError, [Unrelated(), "yes", 1, None]),
@@ -139,6 +142,7 @@ VALID: dict[str, object] = {
     "role": "consumers",
     "window": 60,
     "limit": 2,
+    "rate": "20/s",
 }
 """A value for each required parameter, given while another one is wrong."""
 

@@ -5,23 +5,24 @@ and its publish is published by a runner that lost it, 10 s later).
 
 The runners are ``tests/workers/schedule_worker.py`` (``run_schedules()`` in a process of its
 own); ``pawn-queue worker --processes 2`` running an App's schedule is
-tests/cli/test_worker_schedules.py. A local directory only: the scenario takes 60 s by
-nature, and the protocol's store requests are the same on S3 (tests/test_schedules.py).
+tests/cli/test_worker_schedules.py. On a local directory and on S3 (SeaweedFS); the
+scenario takes 60 s by nature.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
+import json
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
+from typing import Any
+
+import pytest
 
 from pawn_queue import Consumer, Message, PawnQueue
-from tests.helpers.support import sigkill
+from tests.helpers.support import sigkill, start_schedule_runner
 
-WORKER = Path(__file__).parent / "workers" / "schedule_worker.py"
 RUNNERS = 3
 KILL_EVERY_SECONDS = 10.0
 TICKS = 60
@@ -29,15 +30,6 @@ TICKS = 60
 
 def tick_of(message: Message) -> datetime:
     return datetime.fromisoformat(message.attributes["schedule_time"])
-
-
-async def start_runner(url: str) -> asyncio.subprocess.Process:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, str(WORKER), url, stdout=asyncio.subprocess.PIPE
-    )
-    assert process.stdout is not None
-    assert await asyncio.wait_for(process.stdout.readline(), 60) == b"ready\n"
-    return process
 
 
 class Reader:
@@ -70,16 +62,17 @@ class Reader:
             self.seen += messages
 
 
+@pytest.mark.parametrize("backend", ["filesystem", "s3"])
 async def test_each_tick_fires_once_while_runners_are_killed_and_restarted(
-    tmp_path: Path,
+    queue_config: dict[str, Any],
 ) -> None:
-    url = f"file://{tmp_path / 'store'}"
+    config = json.dumps(queue_config)
     loop = asyncio.get_running_loop()
-    async with PawnQueue.from_url(url) as pq:
+    async with PawnQueue.from_config(queue_config) as pq:
         await pq.create_topic("jobs")
         await pq.create_schedule("every-second", "jobs", every=1)
         reader = Reader(await pq.register_consumer("counter", ["jobs"]))
-        runners = [await start_runner(url) for _ in range(RUNNERS)]
+        runners = [await start_schedule_runner(config) for _ in range(RUNNERS)]
         killed = 0
         try:
             await reader.until(lambda: bool(reader.seen), 60)
@@ -93,7 +86,7 @@ async def test_each_tick_fires_once_while_runners_are_killed_and_restarted(
                 sigkill(runners[index])
                 assert await runners[index].wait() == -9
                 killed += 1
-                runners[index] = await start_runner(url)
+                runners[index] = await start_schedule_runner(config)
             # Every tick of the window, an orphaned one 10 s after its winner died.
             await reader.until(lambda: window <= reader.ticks(), 120)
         finally:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
-import sys
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,9 +28,7 @@ from pawn_queue import (
 )
 from pawn_queue.config import PawnQueueConfig
 from tests.helpers.storage import schedule_key, schedule_tick_keys
-from tests.helpers.support import poll_count
-
-WORKER = Path(__file__).parent / "workers" / "schedule_worker.py"
+from tests.helpers.support import poll_count, start_schedule_runner
 
 
 async def test_create_read_update_and_delete(pq: PawnQueue) -> None:
@@ -181,15 +179,6 @@ async def test_pause_and_resume_are_seen_by_another_queue(
         assert (await pq.schedule_stats("s")).next_fire_time is not None
 
 
-async def start_worker(url: str) -> asyncio.subprocess.Process:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, str(WORKER), url, stdout=asyncio.subprocess.PIPE
-    )
-    assert process.stdout is not None
-    assert await asyncio.wait_for(process.stdout.readline(), 60) == b"ready\n"
-    return process
-
-
 async def drain(consumer: Consumer) -> list[Message]:
     found: list[Message] = []
     while messages := await consumer.poll(wait=1.0):
@@ -200,12 +189,12 @@ async def drain(consumer: Consumer) -> list[Message]:
 
 
 async def test_three_processes_fire_each_tick_once(tmp_path: Path) -> None:
-    url = f"file://{tmp_path / 'store'}"
-    async with PawnQueue.from_url(url) as pq:
+    config = {"backend": "filesystem", "filesystem": {"path": str(tmp_path / "store")}}
+    async with PawnQueue.from_config(config) as pq:
         await pq.create_topic("jobs")
         created = await pq.create_schedule("every-second", "jobs", every=1)
         consumer = await pq.register_consumer("counter", ["jobs"])
-        workers = [await start_worker(url) for _ in range(3)]
+        workers = [await start_schedule_runner(json.dumps(config)) for _ in range(3)]
         seen: list[Message] = []
         try:
             # About 20 s: until 20 distinct ticks came, every one seen while all three ran.

@@ -13,6 +13,7 @@ from typing import Any
 from pawn_queue._handling import handlers
 from pawn_queue._handling.arguments import check_listen
 from pawn_queue._handling.batching import BatchListener, BatchSource, check_batch
+from pawn_queue._handling.flow import Flow, gated_batch, subscriber_flow
 from pawn_queue._handling.handlers import Handler
 from pawn_queue._internal.aio import IO_CONCURRENCY, cancel_and_wait, gather_limited
 from pawn_queue._internal.durations import seconds_argument
@@ -63,6 +64,7 @@ class Consumer:
         self._leases = runtime.leases
         self._clock = runtime.clock
         self._observers = runtime.observers
+        self._runtime = runtime  # for the limits of listen()
         self._topic_settings = runtime.topics
         self._polling = polling
         # The leases of the messages handed out or buffered.
@@ -255,6 +257,8 @@ class Consumer:
         concurrency: int | None = None,
         batch: int | None = None,
         batch_wait: float | None = None,
+        max_in_flight: int | None = None,
+        rate_limit: str | None = None,
     ) -> None:
         """Poll and call ``handler`` for each message until cancelled.
 
@@ -280,6 +284,9 @@ class Consumer:
         N) and ``concurrency`` counts batches; when it returns, the messages it left
         unsettled are acked together (:mod:`pawn_queue._handling.batching`).
 
+        ``max_in_flight`` caps the handlers running at once, ``rate_limit`` (``"20/s"``) their
+        starts, across the processes reading the same topics or subscription (flow-control.md).
+
         A bad argument (a handler that cannot take a message, a ``retry`` that is not a
         :class:`~pawn_queue.retry.Retry`, a negative ``grace``...) raises ArgumentError
         before anything is claimed.
@@ -296,10 +303,16 @@ class Consumer:
             raise ArgumentError(
                 f"executor: got {reprlib.repr(executor)}, must be a concurrent.futures.Executor"
             )
+        flow = subscriber_flow(
+            self._runtime, self.topics, self.subscription, max_in_flight, rate_limit
+        )
+        concurrency = concurrency if flow is None else flow.concurrency(concurrency)
         batches: BatchListener | None = None
         if batch is not None or batch_wait is not None:
             size, wait = check_batch(batch, batch_wait)
             call_batch = handlers.as_async_batch(handler, executor=executor)
+            if flow is not None:
+                call_batch = gated_batch(call_batch, flow)
             batches = BatchListener(self._batch_source(retry), call_batch, size, wait)
         call = handlers.as_async(handler, executor=executor)
         grace = self._polling.shutdown_grace_seconds if grace is None else grace
@@ -309,7 +322,7 @@ class Consumer:
                 if batches is not None:
                     await batches.serve(running, concurrency)
                 else:
-                    await self._serve(call, retry, running, concurrency)
+                    await self._serve(call, retry, running, concurrency, flow)
             except asyncio.CancelledError:
                 self._stopping = True
                 self._handout.stop()
@@ -333,6 +346,7 @@ class Consumer:
         retry: Retry | None,
         running: set[asyncio.Task[None]],
         concurrency: int | None,
+        flow: Flow | None,
     ) -> None:
         """Claim and hand out messages until cancelled: a poll at a time, or (with
         ``concurrency``) as many as there are free slots. A handler that waits only for the
@@ -371,7 +385,7 @@ class Consumer:
                 await self._idle(seen, running if concurrency is not None else set())
                 continue
             # Plain tasks, not a TaskGroup's: its bookkeeping cost a tenth of a member's ack.
-            tasks = [loop.create_task(self._dispatch(call, m, retry)) for m in messages]
+            tasks = [loop.create_task(self._dispatch(call, m, retry, flow)) for m in messages]
             running.update(tasks)
             for task, message in zip(tasks, messages, strict=True):
                 settling[task] = message._waits_for_write
@@ -384,15 +398,18 @@ class Consumer:
         await self._wait_for_change(seen, self._idle_seconds(), running)
 
     async def _dispatch(
-        self, handler: handlers.AsyncHandler, message: Message, retry: Retry | None
+        self, call: handlers.AsyncHandler, message: Message, retry: Retry | None, flow: Flow | None
     ) -> None:
+        if flow is not None:
+            async with flow.turn():
+                return await self._dispatch(call, message, retry, None)
         observers = self._observers
         if observers:
             observers.delivered(message)
             observers.handler_started(message)
         started = time.perf_counter()
         try:
-            await handler(message)
+            await call(message)
         except BaseException as exc:
             if observers:  # an observer added by the handler sees it finish, not start
                 observers.handler_finished(message, time.perf_counter() - started, exc)

@@ -154,8 +154,9 @@ class ScheduleExistsError(PawnQueueError, ValueError):
 
 
 class LimitTimeoutError(PawnQueueError, TimeoutError):
-    """``concurrency_limit``'s ``timeout`` passed while every slot of the limit was held;
-    nothing is held. Also a :class:`TimeoutError`."""
+    """``concurrency_limit``'s ``timeout`` passed while every slot of the limit was held
+    (nothing is held), or ``rate_limit``'s next permit is not due within its ``timeout``.
+    Also a :class:`TimeoutError`."""
 
 
 class TopicSettingsConflictError(PawnQueueError, ValueError):

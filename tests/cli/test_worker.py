@@ -195,6 +195,23 @@ def test_processes_drain_thousands_with_no_duplicate_and_no_loss(
         assert pq.topic_stats("jobs").pending == 0
 
 
+def test_max_in_flight_holds_across_processes(
+    request: pytest.FixtureRequest, tmp_path: Path, workers: Any
+) -> None:
+    """Issue 43's target: 4 processes of 8 handlers each, at most 3 running at once."""
+    config = write_config("filesystem", request, tmp_path)
+    counter = tmp_path / "counter.json"
+    counter.write_text("{}")
+    jobs = [{"seq": s, "sleep": 0.1, "counter": str(counter)} for s in range(60)]
+    ids = publish(config, jobs)
+    worker = workers(config, "--processes", "4", "--concurrency", "8", "--max-in-flight", "3")
+    done = worker.take(60, "done", timeout=240)
+    worker.signal()
+    assert worker.wait() == 0, "".join(worker.stderr[-20:])
+    assert sorted(e.id for e in done) == sorted(ids)
+    assert json.loads(counter.read_text()) == {"now": 0, "most": 3, "done": 60}
+
+
 def test_a_killed_child_is_restarted_and_its_messages_come_back(
     request: pytest.FixtureRequest, tmp_path: Path, workers: Any
 ) -> None:
@@ -304,6 +321,13 @@ def test_exit_codes_and_errors_are_clear(tmp_path: Path, workers: Any) -> None:
     assert no_topic.returncode == 1 and "topic 'jobs' does not exist" in no_topic.stderr
     usage = run(APP, "--log-format", "xml")
     assert usage.returncode == 2 and "choose one of text, json" in usage.stderr
+    for limit, error in [
+        (["--max-in-flight", "0"], "--max-in-flight': Input should be greater than or equal to 1"),
+        (["--max-in-flight", "1001"], "max_in_flight: got 1001, must be at most 1000"),
+        (["--rate-limit", "fast"], "rate_limit: got 'fast', must be '<count>/<unit>'"),
+    ]:
+        refused = run(APP, *limit)
+        assert refused.returncode == 2 and error in refused.stderr, refused.stderr
 
 
 def test_message_log_lines_as_text_and_json() -> None:

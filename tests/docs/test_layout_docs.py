@@ -36,6 +36,13 @@ EXAMPLES = {
     "schedule_key": layout.schedule_key("nightly-report"),
     "schedule_tick_key": layout.schedule_tick_key("nightly-report", AT),
     "limit_slot_key": layout.limit_slot_key("partner-api", 2),
+    "rate_chunk_key": layout.rate_chunk_key("partner-api", 7),
+    "limit_slot_key subscriber": layout.limit_slot_key(
+        layout.subscriber_limit_name(["orders"], None), 0
+    ),
+    "limit_slot_key subscription": layout.limit_slot_key(
+        layout.subscriber_limit_name(["orders"], "billing"), 0
+    ),
     "topic_marker_key subscription": layout.topic_marker_key(SUBSCRIPTION),
     "message_key subscription": layout.message_key(SUBSCRIPTION, ID, AT, batch=True),
     "lease_key subscription": layout.lease_key(SUBSCRIPTION, ID),

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import stat
+import sys
 from pathlib import Path
 
 from pawn_queue import Consumer, Message, PawnQueue
@@ -57,6 +58,18 @@ def sigkill(process: asyncio.subprocess.Process) -> None:
     watcher then finds it gone and reports exit code 255."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(process.pid, signal.SIGKILL)
+
+
+async def start_schedule_runner(config: str) -> asyncio.subprocess.Process:
+    """``tests/workers/schedule_worker.py`` on the queue ``config`` (JSON) describes, once it
+    said it is ready."""
+    worker = Path(__file__).parents[1] / "workers" / "schedule_worker.py"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(worker), config, stdout=asyncio.subprocess.PIPE
+    )
+    assert process.stdout is not None
+    assert await asyncio.wait_for(process.stdout.readline(), 60) == b"ready\n"
+    return process
 
 
 def leftover_temp_files(root: Path) -> list[Path]:

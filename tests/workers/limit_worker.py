@@ -3,7 +3,7 @@
 ``python tests/workers/limit_worker.py work CONFIG NAME LIMIT TASKS ITEMS COUNTER``: opens the
 queue of CONFIG (JSON), runs TASKS tasks that each run ITEMS blocks under
 ``concurrency_limit(NAME, LIMIT)``, counting the blocks running in every process in the
-COUNTER file (JSON, under an fcntl lock), and exits 0.
+COUNTER file (tests/workers/counter.py), and exits 0.
 
 ``python tests/workers/limit_worker.py hold CONFIG NAME LIMIT``: takes a slot, prints
 ``holding {slot}`` and keeps it until killed.
@@ -12,7 +12,6 @@ COUNTER file (JSON, under an fcntl lock), and exits 0.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import random
 import sys
@@ -21,23 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[2]))  # run as a script: the repository's root
 
 from pawn_queue import PawnQueue
-
-
-def count(counter: Path, step: int) -> None:
-    """Add ``step`` to the blocks running now, under the file's lock: ``now``, the ``most``
-    at once and the blocks ``done``."""
-    with counter.open("r+") as file:
-        fcntl.flock(file, fcntl.LOCK_EX)  # released when the file closes
-        state = json.loads(file.read() or "{}")
-        now = state.get("now", 0) + step
-        state = {
-            "now": now,
-            "most": max(state.get("most", 0), now),
-            "done": state.get("done", 0) + (1 if step < 0 else 0),
-        }
-        file.seek(0)
-        file.truncate()
-        file.write(json.dumps(state))
+from tests.workers.counter import count
 
 
 async def work(pq: PawnQueue, name: str, limit: int, items: int, counter: Path) -> None:

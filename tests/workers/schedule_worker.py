@@ -1,12 +1,14 @@
-"""A schedule runner for ``tests/test_schedules.py``, which runs three of them at once.
+"""A schedule runner for the tests that run several of them at once (tests/helpers/support.py
+``start_schedule_runner``).
 
-Run as ``python tests/workers/schedule_worker.py URL``: opens the queue at URL, prints
-``ready`` and runs every schedule until it is terminated.
+Run as ``python tests/workers/schedule_worker.py CONFIG``: opens the queue CONFIG (JSON)
+describes, prints ``ready`` and runs every schedule until it is terminated.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -15,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).parents[2]))  # run as a script: the repos
 from pawn_queue import PawnQueue
 
 
-async def main(url: str) -> None:
-    async with PawnQueue.from_url(url) as pq:
+async def main(config: str) -> None:
+    async with PawnQueue.from_config(json.loads(config)) as pq:
         print("ready", flush=True)
         await pq.run_schedules()
 

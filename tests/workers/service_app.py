@@ -2,7 +2,8 @@
 
 Each handler prints ``start|done <id> <seq> <receive_count> <pid>`` on stdout (one short
 line, flushed: the test reads them as they come) around ``job.sleep`` seconds of waiting
-and ``job.spin`` seconds of pure-Python work. The store comes from the worker's ``--url``
+and ``job.spin`` seconds of pure-Python work, counted in ``job.counter``
+(tests/workers/counter.py) if given. The store comes from the worker's ``--url``
 or ``--config``.
 """
 
@@ -12,10 +13,12 @@ import asyncio
 import os
 import sys
 import time
+from pathlib import Path
 
 from pydantic import BaseModel
 
 from pawn_queue import App, Message
+from tests.workers.counter import count
 
 app = App(name="svc")
 
@@ -24,6 +27,7 @@ class Job(BaseModel):
     seq: int
     sleep: float = 0.0
     spin: float = 0.0
+    counter: str | None = None  # a file counting the handlers running in every process
 
 
 def say(event: str, job: Job, message: Message) -> None:
@@ -35,11 +39,15 @@ def say(event: str, job: Job, message: Message) -> None:
 @app.subscriber("jobs", retry=None)
 async def work(job: Job, message: Message) -> None:
     say("start", job, message)
+    if job.counter:
+        count(Path(job.counter), +1)
     if job.sleep:
         await asyncio.sleep(job.sleep)
     deadline = time.perf_counter() + job.spin
     while time.perf_counter() < deadline:
         pass
+    if job.counter:
+        count(Path(job.counter), -1)
     say("done", job, message)
 
 

@@ -1,4 +1,4 @@
-"""Where every object lives, and which names are allowed.
+"""Where every object lives.
 
 Every storage key is built here. The layout is compatible with pawn-queue 0.1.x::
 
@@ -27,18 +27,10 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     _schedules/{name}.json                      a schedule's definition (JSON)
     _schedule_ticks/{name}/{tick}               a fired tick of a schedule (create-only, once)
     _limits/{name}/{slot}.lease                 a slot of a concurrency limit: a lease
+    _rates/{name}/{k}.json                      key k (0-15) of a rate limit's ring of chunks
+    _limits|_rates/_topics/{topic}/...          a subscriber's limits (subscriber_limit_name)
 
-Names of topics, producers and consumers (:func:`validate_name`) are safe as a key segment
-and a file name on every store, and cannot pass for another name on screen: 1-128
-characters (at most 240 bytes of UTF-8) that are letters and digits of any script
-(``orders``, ``заказы``, ``注文``), combining marks after them, and ASCII ``.``, ``_``, ``-``;
-the first is a letter or digit, ``..`` does not occur, and NFKC normalisation leaves the name
-unchanged. So slashes and their lookalikes (fullwidth solidus U+FF0F, division slash
-U+2215), dot lookalikes (one-dot leader U+2024), backslashes, spaces, control and format
-characters (such as the right-to-left override U+202E), overlay marks and blank letters
-(Hangul fillers) are refused. Letters of different scripts that look alike (Latin and
-Cyrillic "o") still make different names. Names starting with ``_`` or ``.`` are reserved
-for the library.
+Names (of topics, producers, consumers, limits...) are checked by :mod:`pawn_queue._protocol.names`.
 
 A *queue* is where messages wait for consumers: a topic's own (named as the topic), or a
 subscription's, named ``{topic}/subscriptions/{name}`` (:func:`subscription_queue`). Every
@@ -49,23 +41,18 @@ from __future__ import annotations
 
 import hashlib
 import re
-import reprlib
-import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from pawn_queue.exceptions import ConfigError
+from pawn_queue._protocol.names import RESERVED_PREFIXES as RESERVED_PREFIXES
+from pawn_queue._protocol.names import is_uuid as is_uuid
+from pawn_queue._protocol.names import validate_name as validate_name
 from pawn_queue.store.base import LIST_PAGE as LIST_PAGE  # the page of listings and deletes
 
 Role = Literal["producers", "consumers"]
 ROLES: tuple[Role, ...] = ("producers", "consumers")
-
-MAX_NAME_LENGTH = 128
-MAX_NAME_BYTES = 240  # one file name (255 bytes) with room for a suffix such as ".json"
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]*")  # with fullmatch: "$" would allow "\n"
-_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")  # Hangul fillers: letters that show nothing
-_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 TOPIC_MARKER = ".topic"
 MESSAGES = "messages/"
@@ -75,7 +62,6 @@ DEAD_LETTER = "dead-letter/"
 DEDUP = "dedup/"
 REGISTRY = "_registry/"
 PROBE = "_probe/"
-RESERVED_PREFIXES = ("_", ".")
 MESSAGE_SUFFIX = ".json"
 BATCH_SUFFIX = ".batch"
 GROUP_SUFFIX = ".group"
@@ -84,65 +70,6 @@ _STAMP_RE = re.compile(r"[0-9]{8}T[0-9]{6}_[0-9]{6}")  # message_key's timestamp
 _STAMP_LENGTH = 22
 # Follows the timestamp of a delayed message. 0.1.x reads the id from the name's end only.
 DELAYED_MARK = "d"
-
-
-def validate_name(name: object, what: str = "name") -> str:
-    """Return ``name`` if it is a valid topic, producer or consumer name, else raise ConfigError
-    naming the first offending character (the rules are in the module docstring)."""
-    if not isinstance(name, str):
-        raise ConfigError(
-            f"{what} must be a string, got {type(name).__name__} {reprlib.repr(name)}"
-        )
-    shown = repr(name if len(name) <= 40 else name[:40] + "...")
-    if not name:
-        raise ConfigError(f"{what} must not be empty")
-    if len(name) > MAX_NAME_LENGTH:
-        raise ConfigError(
-            f"{what} {shown} is {len(name)} characters long; at most {MAX_NAME_LENGTH}"
-        )
-    if name.startswith(RESERVED_PREFIXES):
-        raise ConfigError(f"{what} {shown} starts with '_' or '.', which are reserved")
-    rules = (
-        "use letters and digits of any script, '.', '_' and '-', starting with a letter or "
-        "digit, without '..'"
-    )
-    if ".." in name:
-        raise ConfigError(f"{what} {shown} is invalid: {rules}")
-    if name.isascii():
-        if not _NAME_RE.fullmatch(name):
-            raise ConfigError(f"{what} {shown} is invalid: {rules}")
-        return name
-    for position, char in enumerate(name):
-        if not _name_char_allowed(char, first=position == 0):
-            label = unicodedata.name(char, f"U+{ord(char):04X}")
-            raise ConfigError(
-                f"{what} {shown} is invalid: character {char!r} ({label}) is not allowed; {rules}"
-            )
-    normal = unicodedata.normalize("NFKC", name)
-    if normal != name:
-        raise ConfigError(
-            f"{what} {shown} is invalid: it has compatibility characters (fullwidth, ligature, "
-            f"dot leader...) that look like {normal!r}"
-        )
-    if len(name.encode()) > MAX_NAME_BYTES:
-        raise ConfigError(f"{what} {shown} is longer than {MAX_NAME_BYTES} bytes in UTF-8")
-    return name
-
-
-def _name_char_allowed(char: str, *, first: bool) -> bool:
-    if char.isascii():
-        return char.isalnum() or (not first and char in "._-")
-    category = unicodedata.category(char)
-    if category[0] in "LN":
-        return char not in _BLANK_LETTERS
-    if category in ("Mn", "Mc"):
-        # A mark joins the character before it; overlay marks can draw a slash through it.
-        return not first and "OVERLAY" not in unicodedata.name(char, "")
-    return False
-
-
-def is_uuid(value: str) -> bool:
-    return bool(_UUID_RE.match(value))
 
 
 def topic_prefix(topic: str) -> str:
@@ -498,3 +425,17 @@ def tick_of(key: str) -> datetime | None:
 def limit_slot_key(name: str, slot: int) -> str:
     """Slot ``slot`` (0 to limit - 1) of the concurrency limit ``name`` (pawn_queue.limits)."""
     return f"_limits/{name}/{slot}{LEASE_SUFFIX}"
+
+
+def rate_chunk_key(name: str, ring: int) -> str:
+    """Key ``ring`` of the rate limit ``name``'s ring of chunks (pawn_queue._protocol.rates)."""
+    return f"_rates/{name}/{ring}{MESSAGE_SUFFIX}"
+
+
+def subscriber_limit_name(topics: Sequence[str], subscription: str | None) -> str:
+    """The name of the limits a subscriber's ``max_in_flight`` and ``rate_limit`` set: one
+    per topic set or subscription, shared by every process that reads it; reserved (``_``),
+    so no name of ``concurrency_limit`` or ``rate_limit`` meets it."""
+    if subscription is not None:
+        return f"_subscription/{topics[0]}/{subscription}"
+    return "_topics/" + "/".join(sorted(set(topics)))

@@ -41,7 +41,13 @@ from pawn_queue._protocol.lease_protocol import (
     nonce,
 )
 from pawn_queue.config import PollingConfig
-from pawn_queue.exceptions import LimitTimeoutError, NotFound, StoreError, StoreUnavailableError
+from pawn_queue.exceptions import (
+    ConfigError,
+    LimitTimeoutError,
+    NotFound,
+    StoreError,
+    StoreUnavailableError,
+)
 from pawn_queue.store.base import IfMatch, PutMode, Store, StoredObject
 
 logger = logging.getLogger(__name__)
@@ -54,6 +60,16 @@ MAX_PAUSE_SECONDS = 1.0
 jittered by +-50 % so that waiters drift apart; a release in the process wakes one sooner."""
 _SEEN_MEMORY = 10_000  # slots remembered per process; all forgotten past this (names are many)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # when a released slot is free: on every clock
+
+
+def conditional_writes(strategy: str, what: str) -> None:
+    """ConfigError unless ``strategy`` is conditional writes: on another store each waiter's
+    create-only write would win, so ``what`` could not hold."""
+    if strategy != "conditional_write":
+        raise ConfigError(
+            f"{what} hold only on a store with conditional writes: this one runs strategy "
+            f"{strategy} (docs/concepts/flow-control.md)"
+        )
 
 
 class LimitSlot:

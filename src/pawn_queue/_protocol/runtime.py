@@ -9,12 +9,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from pawn_queue._internal.aio import Background
+from pawn_queue._internal.config_sections import claim_seconds
 from pawn_queue._protocol.dedup import MarkerSweeper
 from pawn_queue._protocol.leases import LeaseManager
 from pawn_queue._protocol.limits import Limits
 from pawn_queue._protocol.listings import SharedListings
 from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue._protocol.observers import Observers
+from pawn_queue._protocol.rates import Rates
 from pawn_queue._protocol.registry import Registry
 from pawn_queue._protocol.retained import RetainedSweeper
 from pawn_queue._protocol.strategy import known_conditional, resolve_strategy
@@ -43,6 +45,8 @@ class Runtime:
     retained_sweeper: RetainedSweeper
     limits: Limits
     """The concurrency limits' slots held here (``concurrency_limit``)."""
+    rates: Rates
+    """The rate limits' chunks won here (``rate_limit``)."""
     observers: Observers = field(default_factory=Observers)
     """The queue's observers (:mod:`pawn_queue.observe`), called by the core."""
     background: Background = field(default_factory=Background)
@@ -103,6 +107,7 @@ async def open_runtime(
         dedup_sweeper=MarkerSweeper(store, background, clock, leases.margin),
         retained_sweeper=RetainedSweeper(store, background, clock, leases.margin),
         limits=Limits(store, leases, config.polling),
+        rates=Rates(store, clock, claim_seconds(config.polling.visibility_timeout_seconds)),
         observers=observers,
         background=background,
     )

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -41,6 +42,7 @@ from typing import Any, TypeVar
 from pawn_queue._handling.arguments import check_concurrency
 from pawn_queue._handling.batching import check_batch
 from pawn_queue._handling.binding import Binding
+from pawn_queue._handling.flow import check_flow
 from pawn_queue._internal.daemon_pool import DaemonThreadPool
 from pawn_queue._internal.durations import flag_argument
 from pawn_queue._protocol import layout
@@ -131,6 +133,8 @@ class App:
         subscription: str | None = None,
         filter: Mapping[str, Any] | None = None,
         linger_seconds: float | None = None,
+        max_in_flight: int | None = None,
+        rate_limit: str | None = None,
     ) -> Callable[[F], F]:
         """Decorate a handler (``async def`` or plain) of the messages of ``topics``.
 
@@ -159,6 +163,9 @@ class App:
         are acked together (a returned list is published one message per element first).
         Raising :class:`~pawn_queue.exceptions.BatchFailureError` fails only the messages it
         names (positions in the list, or messages).
+
+        ``max_in_flight`` and ``rate_limit`` (``"20/s"``): ``listen()``'s, shared by every
+        process reading the same topics or subscription (docs/concepts/flow-control.md).
         """
         names = [topics] if isinstance(topics, str) else list(topics)
         for topic in names + ([publish_to] if publish_to is not None else []):
@@ -168,6 +175,7 @@ class App:
         wanted = declared_filter(self.subscribers, names, subscription, filter)
         linger = declared_linger(self.subscribers, names, subscription, linger_seconds)
         check_concurrency(concurrency)
+        check_flow(max_in_flight, rate_limit)
         if batch is not None or batch_wait is not None:
             batch, batch_wait = check_batch(batch, batch_wait)
         if retry is not None and not isinstance(retry, Retry):
@@ -196,6 +204,8 @@ class App:
                 subscription=subscription,
                 filter=wanted,
                 linger_seconds=linger,
+                max_in_flight=max_in_flight,
+                rate_limit=rate_limit,
             )
             return handler
 
@@ -287,12 +297,16 @@ class App:
         """Wrap the app's store (metrics, health); before :meth:`start`."""
         self._store_wrappers.append(wrapper)
 
-    def set_concurrency(self, concurrency: int) -> None:
-        """Run every subscriber with ``concurrency`` handlers at a time (the worker's
-        ``--concurrency``); before :meth:`start`."""
-        check_concurrency(concurrency)
+    def set_limits(self, **limits: Any) -> None:
+        """Give every subscriber these ``concurrency``, ``max_in_flight`` and ``rate_limit``
+        (the worker's ``--concurrency``, ``--max-in-flight``, ``--rate-limit``), where not
+        None; before :meth:`start`."""
+        given = {name: value for name, value in limits.items() if value is not None}
+        if "concurrency" in given:
+            check_concurrency(given["concurrency"])
+        check_flow(given.get("max_in_flight"), given.get("rate_limit"))
         for name, sub in self._subscribers.items():
-            self._subscribers[name] = dataclasses.replace(sub, concurrency=concurrency)
+            self._subscribers[name] = dataclasses.replace(sub, **given)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -312,17 +326,19 @@ class App:
 
     @property
     def consuming(self) -> bool:
-        """Whether every subscriber is consuming (started, and not stopped or crashed)."""
-        listeners = self._listeners
-        return bool(listeners) and all(not task.done() for task in listeners.values())
+        """Whether every subscriber (an app of schedules alone: its runner) is running."""
+        tasks = list(self._listeners.values())
+        if not tasks and self._runner is not None:
+            tasks = [self._runner]
+        return bool(tasks) and all(not task.done() for task in tasks)
 
     async def start(self, config: PawnQueueConfig | None = None) -> None:
         """Open the queue (``config`` instead of the app's own, e.g. a test's memory store),
         create topics if asked, run the startup hooks and register the consumers."""
         if self._queue is not None:
             raise PawnQueueError(f"app {self.name!r} is already started")
-        if not self._subscribers:
-            raise ArgumentError(f"app {self.name!r} has no subscriber")
+        if not self._subscribers and not self._schedules:
+            raise ArgumentError(f"app {self.name!r} has no subscriber and no schedule")
         config = config or _config_of(self.source)
         if not self.create_topics and config.backend == "filesystem" and config.filesystem:
             # A service on a mistyped path would register, and so create, a new empty queue.
@@ -364,28 +380,38 @@ class App:
         ``polling.shutdown_grace_seconds``). ``schedules``: run the queue's schedules
         meanwhile (every schedule of the queue, each tick once across the processes that
         run them; a crash of the runner is logged and it starts again, the handlers go on);
-        default: if the app declares any."""
+        default: if the app declares any. An app of schedules alone serves its runner until
+        cancelled (ArgumentError with ``schedules=False``; a store where schedules cannot
+        run raises its ConfigError)."""
         if self._queue is None:
             raise PawnQueueError(f"app {self.name!r} is not started")
         if schedules is None:
             schedules = bool(self._schedules)
-        if flag_argument("schedules", schedules):
+        if not flag_argument("schedules", schedules) and not self._subscribers:
+            raise ArgumentError(f"app {self.name!r} has no subscriber, and schedules are off")
+        served: list[asyncio.Task[None]] = []
+        if schedules:
             self._runner = asyncio.create_task(
-                run_schedules(self._queue, self.name), name=f"{self.name}.schedules"
+                run_schedules(self._queue, self.name, alone=not self._subscribers),
+                name=f"{self.name}.schedules",
             )
+            served = [self._runner]
         self._listeners = {
             sub.name: asyncio.create_task(self._listen(sub, grace), name=f"{self.name}.{sub.name}")
             for sub in self.subscribers
         }
+        served = list(self._listeners.values()) or served
         try:
-            await asyncio.wait(self._listeners.values(), return_when=asyncio.FIRST_EXCEPTION)
+            await asyncio.wait(served, return_when=asyncio.FIRST_EXCEPTION)
         finally:
             # A cancel of serve(), or one subscriber failing, stops them all (with grace).
             self.stop_consuming()
             runner, self._runner = self._runner, None
             results = await asyncio.gather(*self._listeners.values(), return_exceptions=True)
             if runner is not None:
-                await asyncio.gather(runner, return_exceptions=True)
+                ran = await asyncio.gather(runner, return_exceptions=True)
+                if not self._listeners:
+                    results = [*ran]
         for result in results:
             if isinstance(result, Exception):
                 raise result
@@ -443,23 +469,20 @@ class App:
         retry = sub.retry
         if retry is not None and self._instant_retries:
             retry = replace(retry, base_delay=0.0, max_delay=0.0)
-        if sub.batch is not None:
-            await consumer.listen(
-                batch_handler(sub, self.producer, self._executor),
-                retry=retry,
-                grace=grace,
-                concurrency=sub.concurrency,
-                batch=sub.batch,
-                batch_wait=sub.batch_wait,
-            )
-            return
-        await consumer.listen(
-            message_handler(sub, self.producer, self._executor),
+        listen = functools.partial(
+            consumer.listen,
             retry=retry,
             grace=grace,
-            executor=self._executor,
             concurrency=sub.concurrency,
+            max_in_flight=sub.max_in_flight,
+            rate_limit=sub.rate_limit,
         )
+        if sub.batch is not None:
+            handler = batch_handler(sub, self.producer, self._executor)
+            await listen(handler, batch=sub.batch, batch_wait=sub.batch_wait)
+        else:
+            handle = message_handler(sub, self.producer, self._executor)
+            await listen(handle, executor=self._executor)
 
 
 async def _call_hook(hook: Hook) -> None:

@@ -123,9 +123,11 @@ def _as_stored(schedule: Schedule) -> Schedule:
     return dataclasses.replace(kept, paused=False, created_at=_DECLARED_AT)
 
 
-async def run_schedules(queue: PawnQueue, app: str) -> None:
+async def run_schedules(queue: PawnQueue, app: str, *, alone: bool = False) -> None:
     """``queue.run_schedules()`` until cancelled, started again after a crash (logged at
-    ERROR with its traceback), after 1 s, then twice as long after each quick crash."""
+    ERROR with its traceback), after 1 s, then twice as long after each quick crash.
+    ``alone``: the app has no subscriber, so a store where schedules cannot run raises its
+    ConfigError instead of being logged."""
     loop = asyncio.get_running_loop()
     delay = RESTART_FIRST_SECONDS
     logger.info("schedule runner started app=%s", app)
@@ -135,6 +137,8 @@ async def run_schedules(queue: PawnQueue, app: str) -> None:
         try:
             await queue.run_schedules()
         except ConfigError as exc:  # a store where they cannot fire once: never will
+            if alone:
+                raise
             logger.error("schedules are not run app=%s: %s (the handlers go on)", app, exc)
             return
         except Exception as exc:

@@ -39,6 +39,8 @@ class Subscriber:
     subscription: str | None = None  # None: the topics' own messages
     filter: dict[str, Any] | None = None  # the subscription's, as declared (None: not declared)
     linger_seconds: float | None = None  # likewise
+    max_in_flight: int | None = None  # across the processes reading the same queue
+    rate_limit: str | None = None  # likewise
 
     @property
     def is_async(self) -> bool:

@@ -53,6 +53,21 @@ def worker(
         int | None,
         typer.Option(min=1, help="Handlers running at a time, per subscriber and process."),
     ] = None,
+    max_in_flight: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Handlers running at a time per subscriber across every process and host "
+            "reading the same topics or subscription.",
+        ),
+    ] = None,
+    rate_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="Handler starts per subscriber across every process and host reading the "
+            "same topics or subscription, such as 20/s or 5000/min.",
+        ),
+    ] = None,
     batch: Annotated[
         int | None,
         typer.Option(
@@ -136,8 +151,10 @@ def worker(
         fail(str(exc), exc.code)
     if metrics_port is not None:
         require_extra("prometheus_client", "metrics", "--metrics-port")
-    if concurrency is not None:
-        app.set_concurrency(concurrency)
+    try:
+        app.set_limits(concurrency=concurrency, max_in_flight=max_in_flight, rate_limit=rate_limit)
+    except PawnQueueError as exc:
+        fail(str(exc), EXIT_USAGE)
     if create_topics:
         app.create_topics = True
     if processes > 1:
@@ -244,7 +261,10 @@ def _own_arguments(ctx: typer.Context) -> list[str]:
     for name in ("topic",):
         for value in params.get(name) or []:
             line += [f"--{name}", str(value)]
-    valued = ("subscription", "publish_to", "concurrency", "batch", "batch_wait", "grace")
+    valued = (
+        *("subscription", "publish_to", "concurrency", "max_in_flight", "rate_limit"),
+        *("batch", "batch_wait", "grace"),
+    )
     for name in (*valued, "metrics_host"):
         if params.get(name) is not None:
             line += [f"--{name.replace('_', '-')}", str(params[name])]

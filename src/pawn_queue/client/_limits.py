@@ -1,4 +1,4 @@
-"""The concurrency limits of :class:`pawn_queue.client.PawnQueue`
+"""The concurrency and rate limits of :class:`pawn_queue.client.PawnQueue`
 (docs/concepts/flow-control.md)."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from pawn_queue._internal.durations import count_argument, seconds_argument
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.limits import MAX_LIMIT, Limits
-from pawn_queue.exceptions import ArgumentError, ConfigError
+from pawn_queue._protocol.limits import MAX_LIMIT, Limits, conditional_writes
+from pawn_queue._protocol.rates import Rate, parse_rate
+from pawn_queue.exceptions import ArgumentError
 from pawn_queue.limits import LimitSlot
 
 if TYPE_CHECKING:
@@ -49,12 +50,36 @@ class LimitMethods:
             raise ArgumentError(f"limit: got {limit!r}, must be at most {MAX_LIMIT}")
         wait = None if timeout is None else seconds_argument("timeout", timeout, zero=True)
         runtime = self._ready()
-        if runtime.leases.strategy != "conditional_write":
-            raise ConfigError(
-                "concurrency limits hold only on a store with conditional writes: this one "
-                f"runs strategy {runtime.leases.strategy} (docs/concepts/flow-control.md)"
-            )
+        conditional_writes(runtime.leases.strategy, "concurrency limits")
         return _holding(runtime.limits, checked, limit, wait)
+
+    def rate_limit(
+        self, name: str, rate: str, *, timeout: float | None = None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """``async with pq.rate_limit(name, "100/s"):`` runs its block at the time of one
+        permit of ``name``: every process and host on the store shares the rate, whose
+        permits come evenly spaced (``"20/s"``, ``"5000/min"``, ``"100/h"``, ``"3/10s"``).
+        Nothing is held while the block runs, and nothing is given back.
+
+        Waits for the next permit due to this process for at most ``timeout`` seconds
+        (None: as long as it takes), else raises LimitTimeoutError at once. Raises
+        ConfigError for a bad name or on a store without conditional writes, and
+        ArgumentError for a malformed rate, before any request. Accuracy and requests:
+        docs/concepts/flow-control.md."""
+        checked = layout.validate_name(name, "rate limit name")
+        parsed = parse_rate(rate)
+        wait = None if timeout is None else seconds_argument("timeout", timeout, zero=True)
+        runtime = self._ready()
+        conditional_writes(runtime.leases.strategy, "rate limits")
+        return _pacing(runtime, checked, parsed, wait)
+
+
+@contextlib.asynccontextmanager
+async def _pacing(
+    runtime: Runtime, name: str, rate: Rate, within: float | None
+) -> AsyncIterator[None]:
+    await runtime.rates.acquire(name, rate, within)
+    yield
 
 
 @contextlib.asynccontextmanager

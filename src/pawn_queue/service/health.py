@@ -111,7 +111,8 @@ class HealthServer:
         return self._store.failing and f"store failing: {self._store.failing}"
 
     async def _check_store(self) -> None:
-        topic = self._app.subscribers[0].topics[0]
+        subscribers = self._app.subscribers
+        topic = subscribers[0].topics[0] if subscribers else self._app.schedules[0].topic
         with contextlib.suppress(StoreError, TimeoutError):
             async with asyncio.timeout(_CHECK_TIMEOUT):
                 await self._store.head(layout.topic_marker_key(topic))

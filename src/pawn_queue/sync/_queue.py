@@ -445,6 +445,15 @@ class PawnQueue:
         inner = self._ready_queue().concurrency_limit(name, limit, timeout=timeout)
         return blocking_context(self._runner, inner)
 
+    def rate_limit(
+        self, name: str, rate: str, *, timeout: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """``with pq.rate_limit(name, "100/s"):`` runs its block at the time of one permit
+        of ``name``, a rate every process on the store shares; as the async
+        :meth:`pawn_queue.client.PawnQueue.rate_limit`. Any thread may use it."""
+        inner = self._ready_queue().rate_limit(name, rate, timeout=timeout)
+        return blocking_context(self._runner, inner)
+
     @property
     def registry(self) -> Registry:
         """The registry: ``pq.registry.list("producers" | "consumers")``."""

@@ -12,6 +12,7 @@ from typing import Any
 from pawn_queue import consumer, producer
 from pawn_queue._handling import handlers
 from pawn_queue._handling.arguments import check_listen
+from pawn_queue._handling.flow import check_flow
 from pawn_queue._handling.handlers import Forwarded
 from pawn_queue._internal.daemon_pool import DaemonThreadPool
 from pawn_queue._internal.durations import count_argument
@@ -124,6 +125,8 @@ class Consumer:
         concurrency: int | None = None,
         batch: int | None = None,
         batch_wait: float | None = None,
+        max_in_flight: int | None = None,
+        rate_limit: str | None = None,
     ) -> None:
         """Poll and call ``handler(message)`` for each message until ``stop`` is set, Ctrl-C
         or SIGTERM.
@@ -143,8 +146,9 @@ class Consumer:
 
         With ``batch=N`` (and ``batch_wait`` seconds), ``handler`` takes a list of up to N
         messages, and those it left unsettled are acked together when it returns, as in
-        the async API (:mod:`pawn_queue._handling.batching`). A bad argument raises
-        ArgumentError before anything is claimed.
+        the async API (:mod:`pawn_queue._handling.batching`). ``max_in_flight`` and
+        ``rate_limit`` limit the handlers across processes, as in the async API. A bad
+        argument raises ArgumentError before anything is claimed.
         """
         # Checked here, before the listener starts: a stop set meanwhile would hide its error.
         check_listen(
@@ -155,6 +159,7 @@ class Consumer:
             batch=batch,
             batch_wait=batch_wait,
         )
+        check_flow(max_in_flight, rate_limit)
         if stop is not None and not isinstance(stop, threading.Event):
             raise ArgumentError(f"stop: got {reprlib.repr(stop)}, must be a threading.Event")
         if workers is not None:
@@ -185,6 +190,8 @@ class Consumer:
                 concurrency=concurrency,
                 batch=batch,
                 batch_wait=batch_wait,
+                max_in_flight=max_in_flight,
+                rate_limit=rate_limit,
             )
         )
         listening.append(call)

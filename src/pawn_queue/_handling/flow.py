@@ -1,0 +1,97 @@
+"""A subscriber's limits across processes: ``listen(max_in_flight=N, rate_limit="20/s")``.
+
+Each handler call first takes a slot of the subscriber's concurrency limit, then a permit of
+its rate limit, both named after what the subscriber reads (one name per topic set or
+subscription, :func:`~pawn_queue._protocol.layout.subscriber_limit_name`), so every process
+that consumes the same topic or subscription shares them. The message waits claimed, its
+lease kept, and the wait is neither a receive nor a failure: a stop meanwhile gives it back
+at once (docs/concepts/flow-control.md, "A subscriber's limits").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+from pawn_queue._handling.handlers import AsyncBatchHandler
+from pawn_queue._internal.durations import count_argument
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.delivery import Message
+from pawn_queue._protocol.limits import MAX_LIMIT, conditional_writes
+from pawn_queue._protocol.rates import Rate, parse_rate
+from pawn_queue._protocol.runtime import Runtime
+from pawn_queue.exceptions import ArgumentError
+
+
+def check_flow(max_in_flight: object, rate_limit: object) -> tuple[int | None, Rate | None]:
+    """``max_in_flight`` and ``rate_limit`` checked (ArgumentError), as the flow uses them."""
+    count = None
+    if max_in_flight is not None:
+        count = count_argument("max_in_flight", max_in_flight, minimum=1)
+        if count > MAX_LIMIT:
+            raise ArgumentError(f"max_in_flight: got {count!r}, must be at most {MAX_LIMIT}")
+    rate = None if rate_limit is None else parse_rate(rate_limit, "rate_limit")
+    return count, rate
+
+
+class Flow:
+    """The limits one subscriber's handler calls wait for."""
+
+    def __init__(
+        self, runtime: Runtime, name: str, max_in_flight: int | None, rate: Rate | None
+    ) -> None:
+        self._limits = runtime.limits
+        self._rates = runtime.rates
+        self.name = name
+        self.max_in_flight = max_in_flight
+        self.rate = rate
+
+    def concurrency(self, wanted: int | None) -> int | None:
+        """A listener's local ``concurrency`` (``wanted``), at most ``max_in_flight``: it
+        claims no more messages than it may run."""
+        if self.max_in_flight is None:
+            return wanted
+        return min(wanted or self.max_in_flight, self.max_in_flight)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, permits: int = 1) -> AsyncIterator[None]:
+        """Hold a slot (with ``max_in_flight``) and wait for ``permits`` permits (with a rate
+        limit) for the block; the slot is given back after it, whatever happened."""
+        slot = None
+        if self.max_in_flight is not None:
+            slot = await self._limits.acquire(self.name, self.max_in_flight, None)
+        try:
+            if self.rate is not None:
+                for _ in range(permits):
+                    await self._rates.acquire(self.name, self.rate, None)
+            yield
+        finally:
+            if slot is not None:
+                await self._limits.release(slot)
+
+
+def gated_batch(call: AsyncBatchHandler, flow: Flow) -> AsyncBatchHandler:
+    """``call``, each batch waiting for a slot and a permit per message first."""
+
+    async def gated(messages: list[Message]) -> None:
+        async with flow.turn(len(messages)):
+            await call(messages)
+
+    return gated
+
+
+def subscriber_flow(
+    runtime: Runtime,
+    topics: Sequence[str],
+    subscription: str | None,
+    max_in_flight: object,
+    rate_limit: object,
+) -> Flow | None:
+    """The flow of a subscriber reading ``topics`` (or their ``subscription``); None without
+    limits. ArgumentError for a bad value, ConfigError on a store without conditional
+    writes, before any request."""
+    count, rate = check_flow(max_in_flight, rate_limit)
+    if count is None and rate is None:
+        return None
+    conditional_writes(runtime.leases.strategy, "max_in_flight and rate_limit")
+    return Flow(runtime, layout.subscriber_limit_name(topics, subscription), count, rate)

@@ -1,0 +1,236 @@
+"""Rate limits: at most ``count`` permits of a name per ``per`` seconds, across every process
+and host on one store (docs/concepts/flow-control.md, "Rate limits").
+
+Permit ``i`` of a rate is due at ``i * per / count`` seconds after the epoch, so permits
+come evenly spaced. They are handed out in *chunks* of consecutive permits, about a quarter
+second's worth (:func:`chunk_size`); each chunk is won once, by one process, with a
+conditional write, and that process alone uses its permits, each at its time (or at once if
+its time has passed). A chunk is never won twice, so however many processes take part, and
+whatever their clocks say, no more than ``count`` permits are due in any ``per`` seconds.
+
+The chunks live in a ring of :data:`RING` keys per name, ``_rates/{name}/{k}.json``: chunk
+``j`` is won by writing ``{"chunk": j}`` over key ``j % RING`` while it holds an older
+chunk, with if-match on the version read (create-only if the key is new). No key is
+deleted and a name keeps at most ``RING`` small objects; a key is written once every
+``RING`` chunks (about every 4 s) whatever the load, within every provider's per-key limit.
+A process remembers what it learned of each key, so winning a chunk after its own write
+costs one PUT, after another process's write a GET and a PUT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pawn_queue._protocol import layout
+from pawn_queue._protocol.lease_protocol import bounded, nonce
+from pawn_queue.exceptions import (
+    AlreadyExists,
+    ArgumentError,
+    LimitTimeoutError,
+    NotFound,
+    PreconditionFailed,
+    StoreUnavailable,
+)
+from pawn_queue.store.base import IfMatch, PutMode, Store
+
+logger = logging.getLogger(__name__)
+
+RING = 16
+"""Keys per rate name: chunk ``j`` is won at key ``j % RING``."""
+CHUNK_SECONDS = 0.25
+"""A chunk holds the permits of about this long (one at least)."""
+LOOKAHEAD = 4
+"""Chunks past the current one a process tries before it waits for the next."""
+MAX_PER_SECOND = 100_000.0
+FAILING_SECONDS = 60.0
+FORMAT = "pawn-queue-rate/1"
+_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
+_UNITS |= {"h": 3600.0, "hour": 3600.0, "d": 86400.0, "day": 86400.0}
+_RATE_RE = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]*(?:\.[0-9]+)?)\s*([a-z]+)\s*")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """``count`` permits per ``per`` seconds."""
+
+    count: int
+    per: float
+
+    def __str__(self) -> str:
+        return f"{self.count}/{self.per:g}s"
+
+    @property
+    def spacing(self) -> float:
+        """Seconds between two permits."""
+        return self.per / self.count
+
+
+def parse_rate(value: object, what: str = "rate") -> Rate:
+    """``"20/s"``, ``"5000/min"``, ``"100/h"``, ``"3/10s"`` (units s, sec, second, m, min,
+    minute, h, hour, d, day, optionally plural) as a :class:`Rate`; ArgumentError otherwise."""
+    form = "'<count>/<unit>' such as '20/s', '5000/min' or '3/10s'"
+    if isinstance(value, Rate):
+        return value
+    if not isinstance(value, str):
+        raise ArgumentError(f"{what}: got {value!r}, must be a string {form}")
+    match = _RATE_RE.fullmatch(value.lower())
+    unit = match and (_UNITS.get(match[3]) or _UNITS.get(match[3].removesuffix("s")))
+    if match is None or unit is None or match[2] in (".",):
+        raise ArgumentError(f"{what}: got {value!r}, must be {form}")
+    count, times = int(match[1]), float(match[2]) if match[2] else 1.0
+    per = times * unit
+    if count < 1 or not math.isfinite(per) or per <= 0:
+        raise ArgumentError(f"{what}: got {value!r}, needs a count and a span above 0")
+    if count / per > MAX_PER_SECOND:
+        raise ArgumentError(f"{what}: got {value!r}, at most {MAX_PER_SECOND:g} a second")
+    return Rate(count, per)
+
+
+def chunk_size(rate: Rate) -> int:
+    """Permits in one chunk: about :data:`CHUNK_SECONDS` worth, one at least."""
+    return max(1, int(CHUNK_SECONDS / rate.spacing))
+
+
+@dataclass
+class _Name:
+    """What this process knows of one rate name."""
+
+    rate: Rate
+    size: int
+    next: int = 0  # the next permit to hand out, of the chunk won last
+    end: int = 0  # the first permit past that chunk
+    last_won: int = -1
+    seen: dict[int, tuple[str, int]] = field(default_factory=dict)  # ring key -> etag, chunk
+    claiming: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Rates:
+    """The rate limits of one queue: hands out permits, winning chunks as they run out."""
+
+    def __init__(self, store: Store, clock: Callable[[], datetime], request_seconds: float) -> None:
+        self._store = store
+        self._clock = clock
+        self._request_seconds = request_seconds
+        self._names: dict[str, _Name] = {}
+
+    async def acquire(self, name: str, rate: Rate, within: float | None) -> None:
+        """Return at the time of a permit of ``name``; LimitTimeoutError if none is due
+        within ``within`` seconds (None: no bound). A StoreUnavailableError is tried again
+        with backoff, and raised once ``within`` passed or the store failed for a minute
+        (:data:`FAILING_SECONDS`)."""
+        state = self._state(name, rate)
+        deadline = None if within is None else time.monotonic() + within
+        pause, failing_since = 0.05, None
+        while True:
+            due = state.next * rate.spacing - self._now()
+            if due < -state.size * rate.spacing:
+                state.next = state.end  # a chunk left unused past its span: not used late
+            if state.next < state.end:
+                if deadline is not None and time.monotonic() + due > deadline:
+                    raise self._timeout(name, rate, within)
+                state.next += 1
+                if due > 0:
+                    await asyncio.sleep(due)
+                return
+            async with state.claiming:
+                if state.next < state.end:
+                    continue  # another waiter here won a chunk meanwhile
+                try:
+                    wait = await self._claim(name, state)
+                    failing_since = None
+                except StoreUnavailable as exc:
+                    now = time.monotonic()
+                    failing_since = failing_since or now
+                    late = deadline is not None and now >= deadline
+                    if late or now - failing_since >= FAILING_SECONDS:
+                        raise
+                    logger.info("rate limit: store unavailable name=%s error=%s", name, exc)
+                    wait, pause = pause, min(pause * 2, 1.0)
+                if wait is None:
+                    continue
+                if deadline is not None and time.monotonic() + wait > deadline:
+                    raise self._timeout(name, rate, within)
+                await asyncio.sleep(wait * random.uniform(1.0, 1.5))
+
+    def _timeout(self, name: str, rate: Rate, within: float | None) -> LimitTimeoutError:
+        return LimitTimeoutError(
+            f"no permit of rate limit {name!r} ({rate}) was due within {within:g} s"
+        )
+
+    def _state(self, name: str, rate: Rate) -> _Name:
+        state = self._names.get(name)
+        if state is None or state.rate != rate:
+            state = self._names[name] = _Name(rate, chunk_size(rate))
+        return state
+
+    def _now(self) -> float:
+        return self._clock().timestamp()
+
+    async def _claim(self, name: str, state: _Name) -> float | None:
+        """Win the first chunk from the current one on that is not known taken; None once
+        one is won, else how long until the next chunk starts."""
+        chunk_seconds = state.size * state.rate.spacing
+        current = math.floor(self._now() / chunk_seconds)
+        for chunk in range(max(current, state.last_won + 1), current + LOOKAHEAD + 1):
+            known = state.seen.get(chunk % RING)
+            if known is not None and known[1] >= chunk:
+                continue
+            if await self._win(name, state, chunk):
+                state.last_won = chunk
+                state.next, state.end = chunk * state.size, (chunk + 1) * state.size
+                return None
+        return (current + 1) * chunk_seconds - self._now()
+
+    async def _win(self, name: str, state: _Name, chunk: int) -> bool:
+        """Write ``chunk`` over its ring key while that holds an older chunk: whether it is
+        ours. A refused or unsure write is checked by reading the key (rule 6)."""
+        ring = chunk % RING
+        key = layout.rate_chunk_key(name, ring)
+        body = json.dumps({"format": FORMAT, "chunk": chunk, "nonce": nonce()}).encode()
+        known = state.seen.get(ring)
+        mode: PutMode = "create" if known is None else IfMatch(known[0])
+        for _ in range(3):  # a race lost to an older chunk's writer: try over what it wrote
+            try:
+                etag = await bounded(self._request_seconds, key, self._store.put(key, body, mode))
+                state.seen[ring] = (etag, chunk)
+                return True
+            except (AlreadyExists, PreconditionFailed, StoreUnavailable) as exc:
+                unsure = isinstance(exc, StoreUnavailable)
+                try:
+                    current = await bounded(self._request_seconds, key, self._store.get(key))
+                except NotFound:
+                    state.seen.pop(ring, None)
+                    mode = "create"
+                    continue
+                if current.data == body:
+                    state.seen[ring] = (current.meta.etag, chunk)
+                    return True  # our write landed
+                if unsure:
+                    raise
+                stored = _stored_chunk(current.data)
+                state.seen[ring] = (current.meta.etag, stored)
+                if stored >= chunk:
+                    return False
+                mode = IfMatch(current.meta.etag)
+        return False
+
+
+def _stored_chunk(data: bytes) -> int:
+    """The chunk a ring key holds; -1 for a body that is not one (written over)."""
+    try:
+        chunk = json.loads(data)["chunk"]
+    except (ValueError, TypeError, KeyError):
+        return -1
+    return chunk if isinstance(chunk, int) else -1
+
+
+__all__ = ["Rate", "Rates", "chunk_size", "parse_rate"]
