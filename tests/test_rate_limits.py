@@ -10,18 +10,30 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from pawn_queue import App, ArgumentError, ConfigError, LimitTimeoutError, Message, PawnQueue, sync
+from pawn_queue import (
+    App,
+    ArgumentError,
+    ConfigError,
+    LimitTimeoutError,
+    Message,
+    PawnQueue,
+    RateLimited,
+    sync,
+)
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.store.counting import CountingStore
 from pawn_queue.store.memory import MemoryStore
+from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 from tests.helpers.support import keys_under
 
+T = TypeVar("T")
 RATE = 20  # a second
 CHUNK = 5  # permits a chunk holds at 20/s: a quarter second's
 
@@ -111,6 +123,22 @@ async def test_bad_rates_raise_before_any_request(rate: Any, message: str) -> No
 async def test_rate_spellings(pq: PawnQueue, rate: str) -> None:
     async with pq.rate_limit("spelled", rate, timeout=0):
         pass
+
+
+class SlowStore(StoreWrapper):
+    """Each request takes 0.4 s, longer than a chunk of 20/s lasts."""
+
+    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
+        await asyncio.sleep(0.4)
+        return await run()
+
+
+async def test_a_permit_due_once_its_chunk_is_won_is_not_a_timeout() -> None:
+    config = PawnQueueConfig.from_url("memory://")
+    async with PawnQueue(config, store=SlowStore(MemoryStore())) as pq:
+        for _ in range(3):  # each won in 0.4 s or more, its first permit due by then
+            async with pq.rate_limit("slow", "20/s", timeout=0):
+                pass
 
 
 async def test_refused_on_a_store_without_conditional_writes() -> None:
@@ -251,3 +279,54 @@ async def test_an_app_subscriber_s_limits_reach_listen() -> None:
     assert running.most == 1
     assert "_limits/_topics/jobs/0.lease" in keys
     assert any(key.startswith("_rates/_topics/jobs/") for key in keys)
+
+
+async def test_rate_limited_pauses_the_subscriber_in_every_consumer(
+    pq: PawnQueue, queue_config: dict[str, Any]
+) -> None:
+    """A handler raising RateLimited(retry_after=3): no handler of the subscriber starts in
+    the 3 s that follow (the other consumer's within a second: it reads the pause at most
+    once a second), and the message comes back after them, its receive not counted: a topic
+    that dead-letters at the second receive keeps it."""
+    await pq.create_topic("jobs", max_receive_count=1)
+    producer = await pq.register_producer("p")
+    for n in range(12):
+        await producer.publish("jobs", n)
+    started: list[tuple[float, int]] = []
+    refused: list[float] = []
+    done: set[int] = set()
+    all_done = asyncio.Event()
+
+    async def handle(message: Message) -> None:
+        started.append((time.time(), message.receive_count))
+        if not refused:
+            refused.append(time.time())
+            raise RateLimited(retry_after=3)
+        await asyncio.sleep(0.05)
+        await message.ack()
+        done.add(message.payload)
+        if len(done) == 12:
+            all_done.set()
+
+    async with PawnQueue.from_config(queue_config) as other:
+        consumers = [await queue.register_consumer("c", ["jobs"]) for queue in (pq, other)]
+        listeners = [asyncio.create_task(c.listen(handle, concurrency=1)) for c in consumers]
+        try:
+            async with asyncio.timeout(60):
+                await all_done.wait()
+        finally:
+            for listener in listeners:
+                listener.cancel()
+            await asyncio.gather(*listeners, return_exceptions=True)
+    [paused_at] = refused
+    assert [at for at, _ in started if paused_at + 1.0 < at < paused_at + 3.0] == []
+    assert all(count == 1 for _, count in started)  # the refused one came back uncounted
+    assert (await pq.topic_stats("jobs")).dead_letter == 0
+    assert await keys_under(pq, "_pauses/") == ["_pauses/_topics/jobs.json"]
+
+
+@pytest.mark.parametrize("seconds", [0, -1, math.nan, math.inf, 86_401, "5", True, None])
+def test_rate_limited_needs_a_pause_of_up_to_a_day(seconds: Any) -> None:
+    with pytest.raises(ArgumentError, match="retry_after"):
+        RateLimited(retry_after=seconds)
+    assert RateLimited(retry_after=1.5).retry_after == 1.5

@@ -122,6 +122,11 @@ def run_case(case: str, processes: int, seconds: float) -> dict[str, Any]:
         row |= {"permits": len(times), "ideal": ideal, "ratio": len(times) / ideal}
         row |= {"most_in_a_second": most_in_any_second(times)}
     row["requests_per_unit"] = requests / max(1, len(times))
+    by_kind: dict[str, int] = {}
+    for result in results:
+        for kind, n in result["requests"].items():
+            by_kind[kind] = by_kind.get(kind, 0) + n
+    row["requests_per_unit_by_kind"] = {k: n / max(1, len(times)) for k, n in by_kind.items()}
     return row
 
 

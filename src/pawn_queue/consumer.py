@@ -13,6 +13,7 @@ from typing import Any
 from pawn_queue._handling import handlers
 from pawn_queue._handling.arguments import check_listen
 from pawn_queue._handling.batching import BatchListener, BatchSource, check_batch
+from pawn_queue._handling.failures import Failures
 from pawn_queue._handling.flow import Flow, gated_batch, subscriber_flow
 from pawn_queue._handling.handlers import Handler
 from pawn_queue._internal.aio import IO_CONCURRENCY, cancel_and_wait, gather_limited
@@ -29,9 +30,7 @@ from pawn_queue.config import PollingConfig
 from pawn_queue.exceptions import (
     ArgumentError,
     LeaseLostError,
-    PawnQueueError,
     StoreError,
-    TopicNotFoundError,
 )
 from pawn_queue.retry import Retry
 
@@ -65,7 +64,8 @@ class Consumer:
         self._clock = runtime.clock
         self._observers = runtime.observers
         self._runtime = runtime  # for the limits of listen()
-        self._topic_settings = runtime.topics
+        self._limits_name = layout.subscriber_limit_name(self.topics, self.subscription)
+        self._failures = Failures(runtime, self._limits_name)
         self._polling = polling
         # The leases of the messages handed out or buffered.
         self._keeper = LeaseKeeper(runtime.leases, polling.lease_refresh_interval_seconds)
@@ -303,16 +303,13 @@ class Consumer:
             raise ArgumentError(
                 f"executor: got {reprlib.repr(executor)}, must be a concurrent.futures.Executor"
             )
-        flow = subscriber_flow(
-            self._runtime, self.topics, self.subscription, max_in_flight, rate_limit
-        )
-        concurrency = concurrency if flow is None else flow.concurrency(concurrency)
+        flow = subscriber_flow(self._runtime, self._limits_name, max_in_flight, rate_limit)
+        concurrency = flow.concurrency(concurrency)
         batches: BatchListener | None = None
         if batch is not None or batch_wait is not None:
             size, wait = check_batch(batch, batch_wait)
             call_batch = handlers.as_async_batch(handler, executor=executor)
-            if flow is not None:
-                call_batch = gated_batch(call_batch, flow)
+            call_batch = gated_batch(call_batch, flow)
             batches = BatchListener(self._batch_source(retry), call_batch, size, wait)
         call = handlers.as_async(handler, executor=executor)
         grace = self._polling.shutdown_grace_seconds if grace is None else grace
@@ -346,7 +343,7 @@ class Consumer:
         retry: Retry | None,
         running: set[asyncio.Task[None]],
         concurrency: int | None,
-        flow: Flow | None,
+        flow: Flow,
     ) -> None:
         """Claim and hand out messages until cancelled: a poll at a time, or (with
         ``concurrency``) as many as there are free slots. A handler that waits only for the
@@ -415,7 +412,7 @@ class Consumer:
                 observers.handler_finished(message, time.perf_counter() - started, exc)
             if not isinstance(exc, Exception):
                 raise
-            await self._failed(message, exc, retry)
+            await self._failures.failed(message, exc, retry)
             return
         if observers:
             observers.handler_finished(message, time.perf_counter() - started, None)
@@ -430,7 +427,7 @@ class Consumer:
 
     def _batch_source(self, retry: Retry | None) -> BatchSource:
         async def fail(message: Message, exc: Exception) -> None:
-            await self._settle_failed(message, exc, retry)
+            await self._failures.settle(message, exc, retry)
 
         return BatchSource(
             poll=lambda wanted: self._poll_once(wanted, listening=True),
@@ -444,43 +441,6 @@ class Consumer:
             fail=fail,
             name=self.name,
         )
-
-    async def _failed(self, message: Message, exc: Exception, retry: Retry | None) -> None:
-        """The handler raised ``exc``: retry or dead-letter the message it left unsettled."""
-        logger.error(
-            "handler failed message=%s topic=%s receive_count=%d error=%r",
-            message.id,
-            message.topic,
-            message.receive_count,
-            exc,
-            exc_info=exc,
-        )
-        await self._settle_failed(message, exc, retry)
-
-    async def _settle_failed(self, message: Message, exc: Exception, retry: Retry | None) -> None:
-        if message.settled:
-            return
-        try:
-            if retry is not None and retry.retries(
-                exc, message.receive_count, await self._receive_limit(message.queue)
-            ):
-                await message.nack(requeue=True, delay=retry.delay(message.receive_count))
-            else:
-                await message.dead_letter("handler_error", repr(exc))
-        except PawnQueueError as nack_exc:
-            logger.error(
-                "settling failed message=%s error=%s; it is redelivered after the "
-                "visibility timeout",
-                message.id,
-                nack_exc,
-            )
-
-    async def _receive_limit(self, topic: str) -> int | None:
-        """The topic's ``max_receive_count`` (cached settings; None when unknown)."""
-        try:
-            return (await self._topic_settings.settings(topic)).max_receive_count
-        except (StoreError, TopicNotFoundError):
-            return None
 
     # -- leases -----------------------------------------------------------------------------
 

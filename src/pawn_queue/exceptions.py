@@ -159,6 +159,23 @@ class LimitTimeoutError(PawnQueueError, TimeoutError):
     Also a :class:`TimeoutError`."""
 
 
+class RateLimited(PawnQueueError):
+    """Raise it from a handler whose upstream refused for its rate (an HTTP 429): the
+    subscriber pauses in every process for ``retry_after`` seconds, and the message comes
+    back after them without counting as a failed receive (docs/concepts/flow-control.md)."""
+
+    MAX_SECONDS = 86_400.0
+
+    def __init__(self, retry_after: float, message: str | None = None) -> None:
+        seconds = retry_after
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise ArgumentError(f"retry_after: got {seconds!r}, must be a number of seconds")
+        if not 0 < seconds <= self.MAX_SECONDS:  # NaN fails this too
+            raise ArgumentError(f"retry_after: got {seconds!r}, must be above 0 and at most a day")
+        super().__init__(message or f"rate limited: retry after {seconds:g} s")
+        self.retry_after = float(seconds)
+
+
 class TopicSettingsConflictError(PawnQueueError, ValueError):
     """``create_topic`` was given settings that differ from the topic's stored ones.
 

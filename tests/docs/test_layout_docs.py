@@ -37,6 +37,7 @@ EXAMPLES = {
     "schedule_tick_key": layout.schedule_tick_key("nightly-report", AT),
     "limit_slot_key": layout.limit_slot_key("partner-api", 2),
     "rate_chunk_key": layout.rate_chunk_key("partner-api", 7),
+    "pause_key": layout.pause_key(layout.subscriber_limit_name(["orders"], None)),
     "limit_slot_key subscriber": layout.limit_slot_key(
         layout.subscriber_limit_name(["orders"], None), 0
     ),

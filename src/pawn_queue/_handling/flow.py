@@ -1,21 +1,21 @@
-"""A subscriber's limits across processes: ``listen(max_in_flight=N, rate_limit="20/s")``.
+"""A subscriber's limits across processes: ``listen(max_in_flight=N, rate_limit="20/s")``,
+and its pauses (a handler raised ``RateLimited``).
 
-Each handler call first takes a slot of the subscriber's concurrency limit, then a permit of
-its rate limit, both named after what the subscriber reads (one name per topic set or
-subscription, :func:`~pawn_queue._protocol.layout.subscriber_limit_name`), so every process
-that consumes the same topic or subscription shares them. The message waits claimed, its
-lease kept, and the wait is neither a receive nor a failure: a stop meanwhile gives it back
-at once (docs/concepts/flow-control.md, "A subscriber's limits").
+Each handler call first waits out a pause of the subscriber, then takes a slot of its
+concurrency limit, then a permit of its rate limit, all named after what it reads (one name
+per topic set or subscription, :func:`~pawn_queue._protocol.layout.subscriber_limit_name`),
+so every process that consumes the same topic or subscription shares them. The message
+waits claimed, its lease kept, and the wait is neither a receive nor a failure: a stop
+meanwhile gives it back at once (docs/concepts/flow-control.md, "A subscriber's limits").
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 from pawn_queue._handling.handlers import AsyncBatchHandler
 from pawn_queue._internal.durations import count_argument
-from pawn_queue._protocol import layout
 from pawn_queue._protocol.delivery import Message
 from pawn_queue._protocol.limits import MAX_LIMIT, conditional_writes
 from pawn_queue._protocol.rates import Rate, parse_rate
@@ -35,13 +35,14 @@ def check_flow(max_in_flight: object, rate_limit: object) -> tuple[int | None, R
 
 
 class Flow:
-    """The limits one subscriber's handler calls wait for."""
+    """What one subscriber's handler calls wait for: a pause, its limits."""
 
     def __init__(
         self, runtime: Runtime, name: str, max_in_flight: int | None, rate: Rate | None
     ) -> None:
         self._limits = runtime.limits
         self._rates = runtime.rates
+        self._pauses = runtime.pauses
         self.name = name
         self.max_in_flight = max_in_flight
         self.rate = rate
@@ -55,8 +56,9 @@ class Flow:
 
     @contextlib.asynccontextmanager
     async def turn(self, permits: int = 1) -> AsyncIterator[None]:
-        """Hold a slot (with ``max_in_flight``) and wait for ``permits`` permits (with a rate
-        limit) for the block; the slot is given back after it, whatever happened."""
+        """Wait out a pause, hold a slot (with ``max_in_flight``) and wait for ``permits``
+        permits (with a rate limit) for the block; the slot is given back after it."""
+        await self._pauses.wait(self.name)
         slot = None
         if self.max_in_flight is not None:
             slot = await self._limits.acquire(self.name, self.max_in_flight, None)
@@ -80,18 +82,11 @@ def gated_batch(call: AsyncBatchHandler, flow: Flow) -> AsyncBatchHandler:
     return gated
 
 
-def subscriber_flow(
-    runtime: Runtime,
-    topics: Sequence[str],
-    subscription: str | None,
-    max_in_flight: object,
-    rate_limit: object,
-) -> Flow | None:
-    """The flow of a subscriber reading ``topics`` (or their ``subscription``); None without
-    limits. ArgumentError for a bad value, ConfigError on a store without conditional
+def subscriber_flow(runtime: Runtime, name: str, max_in_flight: object, rate_limit: object) -> Flow:
+    """The flow of the subscriber ``name`` (``layout.subscriber_limit_name``).
+    ArgumentError for a bad value, ConfigError for limits on a store without conditional
     writes, before any request."""
     count, rate = check_flow(max_in_flight, rate_limit)
-    if count is None and rate is None:
-        return None
-    conditional_writes(runtime.leases.strategy, "max_in_flight and rate_limit")
-    return Flow(runtime, layout.subscriber_limit_name(topics, subscription), count, rate)
+    if count is not None or rate is not None:
+        conditional_writes(runtime.leases.strategy, "max_in_flight and rate_limit")
+    return Flow(runtime, name, count, rate)

@@ -105,16 +105,20 @@ class ClaimedObject:
         """Keep the lease ``seconds`` from now, and refresh it by that much from now on."""
         await self._leases.refresh(self.lease, seconds)
 
-    async def requeue(self, index: int, envelope: Envelope, delay: float) -> None:
-        """Make message ``index`` visible again after ``delay`` seconds."""
+    async def requeue(
+        self, index: int, envelope: Envelope, delay: float, *, counted: bool = True
+    ) -> None:
+        """Make message ``index`` visible again after ``delay`` seconds; ``counted=False``
+        takes this delivery off its receive count."""
         if self.size == 1:
             # The lease itself holds the message back, and keeps its receive count.
             self._on_done(self.lease)
-            await self._leases.release(self.lease, requeue_delay=delay)
+            await self._leases.release(self.lease, requeue_delay=delay, counted=counted)
             return
         # One member of a batch cannot be shown again alone: it moves to its own object
         # (durable first), then counts as settled here.
-        moved = replace(envelope, prior_receives=self.receive_count(envelope))
+        receives = self.receive_count(envelope) - (0 if counted else 1)
+        moved = replace(envelope, prior_receives=receives)
         due = self._clock() + timedelta(seconds=delay)
         key = layout.message_key(envelope.topic, envelope.id, due, delayed=delay > 0)
         await write_message(self._runtime, moved, key)
@@ -358,11 +362,16 @@ class Message:
         if not requeue:
             await self.dead_letter("nack")
             return
+        await self._put_back(delay, counted=True)
+
+    async def _put_back(self, delay: float, *, counted: bool = False) -> None:
+        """Make it visible again after ``delay`` seconds; unless ``counted``, as if this
+        delivery had not been (a subscriber paused by ``RateLimited``, not a failure)."""
         async with _Settling(self):
             if self._settled:
                 return
             await self._claimed.ensure_held()
-            await self._claimed.requeue(self._index, self._envelope, delay)
+            await self._claimed.requeue(self._index, self._envelope, delay, counted=counted)
             self._settled = True
             self._observed("nack_requeue")
 

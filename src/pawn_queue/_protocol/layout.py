@@ -29,6 +29,7 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     _limits/{name}/{slot}.lease                 a slot of a concurrency limit: a lease
     _rates/{name}/{k}.json                      key k (0-15) of a rate limit's ring of chunks
     _limits|_rates/_topics/{topic}/...          a subscriber's limits (subscriber_limit_name)
+    _pauses/_topics/{topic}.json                a subscriber's pause (RateLimited): until when
 
 Names (of topics, producers, consumers, limits...) are checked by :mod:`pawn_queue._protocol.names`.
 
@@ -424,12 +425,45 @@ def tick_of(key: str) -> datetime | None:
 
 def limit_slot_key(name: str, slot: int) -> str:
     """Slot ``slot`` (0 to limit - 1) of the concurrency limit ``name`` (pawn_queue.limits)."""
-    return f"_limits/{name}/{slot}{LEASE_SUFFIX}"
+    return f"{LIMITS}{name}/{slot}{LEASE_SUFFIX}"
+
+
+LIMITS = "_limits/"
+RATES = "_rates/"
+PAUSES = "_pauses/"
+
+
+def limit_slot_of(key: str) -> tuple[str, int] | None:
+    """The concurrency limit and slot a ``_limits/`` key is of; None for another key."""
+    name, _, last = key.removeprefix(LIMITS).rpartition("/")
+    slot = last.removesuffix(LEASE_SUFFIX)
+    if not key.startswith(LIMITS) or not name or not last.endswith(LEASE_SUFFIX):
+        return None
+    return (name, int(slot)) if slot.isdigit() else None
+
+
+def rate_name_of(key: str) -> str | None:
+    """The rate limit a ``_rates/`` ring key is of; None for another key."""
+    name, _, last = key.removeprefix(RATES).rpartition("/")
+    ring = last.removesuffix(MESSAGE_SUFFIX)
+    ok = key.startswith(RATES) and name and last.endswith(MESSAGE_SUFFIX) and ring.isdigit()
+    return name if ok else None
+
+
+def pause_name_of(key: str) -> str | None:
+    """The subscriber a ``_pauses/`` key pauses; None for another key."""
+    name = key.removeprefix(PAUSES).removesuffix(MESSAGE_SUFFIX)
+    return name if key.startswith(PAUSES) and key.endswith(MESSAGE_SUFFIX) and name else None
 
 
 def rate_chunk_key(name: str, ring: int) -> str:
     """Key ``ring`` of the rate limit ``name``'s ring of chunks (pawn_queue._protocol.rates)."""
-    return f"_rates/{name}/{ring}{MESSAGE_SUFFIX}"
+    return f"{RATES}{name}/{ring}{MESSAGE_SUFFIX}"
+
+
+def pause_key(name: str) -> str:
+    """The pause of the subscriber ``name`` names (pawn_queue._protocol.pauses)."""
+    return f"{PAUSES}{name}{MESSAGE_SUFFIX}"
 
 
 def subscriber_limit_name(topics: Sequence[str], subscription: str | None) -> str:

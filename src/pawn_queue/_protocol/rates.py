@@ -5,16 +5,18 @@ Permit ``i`` of a rate is due at ``i * per / count`` seconds after the epoch, so
 come evenly spaced. They are handed out in *chunks* of consecutive permits, about a quarter
 second's worth (:func:`chunk_size`); each chunk is won once, by one process, with a
 conditional write, and that process alone uses its permits, each at its time (or at once if
-its time has passed). A chunk is never won twice, so however many processes take part, and
-whatever their clocks say, no more than ``count`` permits are due in any ``per`` seconds.
+its time has passed when the chunk is won; a chunk left unused past its span is dropped). A
+chunk is never won twice, so however many processes take part, and whatever their clocks
+say, no more than ``count`` permits are due in any ``per`` seconds.
 
 The chunks live in a ring of :data:`RING` keys per name, ``_rates/{name}/{k}.json``: chunk
-``j`` is won by writing ``{"chunk": j}`` over key ``j % RING`` while it holds an older
-chunk, with if-match on the version read (create-only if the key is new). No key is
-deleted and a name keeps at most ``RING`` small objects; a key is written once every
+``j`` is won by writing ``{"chunk": j, "rate": "20/1s"}`` over key ``j % RING`` while it
+holds an older chunk, with if-match on the version read (create-only if the key is new). No
+key is deleted and a name keeps at most ``RING`` small objects; a key is written once every
 ``RING`` chunks (about every 4 s) whatever the load, within every provider's per-key limit.
 A process remembers what it learned of each key, so winning a chunk after its own write
-costs one PUT, after another process's write a GET and a PUT.
+costs one PUT; a key another process wrote last is read first (a GET, and the PUT if the
+chunk is still free).
 """
 
 from __future__ import annotations
@@ -100,6 +102,15 @@ def chunk_size(rate: Rate) -> int:
     return max(1, int(CHUNK_SECONDS / rate.spacing))
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """What a process last learned of one ring key."""
+
+    etag: str
+    chunk: int
+    ours: bool  # written by this process: an if-match on it holds unless another wrote since
+
+
 @dataclass
 class _Name:
     """What this process knows of one rate name."""
@@ -108,8 +119,9 @@ class _Name:
     size: int
     next: int = 0  # the next permit to hand out, of the chunk won last
     end: int = 0  # the first permit past that chunk
+    won_at: float = 0.0  # time.monotonic() when it was won
     last_won: int = -1
-    seen: dict[int, tuple[str, int]] = field(default_factory=dict)  # ring key -> etag, chunk
+    seen: dict[int, _Seen] = field(default_factory=dict)  # by ring key
     claiming: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -132,10 +144,11 @@ class Rates:
         pause, failing_since = 0.05, None
         while True:
             due = state.next * rate.spacing - self._now()
-            if due < -state.size * rate.spacing:
+            span = state.size * rate.spacing
+            if due < -span and time.monotonic() - state.won_at > span:
                 state.next = state.end  # a chunk left unused past its span: not used late
             if state.next < state.end:
-                if deadline is not None and time.monotonic() + due > deadline:
+                if due > 0 and deadline is not None and time.monotonic() + due > deadline:
                     raise self._timeout(name, rate, within)
                 state.next += 1
                 if due > 0:
@@ -182,46 +195,58 @@ class Rates:
         current = math.floor(self._now() / chunk_seconds)
         for chunk in range(max(current, state.last_won + 1), current + LOOKAHEAD + 1):
             known = state.seen.get(chunk % RING)
-            if known is not None and known[1] >= chunk:
+            if known is not None and known.chunk >= chunk:
                 continue
             if await self._win(name, state, chunk):
-                state.last_won = chunk
+                state.last_won, state.won_at = chunk, time.monotonic()
                 state.next, state.end = chunk * state.size, (chunk + 1) * state.size
                 return None
         return (current + 1) * chunk_seconds - self._now()
 
     async def _win(self, name: str, state: _Name, chunk: int) -> bool:
         """Write ``chunk`` over its ring key while that holds an older chunk: whether it is
-        ours. A refused or unsure write is checked by reading the key (rule 6)."""
+        ours. A refused or unsure write is checked by reading the key (rule 6). A key another
+        process wrote last is read first: others are at work, so a race already lost costs
+        a GET rather than a refused PUT."""
         ring = chunk % RING
         key = layout.rate_chunk_key(name, ring)
-        body = json.dumps({"format": FORMAT, "chunk": chunk, "nonce": nonce()}).encode()
+        fields = {"format": FORMAT, "chunk": chunk, "rate": str(state.rate), "nonce": nonce()}
+        body = json.dumps(fields).encode()
         known = state.seen.get(ring)
-        mode: PutMode = "create" if known is None else IfMatch(known[0])
+        if known is not None and not known.ours:
+            known = await self._read(state, ring, key)
+            if known is not None and known.chunk >= chunk:
+                return False
+        mode: PutMode = "create" if known is None else IfMatch(known.etag)
         for _ in range(3):  # a race lost to an older chunk's writer: try over what it wrote
             try:
                 etag = await bounded(self._request_seconds, key, self._store.put(key, body, mode))
-                state.seen[ring] = (etag, chunk)
+                state.seen[ring] = _Seen(etag, chunk, ours=True)
                 return True
             except (AlreadyExists, PreconditionFailed, StoreUnavailable) as exc:
-                unsure = isinstance(exc, StoreUnavailable)
-                try:
-                    current = await bounded(self._request_seconds, key, self._store.get(key))
-                except NotFound:
-                    state.seen.pop(ring, None)
-                    mode = "create"
-                    continue
-                if current.data == body:
-                    state.seen[ring] = (current.meta.etag, chunk)
+                current = await self._read(state, ring, key, body)
+                if current is not None and current.ours:
                     return True  # our write landed
-                if unsure:
+                if isinstance(exc, StoreUnavailable):
                     raise
-                stored = _stored_chunk(current.data)
-                state.seen[ring] = (current.meta.etag, stored)
-                if stored >= chunk:
+                if current is not None and current.chunk >= chunk:
                     return False
-                mode = IfMatch(current.meta.etag)
+                mode = "create" if current is None else IfMatch(current.etag)
         return False
+
+    async def _read(
+        self, state: _Name, ring: int, key: str, ours: bytes | None = None
+    ) -> _Seen | None:
+        """What ring key ``ring`` holds now, remembered; None if nothing. ``ours``: the body
+        of a write of ours whose outcome is unknown, which a read may find."""
+        try:
+            current = await bounded(self._request_seconds, key, self._store.get(key))
+        except NotFound:
+            state.seen.pop(ring, None)
+            return None
+        seen = _Seen(current.meta.etag, _stored_chunk(current.data), current.data == ours)
+        state.seen[ring] = seen
+        return seen
 
 
 def _stored_chunk(data: bytes) -> int:

@@ -16,6 +16,7 @@ from pawn_queue._protocol.limits import Limits
 from pawn_queue._protocol.listings import SharedListings
 from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue._protocol.observers import Observers
+from pawn_queue._protocol.pauses import Pauses
 from pawn_queue._protocol.rates import Rates
 from pawn_queue._protocol.registry import Registry
 from pawn_queue._protocol.retained import RetainedSweeper
@@ -47,6 +48,8 @@ class Runtime:
     """The concurrency limits' slots held here (``concurrency_limit``)."""
     rates: Rates
     """The rate limits' chunks won here (``rate_limit``)."""
+    pauses: Pauses
+    """The subscribers' pauses (a handler raised ``RateLimited``)."""
     observers: Observers = field(default_factory=Observers)
     """The queue's observers (:mod:`pawn_queue.observe`), called by the core."""
     background: Background = field(default_factory=Background)
@@ -93,6 +96,7 @@ async def open_runtime(
         keep_tombstones=strategy == "conditional_write" and not known_conditional(store),
     )
     signals = ChangeSignals(store, config.notify)
+    request_seconds = claim_seconds(config.polling.visibility_timeout_seconds)
     topics = Topics(store)
     leases.on_freed = signals.published  # a message given back wakes its consumers
     return Runtime(
@@ -107,7 +111,8 @@ async def open_runtime(
         dedup_sweeper=MarkerSweeper(store, background, clock, leases.margin),
         retained_sweeper=RetainedSweeper(store, background, clock, leases.margin),
         limits=Limits(store, leases, config.polling),
-        rates=Rates(store, clock, claim_seconds(config.polling.visibility_timeout_seconds)),
+        rates=Rates(store, clock, request_seconds),
+        pauses=Pauses(store, clock, request_seconds),
         observers=observers,
         background=background,
     )

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from pawn_queue.dashboard.rendering import subject
 from pawn_queue.dashboard.settings import DashboardSettings
-from pawn_queue.dashboard.snapshots import OVERVIEW, SCHEDULES, Monitor
+from pawn_queue.dashboard.snapshots import LIMITS, OVERVIEW, SCHEDULES, Monitor
 
 
 class Api:
@@ -88,6 +88,33 @@ class Api:
             {
                 "schedules": rows,
                 "unread": self.monitor.schedules_unread,
+                "error": self.monitor.error,
+            }
+        )
+
+    async def limits(self, request: Request) -> Response:
+        """The concurrency limits, rate limits and pauses, as their page shows them (read
+        again when ``refresh`` seconds old)."""
+        await self.monitor.look(LIMITS)
+        view = self.monitor.limits
+        limits = [
+            {"limit": row.name, "held": row.held, "slots": [asdict(slot) for slot in row.slots]}
+            for row in (view.limits if view else ())
+        ]
+        rates = [
+            {"rate_limit": row.name, "rate": row.rate, "last_won": _iso(row.last_won)}
+            for row in (view.rates if view else ())
+        ]
+        pauses = [
+            {"subscriber": row.name, "until": _iso(row.until) if row.until else None}
+            for row in (view.pauses if view else ())
+        ]
+        return JSONResponse(
+            {
+                "limits": limits,
+                "rates": rates,
+                "pauses": pauses,
+                "slots_unread": view.slots_unread if view else 0,
                 "error": self.monitor.error,
             }
         )

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from pawn_queue._protocol import layout
 from pawn_queue.dashboard import charts
 from pawn_queue.dashboard.rendering import Renderer, quoted
-from pawn_queue.dashboard.snapshots import DEAD_LETTER_LIMIT, OVERVIEW, SCHEDULES
+from pawn_queue.dashboard.snapshots import DEAD_LETTER_LIMIT, LIMITS, OVERVIEW, SCHEDULES
 from pawn_queue.dashboard.views import TopicView
 from pawn_queue.exceptions import SubscriptionNotFoundError, TopicNotFoundError
 
@@ -116,6 +116,10 @@ class Pages:
     async def schedules(self, request: Request) -> Response:
         await self.monitor.look(SCHEDULES)
         return self.renderer.render(request, "schedules.html", rows=self.monitor.schedules or [])
+
+    async def limits(self, request: Request) -> Response:
+        await self.monitor.look(LIMITS)
+        return self.renderer.render(request, "limits.html", limits=self.monitor.limits)
 
     async def registry(self, request: Request) -> Response:
         heartbeat = self.monitor.queue.config.registry.heartbeat_interval_seconds

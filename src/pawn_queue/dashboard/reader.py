@@ -12,7 +12,8 @@ read already under way is shared: concurrent pages never read one thing twice at
 schedules are read with one LIST of their definitions, then for each of the first
 :data:`SCHEDULES_READ` by name what ``schedule_stats`` reads: a GET of its definition, a
 LIST of its tick markers (a page per 1,000) and a GET of each marker that records missed
-ticks. When to read is :class:`~pawn_queue.dashboard.snapshots.Monitor`'s."""
+ticks. The limits page's reads are :mod:`~pawn_queue.dashboard.limits`'. When to read is
+:class:`~pawn_queue.dashboard.snapshots.Monitor`'s."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pawn_queue._protocol.counts import read_topic
 from pawn_queue._protocol.registry import Liveness
 from pawn_queue._protocol.schedules import Schedules, schedule_name_of
 from pawn_queue.client import PawnQueue
+from pawn_queue.dashboard.limits import LimitsView, read_limits
 from pawn_queue.dashboard.meter import RequestMeter
 from pawn_queue.dashboard.settings import DashboardSettings
 from pawn_queue.dashboard.views import (
@@ -67,6 +69,9 @@ class Reader:
         self.schedules: list[ScheduleView] | None = None
         self.schedules_unread = 0  # schedules beyond those read
         self.schedules_read_at: float | None = None  # epoch seconds
+        # The limits, rates and pauses, read while their page is open; None until then.
+        self.limits: LimitsView | None = None
+        self.limits_read_at: float | None = None  # epoch seconds
         self.version = 0
         self.last_full: float | None = None
         self.full_cost = 0  # requests the last full refresh sent
@@ -280,6 +285,13 @@ class Reader:
             self.version += 1
         self.schedules, self.schedules_unread = rows, unread
         self.schedules_read_at = self.now()
+
+    async def _read_limits(self) -> None:
+        """Read the limits, rates and pauses; record what changed."""
+        limits = await read_limits(self.queue.store, self._clock())
+        if limits != self.limits:
+            self.version += 1
+        self.limits, self.limits_read_at = limits, self.now()
 
     async def _read_schedule(self, name: str) -> ScheduleView:
         schedules = Schedules(self.queue.runtime)

@@ -21,7 +21,7 @@ from pawn_queue._internal.durations import short_age
 from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.dashboard.security import Csrf, csrf_cookie
 from pawn_queue.dashboard.settings import DashboardSettings
-from pawn_queue.dashboard.snapshots import OVERVIEW, SCHEDULES, Monitor
+from pawn_queue.dashboard.snapshots import LIMITS, OVERVIEW, SCHEDULES, Monitor
 from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError, TopicNotFoundError
 
 _PREVIEW_CHARS = 160
@@ -97,11 +97,14 @@ def quoted(value: str) -> str:
 
 def subject(path: str) -> str | None:
     """What the page at ``path`` shows of the queue, for :meth:`Monitor.look`: every topic
-    (the overview), the schedules, one topic (its pages), or nothing it reads for (None)."""
+    (the overview), the schedules, the limits, one topic (its pages), or nothing it reads for
+    (None)."""
     if path == "/":
         return OVERVIEW
     if path == "/schedules":
         return SCHEDULES
+    if path == "/limits":
+        return LIMITS
     name = unquote(path.removeprefix("/topics/").partition("/")[0])
     return name if path.startswith("/topics/") and name else None
 

@@ -53,6 +53,7 @@ PEEK_LIMIT = 10
 DEAD_LETTER_LIMIT = 100
 OVERVIEW = ""  # what :meth:`Monitor.look` is asked for by the overview: every topic
 SCHEDULES = "_schedules"  # by the schedules page (no topic has a name starting with _)
+LIMITS = "_limits"  # by the limits page
 _MISSING_KEPT = 1000  # names of topics found missing lately, kept to answer 404s cheaply
 
 
@@ -107,6 +108,7 @@ class Monitor(Reader):
         """Read everything at the next chance (no sooner than ``refresh`` after the last),
         and the schedules when their page is next looked at."""
         self.schedules_read_at = None
+        self.limits_read_at = None
         self._refresh_now.set()
 
     # -- what a page shows ------------------------------------------------------------------
@@ -120,7 +122,7 @@ class Monitor(Reader):
         failed read shows on the page as any refresh's; a failed look for an unknown topic
         raises the store's error."""
         view = None
-        if subject not in (OVERVIEW, SCHEDULES):
+        if subject not in (OVERVIEW, SCHEDULES, LIMITS):
             view = self.topics.get(subject)
             if view is None and discover:
                 view = await self._discover(subject)
@@ -130,6 +132,8 @@ class Monitor(Reader):
         try:
             if subject == SCHEDULES:
                 read = await self._read_stale_schedules()
+            elif subject == LIMITS:
+                read = await self._read_stale_limits()
             else:
                 read = await self._read_stale(view)
         except PawnQueueError as exc:
@@ -169,6 +173,13 @@ class Monitor(Reader):
         if not self._stale(self.schedules_read_at):
             return False
         await self._once(SCHEDULES, self._read_schedules)
+        return True
+
+    async def _read_stale_limits(self) -> bool:
+        """Read the limits if they are ``refresh`` seconds old; whether they were."""
+        if not self._stale(self.limits_read_at):
+            return False
+        await self._once(LIMITS, self._read_limits)
         return True
 
     def _stale(self, read_at: float | None) -> bool:
