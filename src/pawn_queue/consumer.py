@@ -397,7 +397,7 @@ class Consumer:
     async def _dispatch(
         self, call: handlers.AsyncHandler, message: Message, retry: Retry | None, flow: Flow | None
     ) -> None:
-        if flow is not None:
+        if flow is not None and not flow.open():
             async with flow.turn():
                 return await self._dispatch(call, message, retry, None)
         observers = self._observers

@@ -67,7 +67,12 @@ async def run_child(script: str, *args: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-c", script, *args, stdout=asyncio.subprocess.PIPE, cwd=REPO
     )
-    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:  # timed out, or the test was cancelled: no orphan
+            process.kill()
+            await process.wait()
     assert process.returncode is not None
     return process.returncode, out.decode().strip()
 

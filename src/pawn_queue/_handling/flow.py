@@ -54,6 +54,11 @@ class Flow:
             return wanted
         return min(wanted or self.max_in_flight, self.max_in_flight)
 
+    def open(self) -> bool:
+        """Whether a handler call may start at once, with no request: no limits, and no
+        pause known or due to be read."""
+        return self.max_in_flight is None and self.rate is None and self._pauses.clear(self.name)
+
     @contextlib.asynccontextmanager
     async def turn(self, permits: int = 1) -> AsyncIterator[None]:
         """Wait out a pause, hold a slot (with ``max_in_flight``) and wait for ``permits``

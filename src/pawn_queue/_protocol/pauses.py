@@ -67,6 +67,16 @@ class Pauses:
         known = self._known.get(name)
         return known is not None and known.until is not None and known.until > self._clock()
 
+    def clear(self, name: str) -> bool:
+        """Whether ``name`` may go on with no request: read within :data:`CHECK_SECONDS`,
+        and not paused."""
+        known = self._known.get(name)
+        return (
+            known is not None
+            and time.monotonic() - known.checked < CHECK_SECONDS
+            and not self.paused(name)
+        )
+
     async def wait(self, name: str) -> None:
         """Return once ``name`` is not paused, reading its pause if it was not read within
         :data:`CHECK_SECONDS`."""
