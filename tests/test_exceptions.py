@@ -19,6 +19,7 @@ ALIASES = {
     "AccessDenied": "AccessDeniedError",
     "BucketNotFound": "BucketNotFoundError",
     "RootNotFound": "RootNotFoundError",
+    "RateLimited": "RateLimitedError",
 }
 
 

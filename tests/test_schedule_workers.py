@@ -66,9 +66,11 @@ class Reader:
 async def test_each_tick_fires_once_while_runners_are_killed_and_restarted(
     queue_config: dict[str, Any],
 ) -> None:
-    config = json.dumps(queue_config)
+    # The store alone: the library's own timings, as a deployment's runners have them.
+    store = {k: v for k, v in queue_config.items() if k in ("backend", "filesystem", "s3")}
+    config = json.dumps(store)
     loop = asyncio.get_running_loop()
-    async with PawnQueue.from_config(queue_config) as pq:
+    async with PawnQueue.from_config(store) as pq:
         await pq.create_topic("jobs")
         await pq.create_schedule("every-second", "jobs", every=1)
         reader = Reader(await pq.register_consumer("counter", ["jobs"]))

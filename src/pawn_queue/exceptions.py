@@ -22,8 +22,10 @@ One root, so ``except PawnQueueError`` catches everything the library raises::
     │   └── SubscriptionConflictError  create_subscription asked for another filter or settings
     ├── ScheduleNotFoundError        the schedule has not been created (or was deleted)
     ├── ScheduleExistsError          create_schedule found a schedule of that name
-    ├── LimitTimeoutError            concurrency_limit's timeout passed with every slot held
-    │                                (also a ``TimeoutError``)
+    ├── LimitTimeoutError            concurrency_limit's timeout passed with every slot held, or
+    │                                rate_limit's next permit is due later (also a ``TimeoutError``)
+    ├── RateLimitedError             raised by a handler (as ``RateLimited(retry_after=)``):
+    │                                pause its subscriber everywhere, the message back uncounted
     ├── PublishError                 a message could not be written (``__cause__`` says why)
     │   ├── QueueFullError           a topic stayed at ``max_pending`` for the whole wait
     │   └── PayloadError             the payload or attributes cannot be encoded (not
@@ -45,7 +47,7 @@ ValueError`` catches either.
 
 The store errors' shorter names (``NotFound``, ``AlreadyExists``, ``PreconditionFailed``,
 ``StoreUnavailable``, ``AccessDenied``, ``BucketNotFound``, ``RootNotFound``) remain, as
-aliases of the same classes.
+aliases of the same classes; ``RateLimited`` is ``RateLimitedError``.
 
 Storage-client exceptions (obstore, OSError) are translated where the store is called and
 never reach users; the original is kept as ``__cause__``. Messages never contain credentials.
@@ -159,7 +161,7 @@ class LimitTimeoutError(PawnQueueError, TimeoutError):
     Also a :class:`TimeoutError`."""
 
 
-class RateLimited(PawnQueueError):
+class RateLimitedError(PawnQueueError):
     """Raise it from a handler whose upstream refused for its rate (an HTTP 429): the
     subscriber pauses in every process for ``retry_after`` seconds, and the message comes
     back after them without counting as a failed receive (docs/concepts/flow-control.md)."""
@@ -174,6 +176,9 @@ class RateLimited(PawnQueueError):
             raise ArgumentError(f"retry_after: got {seconds!r}, must be above 0 and at most a day")
         super().__init__(message or f"rate limited: retry after {seconds:g} s")
         self.retry_after = float(seconds)
+
+
+RateLimited = RateLimitedError  # the name a handler raises: ``raise RateLimited(retry_after=30)``
 
 
 class TopicSettingsConflictError(PawnQueueError, ValueError):

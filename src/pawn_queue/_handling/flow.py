@@ -81,6 +81,9 @@ def gated_batch(call: AsyncBatchHandler, flow: Flow) -> AsyncBatchHandler:
     """``call``, each batch waiting for a slot and a permit per message first."""
 
     async def gated(messages: list[Message]) -> None:
+        if flow.open():
+            await call(messages)
+            return
         async with flow.turn(len(messages)):
             await call(messages)
 
