@@ -55,12 +55,14 @@ async def test_killed_consumer_messages_are_redelivered(
             "10",
             stdout=asyncio.subprocess.PIPE,
         )
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        held = json.loads(line)
-        assert len(held) == 10 and set(held) <= set(published)
-        os.kill(process.pid, signal.SIGKILL)
-        await process.wait()
+        try:
+            assert process.stdout is not None
+            line = await asyncio.wait_for(process.stdout.readline(), 60)
+            held = json.loads(line)
+            assert len(held) == 10 and set(held) <= set(published)
+        finally:  # the scenario's kill, and no orphan if the test failed before it
+            os.kill(process.pid, signal.SIGKILL)
+            await process.wait()
 
         survivor = await pq.register_consumer("survivor", topics=["jobs"])
         delivered: list[str] = []
