@@ -6,7 +6,8 @@ and its publish is published by a runner that lost it, 10 s later).
 The runners are ``tests/workers/schedule_worker.py`` (``run_schedules()`` in a process of its
 own); ``pawn-queue worker --processes 2`` running an App's schedule is
 tests/cli/test_worker_schedules.py. On a local directory and on S3 (SeaweedFS); the
-scenario takes 60 s by nature.
+scenario takes 60 s by nature. And a pause and a resume given through the API reach a runner
+process.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from tests.helpers.support import sigkill, start_schedule_runner
 RUNNERS = 3
 KILL_EVERY_SECONDS = 10.0
 TICKS = 60
+SETTLE_SECONDS = 7.0  # a runner reads definitions every 5 s: a pause reaches it within that
 
 
 def tick_of(message: Message) -> datetime:
@@ -105,3 +108,29 @@ async def test_each_tick_fires_once_while_runners_are_killed_and_restarted(
     assert sum(counts[t] for t in window) == TICKS
     assert stats.missed == 0  # nothing skipped: a runner started again catches up
     assert all(m.attributes["schedule"] == "every-second" for m in reader.seen)
+
+
+async def test_a_pause_and_a_resume_reach_a_runner_process(tmp_path: Path) -> None:
+    """Paused through the API, a runner in another process fires no tick due more than
+    its listing interval (5 s) and a tick later; resumed, it fires again."""
+    store = {"backend": "filesystem", "filesystem": {"path": str(tmp_path / "store")}}
+    async with PawnQueue.from_config(store) as pq:
+        await pq.create_topic("jobs")
+        await pq.create_schedule("every-second", "jobs", every=1)
+        reader = Reader(await pq.register_consumer("counter", ["jobs"]))
+        runner = await start_schedule_runner(json.dumps(store))
+        try:
+            await reader.until(lambda: bool(reader.seen), 60)
+            await pq.pause_schedule("every-second")
+            paused_at = datetime.now(UTC)
+            settled = paused_at + timedelta(seconds=SETTLE_SECONDS)
+            loop = asyncio.get_running_loop()
+            await reader.until_time(loop.time() + SETTLE_SECONDS + 6)
+            late = sorted(t for t in reader.ticks() if t >= settled)
+            await pq.resume_schedule("every-second")
+            resumed_at = datetime.now(UTC)
+            await reader.until(lambda: max(reader.ticks()) > resumed_at, 60)
+        finally:
+            runner.terminate()
+            await runner.wait()
+    assert late == []  # nothing fired while paused, once the runner had read the pause
