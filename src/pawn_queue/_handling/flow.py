@@ -15,21 +15,15 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from pawn_queue._handling.handlers import AsyncBatchHandler
-from pawn_queue._internal.durations import count_argument
 from pawn_queue._protocol.delivery import Message
-from pawn_queue._protocol.limits import MAX_LIMIT, conditional_writes
+from pawn_queue._protocol.limits import conditional_writes, limit_argument
 from pawn_queue._protocol.rates import Rate, parse_rate
 from pawn_queue._protocol.runtime import Runtime
-from pawn_queue.exceptions import ArgumentError
 
 
 def check_flow(max_in_flight: object, rate_limit: object) -> tuple[int | None, Rate | None]:
     """``max_in_flight`` and ``rate_limit`` checked (ArgumentError), as the flow uses them."""
-    count = None
-    if max_in_flight is not None:
-        count = count_argument("max_in_flight", max_in_flight, minimum=1)
-        if count > MAX_LIMIT:
-            raise ArgumentError(f"max_in_flight: got {count!r}, must be at most {MAX_LIMIT}")
+    count = None if max_in_flight is None else limit_argument("max_in_flight", max_in_flight)
     rate = None if rate_limit is None else parse_rate(rate_limit, "rate_limit")
     return count, rate
 

@@ -423,14 +423,14 @@ def tick_of(key: str) -> datetime | None:
     return due_from_key(key) if key.endswith("Z") else None
 
 
-def limit_slot_key(name: str, slot: int) -> str:
-    """Slot ``slot`` (0 to limit - 1) of the concurrency limit ``name`` (pawn_queue.limits)."""
-    return f"{LIMITS}{name}/{slot}{LEASE_SUFFIX}"
-
-
 LIMITS = "_limits/"
 RATES = "_rates/"
 PAUSES = "_pauses/"
+
+
+def limit_slot_key(name: str, slot: int) -> str:
+    """Slot ``slot`` (0 to limit - 1) of the concurrency limit ``name`` (pawn_queue.limits)."""
+    return f"{LIMITS}{name}/{slot}{LEASE_SUFFIX}"
 
 
 def limit_slot_of(key: str) -> tuple[str, int] | None:

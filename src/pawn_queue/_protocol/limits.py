@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pawn_queue._internal.config_sections import claim_seconds, renew_seconds
+from pawn_queue._internal.durations import count_argument
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue._protocol.lease_protocol import (
@@ -42,6 +43,7 @@ from pawn_queue._protocol.lease_protocol import (
 )
 from pawn_queue.config import PollingConfig
 from pawn_queue.exceptions import (
+    ArgumentError,
     ConfigError,
     LimitTimeoutError,
     NotFound,
@@ -60,6 +62,15 @@ MAX_PAUSE_SECONDS = 1.0
 jittered by +-50 % so that waiters drift apart; a release in the process wakes one sooner."""
 _SEEN_MEMORY = 10_000  # slots remembered per process; all forgotten past this (names are many)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # when a released slot is free: on every clock
+
+
+def limit_argument(what: str, value: object) -> int:
+    """``value`` as a number of slots, 1 to :data:`MAX_LIMIT`; else ArgumentError naming
+    ``what``."""
+    limit = count_argument(what, value, minimum=1)
+    if limit > MAX_LIMIT:
+        raise ArgumentError(f"{what}: got {limit!r}, must be at most {MAX_LIMIT}")
+    return limit
 
 
 def conditional_writes(strategy: str, what: str) -> None:

@@ -104,9 +104,16 @@ class Pauses:
             logger.info("pause not read name=%s error=%s", name, exc)
             return
         known.etag = current.meta.etag
-        try:
-            until = datetime.fromisoformat(json.loads(current.data)["until"])
-        except (ValueError, TypeError, KeyError):
-            return  # not a pause: written by something else
-        if until.tzinfo is not None and (known.until is None or until > known.until):
+        until = decode_until(current.data)
+        if until is not None and (known.until is None or until > known.until):
             known.until = until
+
+
+def decode_until(data: bytes) -> datetime | None:
+    """Until when the pause object ``data`` pauses; None if it is not one (written by
+    something else, or without a time zone)."""
+    try:
+        until = datetime.fromisoformat(json.loads(data)["until"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return until if until.tzinfo is not None else None

@@ -244,18 +244,20 @@ class Rates:
         except NotFound:
             state.seen.pop(ring, None)
             return None
-        seen = _Seen(current.meta.etag, _stored_chunk(current.data), current.data == ours)
+        seen = _Seen(current.meta.etag, decode_chunk(current.data)[0], current.data == ours)
         state.seen[ring] = seen
         return seen
 
 
-def _stored_chunk(data: bytes) -> int:
-    """The chunk a ring key holds; -1 for a body that is not one (written over)."""
+def decode_chunk(data: bytes) -> tuple[int, str]:
+    """The chunk a ring key holds and the rate it was won for; ``(-1, "?")`` for a body that
+    is not one (written over)."""
     try:
-        chunk = json.loads(data)["chunk"]
-    except (ValueError, TypeError, KeyError):
-        return -1
-    return chunk if isinstance(chunk, int) else -1
+        body = json.loads(data)
+        chunk, rate = body["chunk"], body.get("rate", "?")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return -1, "?"
+    return (chunk if isinstance(chunk, int) else -1), str(rate)
 
 
-__all__ = ["Rate", "Rates", "chunk_size", "parse_rate"]
+__all__ = ["Rate", "Rates", "chunk_size", "decode_chunk", "parse_rate"]

@@ -7,11 +7,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from pawn_queue._internal.durations import count_argument, seconds_argument
+from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.limits import MAX_LIMIT, Limits, conditional_writes
+from pawn_queue._protocol.limits import Limits, conditional_writes, limit_argument
 from pawn_queue._protocol.rates import Rate, parse_rate
-from pawn_queue.exceptions import ArgumentError
 from pawn_queue.limits import LimitSlot
 
 if TYPE_CHECKING:
@@ -45,9 +44,7 @@ class LimitMethods:
         ArgumentError for another bad value, before any request. Requests and guarantees:
         docs/concepts/flow-control.md."""
         checked = layout.validate_name(name, "limit name")
-        count_argument("limit", limit, minimum=1)
-        if limit > MAX_LIMIT:
-            raise ArgumentError(f"limit: got {limit!r}, must be at most {MAX_LIMIT}")
+        limit_argument("limit", limit)
         wait = None if timeout is None else seconds_argument("timeout", timeout, zero=True)
         runtime = self._ready()
         conditional_writes(runtime.leases.strategy, "concurrency limits")

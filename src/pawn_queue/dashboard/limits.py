@@ -6,13 +6,14 @@ ring key and of each pause."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 
 from pawn_queue._internal.aio import gather_limited
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import CorruptObject, LeaseBody
+from pawn_queue._protocol.pauses import decode_until
+from pawn_queue._protocol.rates import decode_chunk
 from pawn_queue.exceptions import NotFound
 from pawn_queue.store.base import ObjectMeta, Store
 
@@ -121,11 +122,7 @@ async def _read_rate(store: Store, name: str, meta: ObjectMeta) -> RateRow | Non
         data = (await store.get(meta.key)).data
     except NotFound:
         return None
-    try:
-        rate = str(json.loads(data).get("rate", "?"))
-    except (ValueError, AttributeError):
-        rate = "?"
-    return RateRow(name, rate, meta.last_modified)
+    return RateRow(name, decode_chunk(data)[1], meta.last_modified)
 
 
 async def _read_pause(store: Store, key: str) -> PauseRow | None:
@@ -134,8 +131,4 @@ async def _read_pause(store: Store, key: str) -> PauseRow | None:
         data = (await store.get(key)).data
     except NotFound:
         return None
-    try:
-        until: datetime | None = datetime.fromisoformat(json.loads(data)["until"])
-    except (ValueError, TypeError, KeyError):
-        until = None
-    return PauseRow(name, until)
+    return PauseRow(name, decode_until(data))
