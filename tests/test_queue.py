@@ -380,6 +380,7 @@ async def test_refresh_after_takeover_does_not_overwrite(queue_config: dict[str,
         [held] = await poll_count(a, 1)
         a.held_leases.paused = True
         taken = await _poll_until_one(b, within=30)
+        b.held_leases.paused = True  # its own refreshes would change the etag looked at
         key = lease_key("t", held.id)
         owner_etag = (await qa.store.head(key)).etag
         lease_a = a.held_leases.get(key)

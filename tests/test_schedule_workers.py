@@ -65,9 +65,11 @@ class Reader:
             self.seen += messages
 
 
-# On a local directory only for now: on SeaweedFS a tick of the window failed to arrive within
-# 120 s, in one run of three, even run alone (not understood yet: under investigation).
-@pytest.mark.parametrize("backend", ["filesystem"])
+# A tick is lost if its winner dies before publishing and both runners that would publish it
+# for the winner are gone by then: one killed as its check came due, the other restarted (and
+# slow to start on a busy machine) after the tick. A runner that starts checks the marked
+# ticks of the catch-up window (it failed so on SeaweedFS, 1 run in 3, before it did).
+@pytest.mark.parametrize("backend", ["filesystem", "s3"])
 async def test_each_tick_fires_once_while_runners_are_killed_and_restarted(
     queue_config: dict[str, Any],
 ) -> None:

@@ -24,7 +24,7 @@ from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.schedule_runner import ScheduleRunner
 from pawn_queue._protocol.schedule_ticks import TickRule, plan
-from pawn_queue._protocol.schedules import Schedule, Schedules
+from pawn_queue._protocol.schedules import Schedule, Schedules, tick_iso
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.metrics import QueueMetrics
 from pawn_queue.observe import Observer
@@ -264,6 +264,31 @@ async def test_a_winner_that_crashed_before_publishing_is_covered(hosts: Hosts) 
     assert dict(hosts.published.ids) == {}
     await run([runner], hosts.timeline, 5, 0.5)  # past the grace: published for the winner
     assert [len(ids) for ids in hosts.published.ids.values()] == [1]
+
+
+async def test_a_runner_that_starts_covers_a_crashed_winner_whose_losers_stopped(
+    hosts: Hosts,
+) -> None:
+    """The winner of a tick crashed before publishing, and the runners that lost to it (and
+    would have published it) stopped too: a runner that starts then, after the tick's
+    marker, looks at it as they would have, and publishes it; the ticks before, published,
+    are not published again."""
+    first = await hosts.runner()
+    await create(hosts, cron=None, every=5.0)
+    await run([first], hosts.timeline, 20, 0.5)
+    published = dict(hosts.published.ids)
+    assert len(published) == 4
+    tick = max(datetime.fromisoformat(t) for t in published) + timedelta(seconds=5)
+    await hosts.store.put(layout.schedule_tick_key("tick", tick), b'{"runner":"gone"}', "create")
+    # Every runner stopped; one starts a second after the tick, past its marker.
+    hosts.timeline.elapsed = (tick - hosts.timeline.start).total_seconds() + 1
+    second = await hosts.runner()
+    await run([second], hosts.timeline, 0.5, 0.5)
+    assert dict(hosts.published.ids) == published  # the winner has its grace
+    await run([second], hosts.timeline, 2.5, 0.5)  # past the grace: published for it
+    assert sorted(hosts.published.ids) == sorted([*published, tick_iso(tick)])
+    assert all(len(ids) == 1 for ids in hosts.published.ids.values())
+    assert hosts.published.calls == len(published) + 1
 
 
 # -- requests per tick, and what the runners report ------------------------------------------

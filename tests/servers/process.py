@@ -156,10 +156,11 @@ def _npm_binary(name: str) -> str:
 
 
 def start_moto(workdir: Path) -> LoopbackServer:
-    """moto's server: AWS's documented S3 answers (any credentials)."""
+    """moto's server: AWS's documented S3 answers (any credentials), one request at a time
+    (:mod:`tests.servers.moto_serialized`: its conditional writes are atomic only so)."""
     port = free_port()
-    moto = Path(sys.executable).parent / "moto_server"
-    args = [str(moto), "-H", "127.0.0.1", "-p", str(port)]
+    launcher = Path(__file__).with_name("moto_serialized.py")
+    args = [sys.executable, str(launcher), "127.0.0.1", str(port)]
     return LoopbackServer.start(
         "moto", args, port, workdir, access_key="moto-key", secret_key="moto-secret"
     )

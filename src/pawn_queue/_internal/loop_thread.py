@@ -25,10 +25,19 @@ class Call(Generic[T]):
     def __init__(self) -> None:
         self.future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self.task: asyncio.Task[T] | None = None
+        self._stop_asked = False  # touched on the loop thread only
 
     def cancel(self) -> None:
         if self.task is not None:
             self.task.cancel()
+
+    def cancel_once(self) -> None:
+        """Cancel, unless this was asked before: a graceful stop asked twice (by a handler
+        that sets its listener's stop event, and by the thread that waits on that event) is
+        one cancel, where a second would cut the listener's grace short."""
+        if not self._stop_asked:
+            self._stop_asked = True
+            self.cancel()
 
 
 class LoopThread:
@@ -78,18 +87,20 @@ class LoopThread:
             self.cancel(call)  # Ctrl-C: cancel on the loop and wait for the cleanup
             raise
 
-    def cancel(self, call: Call[Any]) -> None:
-        """Cancel ``call`` unless it is over, and wait until it is (its cleanup has run)."""
-        self.cancel_soon(call)
+    def cancel(self, call: Call[Any], *, once: bool = False) -> None:
+        """Cancel ``call`` unless it is over, and wait until it is (its cleanup has run).
+        With ``once``, a graceful stop: no cancel if one was asked with ``once`` before."""
+        self.cancel_soon(call, once=once)
         concurrent.futures.wait([call.future])
 
-    def cancel_soon(self, call: Call[Any]) -> None:
-        """Ask the loop to cancel ``call`` (unless it is over), without waiting."""
+    def cancel_soon(self, call: Call[Any], *, once: bool = False) -> None:
+        """Ask the loop to cancel ``call`` (unless it is over), without waiting; ``once`` as
+        for :meth:`cancel`."""
         if call.future.done():
             return
         assert self._loop is not None
         with contextlib.suppress(RuntimeError):  # loop closed: every call is already over
-            self._loop.call_soon_threadsafe(call.cancel)
+            self._loop.call_soon_threadsafe(call.cancel_once if once else call.cancel)
 
     async def cancel_calls(self) -> None:
         """Cancel the running calls but this one (and settlements) and wait for them."""

@@ -8,31 +8,25 @@ than a poll's worth.
 
 Once it met a competitor, a consumer works one lane (:mod:`~pawn_queue._protocol.lanes`), so
 competing consumers seldom race for the same message, with no coordination. Claims run concurrently;
-stragglers are not waited for long (their messages are kept for the next poll).
+stragglers are not waited for long: their messages, and those won behind them, are kept for the
+next poll, in listing order, so a slow claim does not let later messages overtake it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from datetime import datetime
 from functools import partial
 from typing import Any
 
 from pawn_queue._internal.aio import IO_CONCURRENCY
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.delivery import ClaimedObject, Message
-from pawn_queue._protocol.envelope import (
-    CorruptObject,
-    DeadLetterInfo,
-    Envelope,
-    decode_pending,
-    encode_unreadable,
-)
-from pawn_queue._protocol.expiry import past_retention, settle_expired
+from pawn_queue._protocol.claimed_reads import ClaimedReader
+from pawn_queue._protocol.delivery import Message
 from pawn_queue._protocol.freshness import ListingMemory, hinted_candidates
 from pawn_queue._protocol.handout import Handout
 from pawn_queue._protocol.lanes import LANE_WIDTH, LANES, Lanes, claims_for
@@ -52,6 +46,19 @@ _REMEMBER_SECONDS = 1.0
 _SWEEP_SECONDS = 600.0  # how often a consumer looks for orphan leases in each topic
 
 
+class _Late:
+    """A claim not answered within a poll's patience (:meth:`Claimer._claim_all`)."""
+
+
+_LATE = _Late()
+# What a claim gave: its messages (None if another consumer won it), its error, or _LATE.
+_Claimed = list[Message] | BaseException | None | _Late
+
+
+def _in_listing_order(message: Message) -> tuple[str, int]:
+    return message._claimed.key, message._index
+
+
 class Claimer:
     """Claims messages for one consumer, holding their leases in ``keeper``. Messages it won
     but could not return at once (late claims, batch members beyond the poll's maximum) wait
@@ -66,16 +73,14 @@ class Claimer:
         handout: Handout,
     ) -> None:
         self._consumer_id = consumer_id
-        self._handout = handout
         self._runtime = runtime
-        self._store = runtime.store
         self._listings = runtime.listings
         self._leases = runtime.leases
-        self._topic_settings = runtime.topics
         self._clock = runtime.clock
         self._visibility = visibility
-        self._keeper = keeper
-        self._buffer: dict[str, deque[Message]] = {}  # topic -> messages for later polls
+        self._reader = ClaimedReader(runtime, keeper, handout)
+        # topic -> messages for later polls, in listing order
+        self._buffer: dict[str, list[Message]] = {}
         self._next_due: datetime | None = None  # first delayed message the last listings saw
         # This poll left candidates unclaimed, or lost a race (a competitor is draining what
         # is there): the next poll should come soon, not after an idle wait for a signal
@@ -87,6 +92,9 @@ class Claimer:
         # Set when a late claim kept messages for the next poll: a consumer waiting for a
         # change signal wakes for it (no signal comes: the message was published before).
         self.arrived = asyncio.Event()
+        # Topics where a claim of this poll is still in flight: nothing later in their
+        # listing is claimed in this poll, or it would overtake that message.
+        self._stalled: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
         self.lanes = Lanes(runtime, visibility)
         self.memory = ListingMemory(runtime.signals, runtime.leases, runtime.clock)
@@ -113,6 +121,7 @@ class Claimer:
         self.candidates_left = False
         self.claim_failed = False
         self.arrived.clear()
+        self._stalled.clear()
 
     @property
     def buffered_topics(self) -> list[str]:
@@ -125,19 +134,21 @@ class Claimer:
         taken: list[Message] = []
         names: list[str] = [topic] if topic is not None else list(self._buffer)
         for name in names:
-            waiting = self._buffer.get(name)
+            waiting = self._buffer.get(name, [])
             while waiting and len(taken) < wanted:
-                message = waiting.popleft()
+                message = waiting.pop(0)
                 if message.lease_held:
                     taken.append(message)
-            if waiting is not None and not waiting:
-                del self._buffer[name]
+            if not waiting:
+                self._buffer.pop(name, None)
         return taken
 
     def keep(self, messages: Iterable[Message]) -> None:
-        """Hand ``messages`` out with the next polls."""
+        """Hand ``messages`` out with the next polls, in listing order (FIFO)."""
         for message in messages:
-            self._buffer.setdefault(message.queue, deque()).append(message)
+            bisect.insort(
+                self._buffer.setdefault(message.queue, []), message, key=_in_listing_order
+            )
 
     async def close(self) -> None:
         """Let claims still in flight finish (their leases are then held) and drop what was
@@ -167,12 +178,12 @@ class Claimer:
                 self._met_competitor(topic)
             elif rest:
                 self._remembered[topic] = (rest, until)
-            if len(claimed) >= wanted or conflicts:
+            if len(claimed) >= wanted or conflicts or topic in self._stalled:
                 return claimed
         hinted = self._runtime.signals.take_hints(topic)
         if hinted and watched:  # unwatched, the listing below finds them
             claimed += await self._claim_hinted(topic, hinted, wanted - len(claimed))
-            if len(claimed) >= wanted:
+            if len(claimed) >= wanted or topic in self._stalled:
                 return claimed
         if watched and self.memory.may_skip(topic):
             if topic in self._with_messages:
@@ -218,7 +229,7 @@ class Claimer:
         # a few polls in every lane. Not wider: every key of a page costs CPU to look at.
         width = LANES * LANE_WIDTH if contended else 2
         page_size = min(layout.LIST_PAGE, max(_MIN_PAGE, wanted * width))
-        while len(claimed) < wanted:
+        while len(claimed) < wanted and topic not in self._stalled:
             page = await self._listings.page(topic, start_after, page_size, join=shared)
             pages.append(page)
             if page:
@@ -281,15 +292,24 @@ class Claimer:
         conflicts = 0
         contended = self.lanes.contended(topic)
         # After a lost race, stop: the competitor is likely claiming the same candidates.
+        # After a straggler, too: what comes next in the listing would overtake it.
         while candidates and len(claimed) < wanted and not conflicts:
+            if topic in self._stalled:
+                break
             take = 1 if probe else wanted - len(claimed)
             if contended:
                 take = claims_for(candidates, take)
             chunk, candidates = candidates[:take], candidates[take:]
             results = await self._claim_all(topic, chunk)
             for result in results:
-                if isinstance(result, list):
-                    claimed += result
+                if result is _LATE:
+                    self._stalled.add(topic)
+                elif isinstance(result, list):
+                    if topic in self._stalled:  # won behind a straggler: kept for later
+                        self.keep(result)
+                        self.arrived.set()  # the next poll hands them out, signal or not
+                    else:
+                        claimed += result
                 elif result is None:
                     conflicts += 1
                 elif isinstance(result, asyncio.CancelledError):
@@ -304,10 +324,11 @@ class Claimer:
 
     async def _claim_all(
         self, topic: str, chunk: list[tuple[layout.PendingKey, str]]
-    ) -> list[list[Message] | BaseException | None]:
+    ) -> list[_Claimed]:
         """Claim concurrently, then read what was won. Stragglers are not waited for long:
         some stores answer the losers of a claim race only after a second or two. A
-        straggler that wins later is read in the background into the buffer (next poll)."""
+        straggler that wins later is read in the background into the buffer (next poll),
+        where it goes before what was won behind it (:meth:`keep`)."""
         # A candidate another consumer of this process took since the listing is skipped:
         # it is no lost race.
         chunk = [(p, k) for p, k in chunk if self._leases.reserve(topic, p.lease_id(), k)]
@@ -341,19 +362,20 @@ class Claimer:
                     late = asyncio.create_task(self._read_late(claim, topic, pending, key))
                     self._background.add(late)
                     late.add_done_callback(self._background.discard)
-        results: list[list[Message] | BaseException | None] = []
-        reads = []
-        for claim, (pending, key) in claims.items():  # in listing order: FIFO
+        # In listing order (FIFO); a claim not answered yet is _LATE, read in the background.
+        outcomes: list[_Claimed | Coroutine[Any, Any, list[Message] | None]] = []
+        for claim, (pending, key) in claims.items():
             if claim not in done:
-                continue
-            if claim.exception() is not None:
-                results.append(claim.exception())
+                outcomes.append(_LATE)
+            elif claim.exception() is not None:
+                outcomes.append(claim.exception())
             elif (lease := claim.result()) is None:
-                results.append(None)
+                outcomes.append(None)
             else:
-                reads.append(self._read(topic, pending, key, lease))
-        results += await asyncio.gather(*reads, return_exceptions=True)
-        return results
+                outcomes.append(self._reader.read(topic, pending, key, lease))
+        reads = [o for o in outcomes if asyncio.iscoroutine(o)]
+        read = iter(await asyncio.gather(*reads, return_exceptions=True))
+        return [next(read) if asyncio.iscoroutine(o) else o for o in outcomes]
 
     async def _claim_lease(self, topic: str, pending: layout.PendingKey, key: str) -> Lease | None:
         """The lease on a message, batch or group message; None if someone else has it."""
@@ -377,7 +399,7 @@ class Claimer:
         try:
             lease = await claim
             if lease is not None:
-                self.keep(await self._read(topic, pending, key, lease) or [])
+                self.keep(await self._reader.read(topic, pending, key, lease) or [])
                 self.arrived.set()
         except StoreError as exc:
             logger.warning("claim failed topic=%s error=%s", topic, exc)
@@ -406,93 +428,3 @@ class Claimer:
         """Another consumer won a claim here: move lanes, and forget the listing."""
         self.lanes.met_competitor(topic)
         self._remembered.pop(topic, None)
-
-    async def _read(
-        self, topic: str, pending: layout.PendingKey, key: str, lease: Lease
-    ) -> list[Message] | None:
-        """Read a claimed object into messages; None if another consumer just settled it."""
-        is_batch = pending.kind == "batch"
-        object_id = pending.object_id
-        obj = await self._leases.read_claimed(lease, lambda: self._store.get(key))
-        if obj is None:
-            return None  # acked by another consumer while we claimed
-        try:
-            envelopes = decode_pending(obj.data, topic, object_id, batch=is_batch)
-        except CorruptObject as exc:
-            await self._quarantine(topic, object_id, key, obj.data, str(exc), lease)
-            return []
-        if lease.settled.issuperset(range(len(envelopes))):
-            # Its holder settled every member but did not get to delete it (a crash, a
-            # failed delete): finish that.
-            await self._remove(key, lease)
-            return []
-        settings = await self._topic_settings.settings(topic)
-        # A batch member requeued alone brings its receives with it (prior_receives).
-        received = lease.body.receive_count + max(
-            (e.prior_receives for i, e in enumerate(envelopes) if i not in lease.settled),
-            default=0,
-        )
-        if settings.max_receive_count and received > settings.max_receive_count:
-            # Received too often: dead-letter whatever is left of it instead of delivering.
-            error = f"received {received} times; the topic allows {settings.max_receive_count}"
-            await self._dead_letter_all(key, lease, envelopes, "max_receive_count", error)
-            return []
-        retention = settings.retention_seconds
-        if retention and past_retention(key, retention, self._clock()):
-            error = f"not consumed within the topic's retention of {settings.retention_seconds}s"
-            if settings.retention_action == "dead_letter":
-                await self._dead_letter_all(key, lease, envelopes, "retention", error)
-            else:
-                await self._remove(key, lease)
-                logger.info("expired message key=%s %s", key, error)
-            return []
-        claimed = ClaimedObject(
-            key, lease, len(envelopes), self._runtime, self._keeper, self._handout
-        )
-        now = self._clock()
-        messages = []
-        for index, envelope in enumerate(envelopes):
-            if index in lease.settled:
-                continue
-            message = Message(envelope, claimed, index)
-            if envelope.expires_at is not None and envelope.expired(now):
-                await settle_expired(message, settings.retention_action)
-            else:
-                messages.append(message)
-        if messages:
-            self._keeper.hold(lease)
-        return messages
-
-    async def _remove(self, key: str, lease: Lease) -> None:
-        """Delete a claimed object, then its lease (rule 4). If the object's delete fails,
-        it stays claimed until its lease expires, and is looked at again."""
-        await self._leases.settle(lease, key)
-
-    async def _dead_letter_all(
-        self, key: str, lease: Lease, envelopes: list[Envelope], reason: str, error: str
-    ) -> None:
-        claimed = ClaimedObject(
-            key, lease, len(envelopes), self._runtime, self._keeper, self._handout
-        )
-        for index, envelope in enumerate(envelopes):
-            if index not in lease.settled:
-                await Message(envelope, claimed, index).dead_letter(reason, error)
-        logger.warning("dead-lettered key=%s reason=%s %s", key, reason, error)
-
-    async def _quarantine(
-        self, topic: str, object_id: str, key: str, data: bytes, error: str, lease: Lease
-    ) -> None:
-        """Move an unreadable object to dead letter instead of blocking the topic."""
-        await self._store.put(
-            layout.dead_letter_key(topic, object_id),
-            encode_unreadable(
-                object_id,
-                topic,
-                data,
-                DeadLetterInfo("corrupt", error, self._clock().isoformat(), key),
-            ),
-        )
-        await self._remove(key, lease)
-        logger.warning("quarantined corrupt object key=%s error=%s", key, error)
-        if self._runtime.observers:
-            self._runtime.observers.quarantined(topic, key, error)

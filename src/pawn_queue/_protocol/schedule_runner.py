@@ -4,6 +4,8 @@ runners, once each (docs/concepts/schedules.md).
 A runner fires a tick by creating its marker (create-only): of all runners, exactly one
 create succeeds, and that runner publishes. A runner that lost (or could not tell) looks
 again ``GRACE_SECONDS`` later and publishes with the same dedup id if the winner did not.
+A runner that starts looks so at the ticks of the catch-up window that have a marker: the
+runners that lost them, which would have looked, may have stopped since.
 
 The queue's observers hear of each tick this runner published (``schedule_fired``, with how
 late) and of the missed ticks it recorded in a marker (``schedule_missed``): across runners,
@@ -161,23 +163,34 @@ class ScheduleRunner:
     async def _adopt(self, schedule: Schedule, etag: str, running: _Running | None) -> None:
         now = self._runtime.clock()
         if running is None:
-            running = _Running(schedule, etag, await self._newest_marker(schedule, now))
+            marked = await self._marked_ticks(schedule, now)
+            running = _Running(schedule, etag, max(marked, default=self._first(schedule, now)))
             self._running[schedule.name] = running
+            late = now - timedelta(seconds=schedule.catch_up_seconds + schedule.jitter_seconds)
+            for tick in marked:
+                if tick >= late:
+                    self._expect(schedule.name, tick, tick)
         elif running.schedule.paused and not schedule.paused:
             running.last = max(running.last, now)  # ticks while paused are neither fired nor missed
         running.schedule, running.etag = schedule, etag
         running.next_tick = running.attempt_at = None  # the rule may have changed
 
-    async def _newest_marker(self, schedule: Schedule, now: datetime) -> datetime:
-        """Where this runner starts: the newest tick marker kept, else the schedule's
-        creation (or as far back as markers are kept), so skipped ticks are counted."""
+    async def _marked_ticks(self, schedule: Schedule, now: datetime) -> list[datetime]:
+        """The ticks whose markers are kept: this runner starts after the newest."""
         if schedule.paused:
-            return now
+            return []
         oldest = now - timedelta(seconds=schedule.keep_seconds())
         prefix = layout.schedule_ticks_prefix(schedule.name)
         metas = await self._store.list(prefix, layout.schedule_tick_key(schedule.name, oldest))
-        ticks = [tick for meta in metas if (tick := layout.tick_of(meta.key)) is not None]
-        return max(ticks, default=max(oldest, schedule.created_at))
+        return [tick for meta in metas if (tick := layout.tick_of(meta.key)) is not None]
+
+    @staticmethod
+    def _first(schedule: Schedule, now: datetime) -> datetime:
+        """Where a runner that finds no marker starts: now if paused, else the schedule's
+        creation (or as far back as markers are kept), so skipped ticks are counted."""
+        if schedule.paused:
+            return now
+        return max(now - timedelta(seconds=schedule.keep_seconds()), schedule.created_at)
 
     async def step(self) -> float:
         """Fire (or count as missed) the ticks due now and look at the ticks other runners

@@ -178,7 +178,7 @@ class Consumer:
                     if stop is not None and stop.is_set():
                         # Stopped by its own handler: the stop begins before this handler's
                         # message is looked at, so an unsettled one is released at once.
-                        runner.cancel_soon(listening[0])
+                        runner.cancel_soon(listening[0], once=True)
 
             return run
 
@@ -226,7 +226,7 @@ def run_until_stopped(runner: LoopThread, call: Call[None], stop: threading.Even
             if stop is None or not stop.is_set():
                 call.future.result()
                 return
-            runner.cancel(call)
+            runner.cancel(call, once=True)  # a handler that set ``stop`` may have asked too
     except BaseException:
         with sigterm_raises():
             runner.cancel(call)
