@@ -165,9 +165,11 @@ bench-idle: $(STAMP)
 	$(PY) -m bench.cost.idle
 
 # Limits across 4 processes on a local directory (~6 min): concurrency_limit("api", 3) against
-# 3 handlers' worth, rate_limit("api", "20/s") against 20 a second, requests per use.
+# 3 handlers' worth, rate_limit("api", "20/s") against 20 a second, requests per use; then a
+# rate limit against the store's latency, in one process (~2 min).
 bench-limits: $(STAMP)
 	$(PY) -m bench.handlers.limits
+	$(PY) -m bench.handlers.rate_latency
 
 # Batch handlers (listen(batch=100)) against per-message listen() on batch objects of 100, memory and SeaweedFS.
 bench-batch-handlers: $(STAMP)

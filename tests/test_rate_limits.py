@@ -3,7 +3,7 @@
 no more permits than the rate allows in any span, a permit never twice; timeouts; bad values
 refused before any request; a ring of at most 16 keys per name; the blocking twin; and
 ``listen(max_in_flight=, rate_limit=)`` across two consumers of one topic, with the App's
-and the worker's ways of giving them. Worker processes: tests/test_rate_limit_processes.py."""
+and the worker's ways of giving them. Worker processes: tests/cli/test_worker.py."""
 
 from __future__ import annotations
 
@@ -139,6 +139,39 @@ async def test_a_permit_due_once_its_chunk_is_won_is_not_a_timeout() -> None:
         for _ in range(3):  # each won in 0.4 s or more, its first permit due by then
             async with pq.rate_limit("slow", "20/s", timeout=0):
                 pass
+
+
+class FirstWritesSlow(StoreWrapper):
+    """The first two writes of a rate's keys take a second: its first chunks are won late."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.slow = 2
+
+    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
+        if call.operation == "put" and call.key.startswith("_rates/") and self.slow > 0:
+            self.slow -= 1
+            await asyncio.sleep(1.0)
+        return await run()
+
+
+async def test_chunks_won_late_do_not_burst() -> None:
+    """Two queues whose first chunks are won a second late: those permits are dropped, not
+    used at once on top of the ones due then (which gave 30 in one second at 20/s)."""
+    store = FirstWritesSlow(MemoryStore())
+    config = PawnQueueConfig.from_url("memory://")
+    entered: list[float] = []
+
+    async def take(queue: PawnQueue) -> None:
+        for _ in range(10):
+            async with queue.rate_limit("api", f"{RATE}/s"):
+                entered.append(time.monotonic())
+
+    async with PawnQueue(config, store=store) as a, PawnQueue(config, store=store) as b:
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(take(q) for q in (a, b) for _ in range(2)))
+    assert store.slow == 0
+    assert most_in_any_second(entered) <= RATE + CHUNK
 
 
 async def test_refused_on_a_store_without_conditional_writes() -> None:

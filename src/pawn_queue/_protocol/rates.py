@@ -4,10 +4,14 @@ and host on one store (docs/concepts/flow-control.md, "Rate limits").
 Permit ``i`` of a rate is due at ``i * per / count`` seconds after the epoch, so permits
 come evenly spaced. They are handed out in *chunks* of consecutive permits, about a quarter
 second's worth (:func:`chunk_size`); each chunk is won once, by one process, with a
-conditional write, and that process alone uses its permits, each at its time (or at once if
-its time has passed when the chunk is won; a chunk left unused past its span is dropped). A
-chunk is never won twice, so however many processes take part, and whatever their clocks
-say, no more than ``count`` permits are due in any ``per`` seconds.
+conditional write, and that process alone uses its permits, each at its time or up to a
+chunk's span later, never later (a stalled process does not burst). A process that uses its
+chunk wins the next one while it does (in the background, once half of it is used), so a
+request's latency does not hold its takers up at each chunk's end; it aims past the time a
+win usually takes there, so what it wins is not late already (a slow store skips chunks:
+fewer permits, never a burst). A chunk is never won twice, so however many processes take
+part, and whatever their clocks say, no more than ``count`` permits are due in any ``per``
+seconds, and at most ``count`` plus a chunk are used.
 
 The chunks live in a ring of :data:`RING` keys per name, ``_rates/{name}/{k}.json``: chunk
 ``j`` is won by writing ``{"chunk": j, "rate": "20/1s"}`` over key ``j % RING`` while it
@@ -32,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from pawn_queue._internal.aio import Background
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.lease_protocol import bounded, nonce
 from pawn_queue.exceptions import (
@@ -40,6 +45,7 @@ from pawn_queue.exceptions import (
     LimitTimeoutError,
     NotFound,
     PreconditionFailed,
+    StoreError,
     StoreUnavailable,
 )
 from pawn_queue.store.base import IfMatch, PutMode, Store
@@ -112,26 +118,66 @@ class _Seen:
 
 
 @dataclass
+class _Chunk:
+    """The permits of a chunk this process won: ``next`` up to ``end``."""
+
+    next: int
+    end: int
+
+
+@dataclass
 class _Name:
     """What this process knows of one rate name."""
 
     rate: Rate
     size: int
-    next: int = 0  # the next permit to hand out, of the chunk won last
-    end: int = 0  # the first permit past that chunk
-    won_at: float = 0.0  # time.monotonic() when it was won
+    current: _Chunk | None = None  # the chunk whose permits are handed out
+    ahead: _Chunk | None = None  # the next one, won before it was needed
     last_won: int = -1
+    prefetching: bool = False
+    claim_seconds: float = 0.0  # how long winning a chunk takes here (a moving average)
     seen: dict[int, _Seen] = field(default_factory=dict)  # by ring key
     claiming: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def span(self) -> float:
+        """A chunk's seconds."""
+        return self.size * self.rate.spacing
+
+    def chunk(self, index: int) -> _Chunk:
+        """The permits of chunk ``index``."""
+        return _Chunk(index * self.size, (index + 1) * self.size)
+
+    def permit(self, now: float) -> int | None:
+        """The next permit held here, None if none: those too late to use are dropped, and
+        the chunk won ahead follows the current one once that is spent. A permit may be
+        used up to a chunk's span after its time, not later."""
+        while True:
+            chunk = self.current
+            if chunk is not None:
+                usable = math.ceil((now - self.span) / self.rate.spacing)
+                chunk.next = max(chunk.next, usable)
+                if chunk.next < chunk.end:
+                    return chunk.next
+            self.current, self.ahead = self.ahead, None
+            if self.current is None:
+                return None
 
 
 class Rates:
     """The rate limits of one queue: hands out permits, winning chunks as they run out."""
 
-    def __init__(self, store: Store, clock: Callable[[], datetime], request_seconds: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], datetime],
+        request_seconds: float,
+        background: Background,
+    ) -> None:
         self._store = store
         self._clock = clock
         self._request_seconds = request_seconds
+        self._background = background
         self._names: dict[str, _Name] = {}
 
     async def acquire(self, name: str, rate: Rate, within: float | None) -> None:
@@ -143,19 +189,19 @@ class Rates:
         deadline = None if within is None else time.monotonic() + within
         pause, failing_since = 0.05, None
         while True:
-            due = state.next * rate.spacing - self._now()
-            span = state.size * rate.spacing
-            if due < -span and time.monotonic() - state.won_at > span:
-                state.next = state.end  # a chunk left unused past its span: not used late
-            if state.next < state.end:
+            now = self._now()
+            permit = state.permit(now)
+            if permit is not None and state.current is not None:
+                due = permit * rate.spacing - now
                 if due > 0 and deadline is not None and time.monotonic() + due > deadline:
                     raise self._timeout(name, rate, within)
-                state.next += 1
+                state.current.next += 1
+                self._maybe_prefetch(name, state, state.current)
                 if due > 0:
                     await asyncio.sleep(due)
                 return
             async with state.claiming:
-                if state.next < state.end:
+                if state.permit(self._now()) is not None:
                     continue  # another waiter here won a chunk meanwhile
                 try:
                     wait = await self._claim(name, state)
@@ -191,17 +237,55 @@ class Rates:
     async def _claim(self, name: str, state: _Name) -> float | None:
         """Win the first chunk from the current one on that is not known taken; None once
         one is won, else how long until the next chunk starts."""
-        chunk_seconds = state.size * state.rate.spacing
-        current = math.floor(self._now() / chunk_seconds)
-        for chunk in range(max(current, state.last_won + 1), current + LOOKAHEAD + 1):
-            known = state.seen.get(chunk % RING)
-            if known is not None and known.chunk >= chunk:
-                continue
-            if await self._win(name, state, chunk):
-                state.last_won, state.won_at = chunk, time.monotonic()
-                state.next, state.end = chunk * state.size, (chunk + 1) * state.size
-                return None
-        return (current + 1) * chunk_seconds - self._now()
+        began = self._now()
+        current = math.floor(began / state.span)
+        chunk = await self._win_first(name, state, max(current, state.last_won + 1))
+        if chunk is None:
+            return (current + 1) * state.span - self._now()
+        state.current = state.chunk(chunk)
+        return None
+
+    def _maybe_prefetch(self, name: str, state: _Name, chunk: _Chunk) -> None:
+        """Once half of ``chunk`` is used, win the next one in the background."""
+        used = chunk.next - (chunk.end - state.size)
+        if state.size > 1 and used * 2 >= state.size and not (state.ahead or state.prefetching):
+            state.prefetching = True
+            self._background.start(self._prefetch(name, state, chunk))
+
+    async def _prefetch(self, name: str, state: _Name, chunk: _Chunk) -> None:
+        try:
+            async with state.claiming:
+                if state.ahead is not None or state.current is not chunk:
+                    return  # a waiter here won one meanwhile
+                after = chunk.end // state.size
+                won = await self._win_first(name, state, max(after, state.last_won + 1))
+                if won is not None:
+                    state.ahead = state.chunk(won)
+        except StoreError as exc:  # the next waiter wins one when it needs it
+            logger.info("rate limit: winning a chunk ahead failed name=%s error=%s", name, exc)
+        finally:
+            state.prefetching = False
+
+    async def _win_first(self, name: str, state: _Name, first: int) -> int | None:
+        """The first chunk from ``first`` on, up to :data:`LOOKAHEAD` past the current one,
+        that this process wins; None if none is free."""
+        began = self._now()
+        current = math.floor(began / state.span)
+        # Not one whose permits would be late once won: a slow store skips chunks, so its
+        # processes use fewer permits rather than many at once.
+        first = max(first, math.floor((began + state.claim_seconds) / state.span))
+        try:
+            for chunk in range(first, current + LOOKAHEAD + 1):
+                known = state.seen.get(chunk % RING)
+                if known is not None and known.chunk >= chunk:
+                    continue
+                if await self._win(name, state, chunk):
+                    state.last_won = chunk
+                    return chunk
+            return None
+        finally:
+            took = self._now() - began
+            state.claim_seconds = 0.7 * state.claim_seconds + 0.3 * took
 
     async def _win(self, name: str, state: _Name, chunk: int) -> bool:
         """Write ``chunk`` over its ring key while that holds an older chunk: whether it is

@@ -111,7 +111,7 @@ async def open_runtime(
         dedup_sweeper=MarkerSweeper(store, background, clock, leases.margin),
         retained_sweeper=RetainedSweeper(store, background, clock, leases.margin),
         limits=Limits(store, leases, config.polling),
-        rates=Rates(store, clock, request_seconds),
+        rates=Rates(store, clock, request_seconds, background),
         pauses=Pauses(store, clock, request_seconds),
         observers=observers,
         background=background,
