@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -93,8 +94,11 @@ def test_write_errors(spark: SparkSession, fs_queue: SparkQueue) -> None:
         ).option("topic", "out").mode("append").save()
 
 
-def _fail_midway(markers: Path, at: int, attempts: int = 1):  # type: ignore[no-untyped-def]
-    """A UDF that fails at row ``at`` in the first ``attempts`` task attempts, once each."""
+def _fail_midway(  # type: ignore[no-untyped-def]
+    markers: Path, at: int, attempts: int = 1, after_objects_in: Path | None = None
+):
+    """A UDF that fails at row ``at`` in the first ``attempts`` task attempts, once each;
+    with ``after_objects_in``, only once a batch object is there (another task wrote it)."""
 
     def identity(n):  # no type hints: they would make it a pandas UDF
         context = TaskContext.get()
@@ -104,6 +108,11 @@ def _fail_midway(markers: Path, at: int, attempts: int = 1):  # type: ignore[no-
                 os.close(os.open(markers / f"failed-{attempt}", os.O_CREAT | os.O_EXCL))
             except FileExistsError:
                 return n
+            deadline = time.monotonic() + 120
+            while after_objects_in is not None and time.monotonic() < deadline:
+                if next(after_objects_in.rglob("*.batch"), None) is not None:
+                    break
+                time.sleep(0.1)  # another process writes them: nothing here to wait on
             raise RuntimeError("injected failure after some objects were written")
         return n
 
@@ -137,7 +146,10 @@ def test_stream_write_failed_batch_and_rerun_of_committed_batch(
 
     def run(attempts_failing: int) -> None:
         df = spark.readStream.schema("n long").json(str(source / "*"))
-        n = _fail_midway(tmp_path, 250, attempts_failing)("n").alias("n")
+        # The other task's objects land before the failure: on a busy machine the job's
+        # abort could otherwise cancel that task before it wrote any.
+        fail = _fail_midway(tmp_path, 250, attempts_failing, after_objects_in=fs_queue.tmp)
+        n = fail("n").alias("n")
         query = (
             df.select(functions.to_json(functions.struct(n)).alias("payload"))
             .writeStream.format("pawnqueue")
