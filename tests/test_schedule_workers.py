@@ -5,8 +5,8 @@ and its publish is published by a runner that lost it, 10 s later).
 
 The runners are ``tests/workers/schedule_worker.py`` (``run_schedules()`` in a process of its
 own); ``pawn-queue worker --processes 2`` running an App's schedule is
-tests/cli/test_worker_schedules.py. On a local directory; the scenario takes 60 s by
-nature. And a pause and a resume given through the API reach a runner
+tests/cli/test_worker_schedules.py. On a local directory and on S3 (SeaweedFS); the
+scenario takes 60 s by nature. And a pause and a resume given through the API reach a runner
 process.
 """
 

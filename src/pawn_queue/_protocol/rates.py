@@ -148,17 +148,17 @@ class _Name:
         """The permits of chunk ``index``."""
         return _Chunk(index * self.size, (index + 1) * self.size)
 
-    def permit(self, now: float) -> int | None:
-        """The next permit held here, None if none: those too late to use are dropped, and
-        the chunk won ahead follows the current one once that is spent. A permit may be
-        used up to a chunk's span after its time, not later."""
+    def holding(self, now: float) -> _Chunk | None:
+        """The chunk whose ``next`` permit is the next held here, None if none: permits too
+        late to use are dropped, and the chunk won ahead follows the current one once that
+        is spent. A permit may be used up to a chunk's span after its time, not later."""
         while True:
             chunk = self.current
             if chunk is not None:
                 usable = math.ceil((now - self.span) / self.rate.spacing)
                 chunk.next = max(chunk.next, usable)
                 if chunk.next < chunk.end:
-                    return chunk.next
+                    return chunk
             self.current, self.ahead = self.ahead, None
             if self.current is None:
                 return None
@@ -190,18 +190,18 @@ class Rates:
         pause, failing_since = 0.05, None
         while True:
             now = self._now()
-            permit = state.permit(now)
-            if permit is not None and state.current is not None:
-                due = permit * rate.spacing - now
+            chunk = state.holding(now)
+            if chunk is not None:
+                due = chunk.next * rate.spacing - now
                 if due > 0 and deadline is not None and time.monotonic() + due > deadline:
                     raise self._timeout(name, rate, within)
-                state.current.next += 1
-                self._maybe_prefetch(name, state, state.current)
+                chunk.next += 1
+                self._maybe_prefetch(name, state, chunk)
                 if due > 0:
                     await asyncio.sleep(due)
                 return
             async with state.claiming:
-                if state.permit(self._now()) is not None:
+                if state.holding(self._now()) is not None:
                     continue  # another waiter here won a chunk meanwhile
                 try:
                     wait = await self._claim(name, state)

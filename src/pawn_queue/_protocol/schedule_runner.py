@@ -163,8 +163,10 @@ class ScheduleRunner:
     async def _adopt(self, schedule: Schedule, etag: str, running: _Running | None) -> None:
         now = self._runtime.clock()
         if running is None:
-            marked = await self._marked_ticks(schedule, now)
-            running = _Running(schedule, etag, max(marked, default=self._first(schedule, now)))
+            # Paused, it starts now: ticks while paused are neither fired nor missed.
+            marked = [] if schedule.paused else await self._marked_ticks(schedule, now)
+            first = now if schedule.paused else self._first(schedule, now)
+            running = _Running(schedule, etag, max(marked, default=first))
             self._running[schedule.name] = running
             late = now - timedelta(seconds=schedule.catch_up_seconds + schedule.jitter_seconds)
             for tick in marked:
@@ -177,8 +179,6 @@ class ScheduleRunner:
 
     async def _marked_ticks(self, schedule: Schedule, now: datetime) -> list[datetime]:
         """The ticks whose markers are kept: this runner starts after the newest."""
-        if schedule.paused:
-            return []
         oldest = now - timedelta(seconds=schedule.keep_seconds())
         prefix = layout.schedule_ticks_prefix(schedule.name)
         metas = await self._store.list(prefix, layout.schedule_tick_key(schedule.name, oldest))
@@ -186,10 +186,8 @@ class ScheduleRunner:
 
     @staticmethod
     def _first(schedule: Schedule, now: datetime) -> datetime:
-        """Where a runner that finds no marker starts: now if paused, else the schedule's
-        creation (or as far back as markers are kept), so skipped ticks are counted."""
-        if schedule.paused:
-            return now
+        """Where a runner that finds no marker starts: the schedule's creation (or as far
+        back as markers are kept), so skipped ticks are counted."""
         return max(now - timedelta(seconds=schedule.keep_seconds()), schedule.created_at)
 
     async def step(self) -> float:
