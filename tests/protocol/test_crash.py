@@ -59,7 +59,9 @@ async def test_killed_consumer_messages_are_redelivered(
             assert process.stdout is not None
             line = await asyncio.wait_for(process.stdout.readline(), 60)
             held = json.loads(line)
-            assert len(held) == 10 and set(held) <= set(published)
+            # At least 10: a poll that met a slow claim returns fewer and the next one up to
+            # a poll's worth more, so the holder may end with more than it asked for.
+            assert len(held) >= 10 and set(held) <= set(published)
         finally:  # the scenario's kill, and no orphan if the test failed before it
             os.kill(process.pid, signal.SIGKILL)
             await process.wait()
