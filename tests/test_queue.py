@@ -320,6 +320,45 @@ async def test_a_claim_that_wins_after_its_poll_returned_wakes_the_waiting_poll(
         await message.ack()
 
 
+@conditional  # under csprng_verify a held claim fails within its poll: no straggler
+async def test_what_was_won_behind_a_claim_still_in_flight_waits_for_it(
+    queue_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FIFO across polls: while a claim that missed its poll's patience is still in flight,
+    no later poll hands out what comes after it in the topic (a poll that began before the
+    straggler answered used to); once it lands, all come in publish order."""
+    config = load_config(queue_config)
+    faulty = FaultyStore(open_store(config))
+    async with PawnQueue(config, store=faulty) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        published = [await producer.publish("t", {"n": n}) for n in range(4)]
+        consumer = await pq.register_consumer("c", topics=["t"])
+        release = asyncio.Event()
+
+        async def straggler(operation: str, key: str) -> None:
+            if operation == "put" and key == lease_key("t", published[0]):
+                await release.wait()
+
+        polls = 0
+        poll_once = consumer._poll_once
+
+        async def counted(*args: Any, **kwargs: Any) -> list[Message]:
+            nonlocal polls
+            messages = await poll_once(*args, **kwargs)
+            polls += 1
+            if polls == 2:  # a poll began and ended while the straggler was in flight
+                release.set()
+            return messages
+
+        faulty.hooks.append(straggler)
+        monkeypatch.setattr(consumer, "_poll_once", counted)
+        received = await poll_count(consumer, len(published))
+        assert polls >= 3
+        assert [m.id for m in received] == published
+        await consumer.ack_all(received)
+
+
 async def test_poll_refreshes_leases_and_lost_lease_ack_deletes_nothing(
     queue_config: dict[str, Any],
 ) -> None:

@@ -18,8 +18,10 @@ ACK_ATTEMPTS = 3
 
 async def settled(pq: PawnQueue) -> None:
     """Wait for the deletes that follow acks (leases; a finished batch object): they run
-    after ``ack()`` returned. The leases kept as tombstones (S3) are deleted now."""
+    after ``ack()`` returned. The leases kept as tombstones (S3) are deleted now. Then for
+    the change signals still to be written (a nack's dead letter signals its queue)."""
     await pq.runtime.leases.flush_tombstones()  # with the rest of the background work
+    await pq.runtime.signals.marked()
 
 
 async def keys_under(pq: PawnQueue, prefix: str) -> list[str]:

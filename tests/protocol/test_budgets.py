@@ -133,8 +133,10 @@ async def test_poll_of_ten_is_one_list_plus_claims_and_reads(
 async def test_later_polls_claim_what_the_first_listing_found(
     counted: tuple[PawnQueue, CountingStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A slow machine must not outlast the memory between two polls of this test.
+    # A slow machine must not outlast the memory between two polls of this test, nor make
+    # a claim late (a late claim's message comes a poll later: other counts per poll).
     monkeypatch.setattr("pawn_queue._protocol.claiming._REMEMBER_SECONDS", 60.0)
+    monkeypatch.setattr("pawn_queue._protocol.claiming._MIN_PATIENCE_SECONDS", 60.0)
     pq, store = counted
     producer = await pq.register_producer("p")
     published = [await producer.publish("t", {"n": n}) for n in range(25)]

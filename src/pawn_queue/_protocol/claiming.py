@@ -92,9 +92,10 @@ class Claimer:
         # Set when a late claim kept messages for the next poll: a consumer waiting for a
         # change signal wakes for it (no signal comes: the message was published before).
         self.arrived = asyncio.Event()
-        # Topics where a claim of this poll is still in flight: nothing later in their
-        # listing is claimed in this poll, or it would overtake that message.
+        # Topics where a claim is still in flight past its poll's patience: nothing later in
+        # their listing is claimed or handed out until it answers, or it would be overtaken.
         self._stalled: set[str] = set()
+        self._late: dict[str, int] = {}  # topic -> its claims still in flight after their poll
         self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
         self.lanes = Lanes(runtime, visibility)
         self.memory = ListingMemory(runtime.signals, runtime.leases, runtime.clock)
@@ -121,7 +122,7 @@ class Claimer:
         self.candidates_left = False
         self.claim_failed = False
         self.arrived.clear()
-        self._stalled.clear()
+        self._stalled = {topic for topic, late in self._late.items() if late}
 
     @property
     def buffered_topics(self) -> list[str]:
@@ -130,10 +131,12 @@ class Claimer:
 
     def buffered(self, wanted: int, topic: str | None = None) -> list[Message]:
         """Up to ``wanted`` messages kept for this poll (of ``topic``, if given) whose lease
-        is still held, in the order they were kept."""
+        is still held, in listing order; none of a topic whose earlier claim is in flight."""
         taken: list[Message] = []
         names: list[str] = [topic] if topic is not None else list(self._buffer)
         for name in names:
+            if name in self._stalled:
+                continue
             waiting = self._buffer.get(name, [])
             while waiting and len(taken) < wanted:
                 message = waiting.pop(0)
@@ -307,7 +310,8 @@ class Claimer:
                 elif isinstance(result, list):
                     if topic in self._stalled:  # won behind a straggler: kept for later
                         self.keep(result)
-                        self.arrived.set()  # the next poll hands them out, signal or not
+                        if not self._late.get(topic):  # else the straggler's answer wakes it
+                            self.arrived.set()  # the next poll hands them out, signal or not
                     else:
                         claimed += result
                 elif result is None:
@@ -359,6 +363,7 @@ class Claimer:
         finally:
             for claim, (pending, key) in claims.items():
                 if not claim.done():
+                    self._late[topic] = self._late.get(topic, 0) + 1
                     late = asyncio.create_task(self._read_late(claim, topic, pending, key))
                     self._background.add(late)
                     late.add_done_callback(self._background.discard)
@@ -400,12 +405,17 @@ class Claimer:
             lease = await claim
             if lease is not None:
                 self.keep(await self._reader.read(topic, pending, key, lease) or [])
-                self.arrived.set()
         except StoreError as exc:
             logger.warning("claim failed topic=%s error=%s", topic, exc)
             # The listing that found it took it as claimed here: list again, or the message
             # waits for a change signal or the sweep.
             self.memory.forget(topic)
+        finally:
+            self._late[topic] -= 1
+            if not self._late[topic]:
+                del self._late[topic]
+                if topic in self._buffer:  # what was won behind it: the next poll, at once
+                    self.arrived.set()
 
     def _maybe_sweep(self, topic: str) -> None:
         """Now and then, delete orphan leases of ``topic`` in the background."""

@@ -191,6 +191,11 @@ class ChangeSignals:
             for topic in due:
                 self._last_marked[topic] = now
 
+    async def marked(self) -> None:
+        """Return once the signals pending here are written (or given up on)."""
+        while self._marker is not None and not self._marker.done():
+            await asyncio.shield(self._marker)
+
     @property
     def _gap(self) -> float:
         return self._config.check_interval_seconds
