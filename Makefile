@@ -110,8 +110,9 @@ test-servers: ceph $(NPM_DIR)/node_modules/.installed
 # in the output: the workers share one server of each kind on 2 cores, and a lease bound a
 # saturated server misses is the machine's, not the code's; failing again fails. Then the
 # tests marked `alone` (timing-dependent: Spark, s3rver's queue tests, strict order and
-# request counts) run in one process. Every phase runs; any failing fails
-# (docs/development/layout.md).
+# request counts) run in two workers, Spark's in one and the rest in the other (they mostly
+# wait), and what failed there once more in one process. Every phase runs; any failing
+# fails (docs/development/layout.md).
 PYTEST_WORKERS ?= 3
 PYTEST := PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
 pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
@@ -121,7 +122,14 @@ pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
 		echo "== failed beside other workers; once more in one process:"; \
 		$(PYTEST) --last-failed --last-failed-no-failures none -m "not alone" -rA; status=$$?; \
 	fi; \
-	$(PYTEST) --durations=10 -m alone || status=1; exit $$status
+	if [ "$(PYTEST_WORKERS)" = 0 ]; then $(PYTEST) --durations=10 -m alone || status=1; else \
+		$(PYTEST) --numprocesses 2 --dist loadgroup --durations=10 -m alone; alone=$$?; \
+		if [ $$alone -eq 1 ]; then \
+			echo "== failed beside the other group; once more in one process:"; \
+			$(PYTEST) --last-failed --last-failed-no-failures none -m alone -rA; alone=$$?; \
+		fi; \
+		[ $$alone -eq 0 ] || status=1; \
+	fi; exit $$status
 
 test: lint typecheck docs-check pytest
 

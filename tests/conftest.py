@@ -70,11 +70,17 @@ def pytest_configure_node(node: Any) -> None:
         node.workerinput[WORKERINPUT_KEY] = shared.workerinput()
 
 
+_SPARK_TESTS = ("tests/spark/", "tests/test_orders_pipeline.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """s3rver's queue tests run alone: without conditional writes its claims are
     csprng_verify's, which hold only while a competing write lands within ``jitter_min_ms``
     (docs/protocol.md, "Strategy csprng_verify"), and a machine saturated by other workers
-    breaks that bound. Its store tests (``tests/store/``) claim nothing and run with the rest."""
+    breaks that bound. Its store tests (``tests/store/``) claim nothing and run with the rest.
+
+    The tests marked ``alone`` form two groups, which ``make pytest`` runs side by side in
+    two workers (``--dist loadgroup``): Spark's, which mostly wait on Spark, and the rest."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if (
@@ -83,6 +89,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             and not item.nodeid.startswith("tests/store/")
         ):
             item.add_marker(pytest.mark.alone)
+        if item.get_closest_marker("alone") is not None:
+            spark = item.nodeid.startswith(_SPARK_TESTS)
+            item.add_marker(pytest.mark.xdist_group("spark" if spark else "timing"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

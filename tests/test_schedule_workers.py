@@ -97,7 +97,17 @@ async def test_each_tick_fires_once_while_runners_are_killed_and_restarted(
                 killed += 1
                 runners[index] = await start_schedule_runner(config)
             # Every tick of the window, an orphaned one 10 s after its winner died.
-            await reader.until(lambda: window <= reader.ticks(), 120)
+            try:
+                await reader.until(lambda: window <= reader.ticks(), 120)
+            except TimeoutError:
+                # Which side lost it: the runners (not in the topic) or the reader.
+                waiting = [
+                    (p.attributes.get("schedule_time"), p.state) for p in await pq.peek("jobs", 100)
+                ]
+                missing = sorted(tick.isoformat() for tick in window - reader.ticks())
+                raise AssertionError(
+                    f"ticks not read: {missing}; in the topic: {waiting}"
+                ) from None
         finally:
             for runner in runners:
                 runner.terminate()

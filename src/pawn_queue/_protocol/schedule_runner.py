@@ -19,7 +19,7 @@ import logging
 import math
 import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from pawn_queue._protocol import layout
@@ -198,7 +198,19 @@ class ScheduleRunner:
             if not running.schedule.paused:
                 await self._advance(running, now)
         while self._checks and self._checks[0].at <= now:
-            await self._check(self._checks.pop(0), now)
+            check = self._checks.pop(0)
+            try:
+                await self._check(check, now)
+            except (PawnQueueError, OSError) as error:
+                # Kept, or the tick would be lost with it: looked at again a second later.
+                logger.warning(
+                    "schedule %r tick %s: %s; looking again in 1 s",
+                    check.name,
+                    tick_iso(check.tick),
+                    error,
+                )
+                self._checks.append(replace(check, at=now + timedelta(seconds=1)))
+                self._checks.sort()
         wakes = [r.attempt_at for r in self._running.values() if r.attempt_at is not None]
         wakes += [check.at for check in self._checks[:1]]
         if not wakes:
