@@ -333,6 +333,37 @@ async def watching_consumer(
         yield here, consumer, await there.register_producer("p")
 
 
+async def test_a_message_whose_signal_never_came_is_listed_while_others_come_named(
+    queue_config: dict[str, Any],
+) -> None:
+    """A producer died between its message and its signal. While the topic's other
+    messages come named by signals (claimed with no listing), the consumer still lists the
+    topic every ``backfill_interval_seconds``, and so finds it (rule 14); it waited for the
+    sweep (10 minutes), once in a CI run of three schedule runners killed in turn."""
+    config = slow_backfill(queue_config)
+    config["notify"]["backfill_interval_seconds"] = 1
+    silent = {**config, "notify": {**config["notify"], "enabled": False}}  # writes no signal
+    async with (
+        await PawnQueue.from_config(config) as producer_side,
+        await PawnQueue.from_config(silent) as dead_side,
+        await PawnQueue.from_config(config) as consumer_side,
+    ):
+        await producer_side.create_topic("t")
+        consumer = await consumer_side.register_consumer("c", topics=["t"])
+        assert await consumer.poll(wait=0.1) == []  # listed once: nothing
+        unsignalled = await (await dead_side.register_producer("dead")).publish("t", "lone")
+        producer = await producer_side.register_producer("p")
+        received: list[str] = []
+        for n in range(40):
+            await producer.publish("t", n)
+            for message in await consumer.poll(wait=0.5):
+                await message.ack()
+                received.append(message.id)
+            if unsignalled in received:
+                break
+        assert unsignalled in received
+
+
 async def test_named_objects_a_poll_cannot_take_are_listed_not_lost(
     queue_config: dict[str, Any],
 ) -> None:

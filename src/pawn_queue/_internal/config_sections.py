@@ -443,7 +443,8 @@ class NotifyConfig(Section):
     ``check_interval_seconds``, slowing down to ``idle_check_interval_seconds`` after 10 s
     without a change, GETs it when it changed, and lists a topic only when it was named (or
     something it saw comes due). An idle ``poll(wait=)`` looks again at least every
-    ``backfill_interval_seconds``. Nothing depends on a signal arriving: each topic the
+    ``backfill_interval_seconds``, and a topic whose messages come named by signals is
+    listed that often all the same. Nothing depends on a signal arriving: each topic the
     process's consumers consume is listed at least every ``sweep_interval_seconds``, one
     topic at most every ``sweep_pace_seconds`` (so at most ``60 / sweep_pace_seconds`` sweep
     LISTs a minute, whatever the number of topics; a topic waits at most

@@ -185,6 +185,7 @@ class Claimer:
                 return claimed
         hinted = self._runtime.signals.take_hints(topic)
         if hinted and watched:  # unwatched, the listing below finds them
+            self.memory.named(topic)
             claimed += await self._claim_hinted(topic, hinted, wanted - len(claimed))
             if len(claimed) >= wanted or topic in self._stalled:
                 return claimed

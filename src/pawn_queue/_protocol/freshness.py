@@ -15,6 +15,7 @@ no LIST per poll: it answers from what the queue knows, as ``listen()`` does
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
@@ -35,12 +36,18 @@ class ListingMemory:
         self._clock = clock
         self._seen: dict[str, int] = {}  # topic -> generation its last quiet listing began at
         self._due: dict[str, datetime] = {}  # topic -> when a message its listing saw is due
+        # topic -> when messages signals named were first claimed since its last listing
+        # (monotonic): a message whose signal never came is listed within the backfill.
+        self._named_since: dict[str, float] = {}
 
     def may_skip(self, topic: str) -> bool:
         """Whether a LIST of ``topic`` could show nothing the last one did not (the caller
         made sure the signals are watched)."""
         seen = self._seen.get(topic)
         if seen is None or seen != self._signals.generation(topic):
+            return False
+        named = self._named_since.get(topic)
+        if named is not None and time.monotonic() - named >= self._signals.backfill_seconds:
             return False
         due = self._due.get(topic)
         return due is None or due > self._clock()
@@ -52,6 +59,7 @@ class ListingMemory:
 
     def begin(self, topic: str) -> int:
         """A listing of ``topic`` begins: the generation it shows every change up to."""
+        self._named_since.pop(topic, None)
         self._signals.listed(topic)
         return self._signals.generation(topic)
 
@@ -76,6 +84,12 @@ class ListingMemory:
             self._seen[topic] = generation
         else:
             self._seen.pop(topic, None)
+
+    def named(self, topic: str) -> None:
+        """Messages of ``topic`` named by change signals were claimed with no listing. While
+        they come so, the topic is still listed every ``notify.backfill_interval_seconds``:
+        a message whose producer died before its signal is found then, not at the sweep."""
+        self._named_since.setdefault(topic, time.monotonic())
 
     def forget(self, topic: str) -> None:
         """List ``topic`` at the next poll (a race lost there: more may be left)."""

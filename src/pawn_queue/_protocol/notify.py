@@ -210,6 +210,11 @@ class ChangeSignals:
         for a listing (not with objects named to its consumers)."""
         return self.local.generation(topic)
 
+    @property
+    def backfill_seconds(self) -> float:
+        """How often a topic whose messages come named by signals is listed all the same."""
+        return self._config.backfill_interval_seconds
+
     def idle_wait(self, poll_interval: float) -> float:
         """How long an idle consumer waits at most before it looks again (with signals on,
         a look that finds nothing changed lists nothing)."""
