@@ -71,6 +71,16 @@ def pytest_configure_node(node: Any) -> None:
 
 
 _SPARK_TESTS = ("tests/spark/", "tests/test_orders_pipeline.py")
+# The modules whose tests take longest (30 s to a minute each, most of it waiting): they
+# start first, so that none of them is still running alone at the end (pytest-xdist hands
+# tests out in collection order).
+_LONG_FIRST = (
+    "tests/test_schedule_workers.py",
+    "tests/protocol/test_crash_matrix.py",
+    "tests/cli/test_cli_edges.py",
+    "tests/protocol/test_request_limits.py",
+    "tests/protocol/test_subscription_crash.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -81,6 +91,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     The tests marked ``alone`` form two groups, which ``make pytest`` runs side by side in
     two workers (``--dist loadgroup``): Spark's, which mostly wait on Spark, and the rest."""
+    items.sort(key=lambda item: not item.nodeid.startswith(_LONG_FIRST))  # stable
     for item in items:
         callspec = getattr(item, "callspec", None)
         if (
