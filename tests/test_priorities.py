@@ -192,6 +192,16 @@ async def test_order_inside_a_group_wins(queue_config: dict[str, Any]) -> None:
     assert {m.payload: m.priority for m in got} == {"g0": 0, "g1": 9, "g2": 0, "x": 5}
 
 
+async def test_peek_shows_the_priorities_in_delivery_order(queue_config: dict[str, Any]) -> None:
+    async with await PawnQueue.from_config(queue_config) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        await producer.publish("t", "low")
+        await producer.publish("t", "high", priority=8)
+        peeked = await pq.peek("t", 10)
+    assert [(m.payload, m.priority) for m in peeked] == [("high", 8), ("low", 0)]
+
+
 @pytest.mark.parametrize("bad", [10, -1, 1.5, True, "9", math.nan, None])
 async def test_bad_priorities_are_refused_before_anything_is_written(
     queue_config: dict[str, Any], bad: Any

@@ -488,5 +488,6 @@ def _peek_row(message: PeekedMessage) -> dict[str, Any]:
         "created_at": message.created_at,
         "attributes": message.attributes,
         **({"group": message.group} if message.group else {}),
+        **({"priority": message.priority} if message.priority else {}),
         **payload_fields(message.payload),
     }
