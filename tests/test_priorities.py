@@ -163,6 +163,21 @@ async def test_a_requeued_message_keeps_its_priority(queue_config: dict[str, Any
     assert [m.receive_count for m in got[:2]] == [2, 2]
 
 
+async def test_a_redriven_dead_letter_keeps_its_priority(queue_config: dict[str, Any]) -> None:
+    async with await PawnQueue.from_config(one_at_a_time(queue_config)) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        await producer.publish("t", "urgent", priority=7)
+        nacker = await pq.register_consumer("nacker", topics=["t"])
+        [message] = await poll_count(nacker, 1)
+        await message.nack()  # dead-lettered
+        for n in range(2):
+            await producer.publish("t", n)
+        assert await pq.redrive("t") == 1
+        got = await drain_in_order(pq, 3)
+    assert [(m.payload, m.priority) for m in got] == [("urgent", 7), (0, 0), (1, 0)]
+
+
 async def test_a_subscription_keeps_the_priorities(
     queue_config: dict[str, Any], quick_subscription_changes: None
 ) -> None:
