@@ -151,3 +151,36 @@ async def test_a_producer_clock_ahead_does_not_hide_priority_zero(
         consumer = await pq.register_consumer("c", ["t"])
         messages = await consumer.poll(wait=5)
         assert [m.payload for m in messages] == ["now"]
+
+
+async def test_a_signal_naming_a_higher_priority_ends_what_a_listing_left(
+    queue_config: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer works through what its last listing left (1 s, here long enough to never
+    run out); a change signal from another process naming a message of a higher priority
+    ends that: its next poll takes that message, not the next one the listing left."""
+    monkeypatch.setattr("pawn_queue._protocol.claiming._REMEMBER_SECONDS", 60.0)
+    polling = {**queue_config["polling"], "max_messages_per_poll": 1}  # type: ignore[dict-item]
+    config = {**queue_config, "polling": polling}
+    async with (
+        await PawnQueue.from_config(config) as pq,
+        await PawnQueue.from_config(config) as other,
+    ):
+        await pq.create_topic("t")
+        producer = await other.register_producer("remote")
+        for n in range(10):
+            await producer.publish("t", n)
+        consumer = await pq.register_consumer("c", ["t"])
+        [first] = await consumer.poll(wait=5)
+        await first.ack()
+        [second] = await consumer.poll()  # from what the listing left: no LIST
+        await second.ack()
+        assert [first.payload, second.payload] == [0, 1]
+        await producer.publish("t", "urgent", priority=9)
+        signals = pq.runtime.signals
+        async with asyncio.timeout(30):
+            while signals.prioritised("t")[9] < 1:
+                await signals.refresh()
+                await asyncio.sleep(0.05)
+        [third] = await consumer.poll()
+        assert (third.payload, third.priority) == ("urgent", 9)
