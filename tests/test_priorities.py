@@ -230,3 +230,23 @@ async def test_bad_priorities_are_refused_before_anything_is_written(
         with pytest.raises(ArgumentError, match="priority: got"):
             await producer.publish_batch("t", [1, 2], priority=bad)
         assert await keys_under(pq, "t/messages/") == []
+
+
+def test_the_blocking_api_takes_priorities(queue_config: dict[str, Any]) -> None:
+    from pawn_queue import sync
+
+    with sync.PawnQueue.from_config(queue_config) as pq:
+        pq.create_topic("t")
+        producer = pq.register_producer("p")
+        producer.publish("t", "low")
+        producer.publish_batch("t", ["mid-0", "mid-1"], priority=4)
+        producer.publish("t", "high", priority=9)
+        with pytest.raises(ArgumentError):
+            producer.publish("t", "bad", priority=10)
+        consumer = pq.register_consumer("c", topics=["t"])
+        got = []
+        while len(got) < 4:
+            for message in consumer.poll(wait=1):
+                got.append((message.payload, message.priority))
+                message.ack()
+    assert got == [("high", 9), ("mid-0", 4), ("mid-1", 4), ("low", 0)]
