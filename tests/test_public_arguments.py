@@ -103,6 +103,7 @@ WRONG: dict[str, tuple[type[Exception], list[object]]] = {
     "dedup_id": (ArgumentError, TEXT),
     "wait_for_room": (ArgumentError, SECONDS_OR_ZERO),
     "expires_in": (ArgumentError, SECONDS),
+    "priority": (ArgumentError, [Unrelated(), "9", True, 1.5, math.nan, None, -1, 10]),
     # consuming
     "visibility_timeout": (ArgumentError, SECONDS),
     "wait": (ArgumentError, SECONDS_OR_ZERO),

@@ -171,7 +171,9 @@ class DeadLetters:
                 or pending.object_id != envelope.id
                 or not target.startswith(layout.messages_prefix(topic))
             ):
-                target = layout.message_key(topic, envelope.id, self._clock())
+                target = layout.message_key(
+                    topic, envelope.id, self._clock(), priority=envelope.priority
+                )
                 marked = replace(info or DeadLetterInfo("nack", None, "", ""), redrive_key=target)
                 body = encode_dead_letter(envelope, marked)
                 try:

@@ -282,6 +282,23 @@ def test_publish_with_an_expiry_shows_it_on_the_message(url: str) -> None:
     assert all("expires_at" in m for m in out)
 
 
+def test_publish_with_a_priority_comes_first(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    cli(url, "publish", "orders", "1")
+    cli(url, "publish", "orders", "2", "--priority", "9")
+    cli(url, "publish", "orders", "--batch", "2", "--priority", "5", input="3\n4\n")
+    out = json_lines(cli(url, "consume", "orders", "--count", "4").stdout)
+    assert [(m["payload"], m.get("priority", 0)) for m in out] == [(2, 9), (3, 5), (4, 5), (1, 0)]
+
+
+@pytest.mark.parametrize("bad", ["10", "-1", "1.5", "high"])
+def test_publish_refuses_a_bad_priority_and_writes_nothing(url: str, bad: str) -> None:
+    cli(url, "topics", "create", "orders")
+    result = cli(url, "publish", "orders", "1", "--priority", bad, code=2)
+    assert "--priority" in result.stderr
+    assert cli(url, "consume", "orders", "--wait", "0").stdout == ""
+
+
 def test_publish_stdin_reports_invalid_line_and_publishes_the_rest(url: str) -> None:
     cli(url, "topics", "create", "orders")
     lines = '{"n": 1}\n{not json\n\n[2, 3]\n"four"\n'

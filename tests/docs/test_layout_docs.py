@@ -19,6 +19,8 @@ EXAMPLES = {
     "message_key": layout.message_key("orders", ID, AT),
     "message_key delayed": layout.message_key("orders", ID, AT, delayed=True),
     "message_key batch": layout.message_key("orders", ID, AT, batch=True),
+    "message_key priority": layout.message_key("orders", ID, AT, priority=9),
+    "message_key priority delayed": layout.message_key("orders", ID, AT, delayed=True, priority=1),
     "group_message_key": layout.group_message_key("orders", ID, AT, "customer-7"),
     "lease_key": layout.lease_key("orders", ID),
     "lease_key group": layout.lease_key("orders", f"g{layout.group_hash('customer-7')}"),

@@ -87,6 +87,23 @@ async def test_we_publish_013_consumes(configs: tuple[dict[str, Any], dict[str, 
         assert await pq.list_topics() == ["events"]
 
 
+async def test_013_consumes_our_priorities_highest_first(
+    configs: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    """0.1.3 reads the id from the end of a key: a banded key is delivered like any other,
+    and first, since 0.1.3 claims in listing order; it ignores the body's priority."""
+    legacy, ours = configs
+    async with await PawnQueue.from_config(ours) as pq:
+        await pq.create_topic("jobs")
+        producer = await pq.register_producer("ours")
+        ids = [
+            await producer.publish("jobs", {"n": n}, priority=p) for n, p in enumerate([0, 9, 0, 4])
+        ]
+        got = await run_013(legacy, "consume", "jobs", "4")
+        assert [g["id"] for g in got] == [ids[1], ids[3], ids[0], ids[2]]
+        assert await pq.store.list("jobs/messages/") == []
+
+
 # Values whose JSON the fast codec and the standard library could write or read differently.
 PAYLOADS: list[Any] = [
     {"text": "naïve café 注文 \U0001f600 \u2028 </script>", "escapes": '"\\\n\t\x00\x7f'},

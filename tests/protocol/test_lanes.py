@@ -85,6 +85,25 @@ async def test_a_lane_nobody_works_is_not_left_behind(
     assert got == [i for i, n in zip(ids, lanes, strict=True) if n == lanes[0]][:10]
 
 
+async def test_a_higher_priority_in_another_lane_draws_a_competing_consumer(
+    two_queues: tuple[PawnQueue, CountingStore, PawnQueue, CountingStore],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """However recent, a message of a higher priority than the first of a consumer's lane
+    takes it to that message's lane (docs/concepts/priorities.md)."""
+    monkeypatch.setattr("pawn_queue._protocol.lanes._LANE_LAG", timedelta(hours=1))
+    a = two_queues[0]
+    producer = await a.register_producer("p")
+    ids = [await producer.publish("t", {"n": n}) for n in range(20)]
+    urgent = await producer.publish("t", "urgent", priority=9)
+    own = next(lane for lane in _lanes_of(ids) if lane != lane_of(urgent))
+    consumer = await a.register_consumer("c", topics=["t"])
+    _work_in_lane(consumer, own)
+    got = await consumer.poll()
+    assert got[0].id == urgent
+    assert all(lane_of(m.id) == lane_of(urgent) for m in got)
+
+
 async def test_consumers_that_start_together_lose_one_claim_between_them(
     two_queues: tuple[PawnQueue, CountingStore, PawnQueue, CountingStore],
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,32 @@ async def test_replay_after_a_crash_and_ack(tmp_path: Path) -> None:
     assert await _keys(tmp_path, "jobs/leases/") == []
     assert await _keys(tmp_path, "_spark/q1/") == []
     await second.stop()
+
+
+async def test_priorities_first_and_a_band_past_every_due_time_is_skipped(
+    tmp_path: Path,
+) -> None:
+    """A micro-batch claims priority 9 first; a priority band whose keys lie past every due
+    time (a producer whose clock runs ahead) ends that band only, not the listing."""
+    ahead = datetime.now(UTC) + timedelta(minutes=10)
+    config = PawnQueueConfig.from_url(f"file://{tmp_path}")
+    async with PawnQueue(config, clock=lambda: ahead) as early:
+        await early.create_topic("jobs")
+        await (await early.register_producer("ahead")).publish("jobs", "ahead", priority=5)
+    async with PawnQueue.from_url(f"file://{tmp_path}") as pq:
+        producer = await pq.register_producer("p")
+        plain = await producer.publish("jobs", "plain")
+        urgent = await producer.publish("jobs", "urgent", priority=9)
+    driver = await StreamDriver.open(_options(tmp_path), "q1")
+    try:
+        assert await driver.latest(-1, Limit()) == 0
+        planned = [ref.key for m in await driver.plan(-1, 0) for ref in m.refs]
+        assert [key.rsplit("-", 1)[-1] for key in planned] == [
+            urgent.rsplit("-", 1)[-1] + ".json",
+            plain.rsplit("-", 1)[-1] + ".json",
+        ]
+    finally:
+        await driver.stop()
 
 
 async def test_unlogged_manifest_is_rebuilt(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ class BlockingMessage:
 
     Read-only, as in the async API: ``id``, ``topic``, ``subscription``, ``producer_id``,
     ``created_at`` (ISO-8601 UTC), ``payload``, ``attributes``, ``expires_at``,
-    ``receive_count``, ``settled`` (acked or nacked) and ``lease_held``.
+    ``priority``, ``receive_count``, ``settled`` (acked or nacked) and ``lease_held``.
     """
 
     __slots__ = ("_inner", "_runner")
@@ -63,6 +63,7 @@ class BlockingMessage:
     attributes = Forwarded[dict[str, str]]()
     group = Forwarded[str | None]()
     expires_at = Forwarded[str | None]()
+    priority = Forwarded[int]()
     receive_count = Forwarded[int]()
     settled = Forwarded[bool]()
     lease_held = Forwarded[bool]()

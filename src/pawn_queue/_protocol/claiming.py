@@ -32,6 +32,7 @@ from pawn_queue._protocol.handout import Handout
 from pawn_queue._protocol.lanes import LANE_WIDTH, LANES, Lanes, claims_for
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
 from pawn_queue._protocol.lease_protocol import Lease
+from pawn_queue._protocol.notify import outranks
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue._protocol.scanning import scan_page
 from pawn_queue.exceptions import StoreError
@@ -101,6 +102,8 @@ class Claimer:
         self.memory = ListingMemory(runtime.signals, runtime.leases, runtime.clock)
         # topic -> candidates left by the last listing, and until when to trust them
         self._remembered: dict[str, tuple[list[tuple[layout.PendingKey, str]], float]] = {}
+        # topic -> the signals' priority counts as its last listing began
+        self._listed_counts: dict[str, tuple[int, ...]] = {}
         self._sweep_after: dict[str, float] = {}
         self._with_messages: set[str] = set()  # topics whose last listing found any
         self._flowing: set[str] = set()  # topics whose last listing found candidates
@@ -169,7 +172,7 @@ class Claimer:
         could show nothing new (:mod:`pawn_queue._protocol.freshness`)."""
         claimed: list[Message] = []
         remembered, until = self._remembered.pop(topic, ([], 0.0))
-        if remembered and time.monotonic() < until:
+        if remembered and time.monotonic() < until and not self._outranked(topic, remembered):
             # What the last listing found beyond its claims: claiming it spares a LIST. Kept
             # briefly, so a message released meanwhile waits at most that long to come first.
             remembered = self._worth_claiming(topic, remembered)
@@ -184,7 +187,9 @@ class Claimer:
             if len(claimed) >= wanted or conflicts or topic in self._stalled:
                 return claimed
         hinted = self._runtime.signals.take_hints(topic)
-        if hinted and watched:  # unwatched, the listing below finds them
+        # Unwatched, the listing below finds them; so it does once a delayed message the
+        # last one saw came due (it may outrank them, or be older).
+        if hinted and watched and not self.memory.came_due(topic):
             self.memory.named(topic)
             claimed += await self._claim_hinted(topic, hinted, wanted - len(claimed))
             if len(claimed) >= wanted or topic in self._stalled:
@@ -211,6 +216,13 @@ class Claimer:
             self._runtime.signals.local.changed(topic)
         return won
 
+    def _outranked(self, topic: str, remembered: list[tuple[layout.PendingKey, str]]) -> bool:
+        """Whether a message of a higher priority than the first one the last listing left
+        was published or signalled since it began: that listing is not trusted any more."""
+        then = self._listed_counts.get(topic)
+        now = self._runtime.signals.prioritised(topic)
+        return then is None or outranks(now, then, layout.priority_of(remembered[0][1]))
+
     def _worth_claiming(
         self, topic: str, candidates: list[tuple[layout.PendingKey, str]]
     ) -> list[tuple[layout.PendingKey, str]]:
@@ -223,6 +235,7 @@ class Claimer:
         """Claim up to ``wanted`` messages from a listing of ``topic`` (paged as needed)."""
         claimed: list[Message] = []
         generation = self.memory.begin(topic)
+        self._listed_counts[topic] = self._runtime.signals.prioritised(topic)
         pages: list[list[ObjectMeta]] = []
         complete = lost = False
         next_due: datetime | None = None
@@ -276,7 +289,7 @@ class Claimer:
             if scanned.ends or len(page) < page_size:
                 complete = True
                 break
-            start_after = page[-1].key
+            start_after = scanned.next_start(page)
         # After a race lost, a competitor drains the topic: what it leaves needs a listing.
         # Unwatched, a signal may land unseen before the watch's first look: list again.
         self.memory.end(topic, generation, pages, complete and not lost and watched, next_due)

@@ -120,7 +120,9 @@ class ClaimedObject:
         receives = self.receive_count(envelope) - (0 if counted else 1)
         moved = replace(envelope, prior_receives=receives)
         due = self._clock() + timedelta(seconds=delay)
-        key = layout.message_key(envelope.topic, envelope.id, due, delayed=delay > 0)
+        key = layout.message_key(
+            envelope.topic, envelope.id, due, delayed=delay > 0, priority=envelope.priority
+        )
         await write_message(self._runtime, moved, key)
         await self.settle(index)
 
@@ -297,6 +299,11 @@ class Message:
     @property
     def attributes(self) -> dict[str, str]:
         return dict(self._envelope.attributes)
+
+    @property
+    def priority(self) -> int:
+        """Its priority, 0 (the default, the lowest) to 9: ``publish(priority=...)``."""
+        return self._envelope.priority
 
     @property
     def expires_at(self) -> str | None:

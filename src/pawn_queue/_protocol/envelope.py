@@ -113,6 +113,7 @@ class Envelope:
     prior_receives: int = 0  # receives before the message was moved (requeued batch member)
     group: str | None = None
     expires_at: str | None = None  # ISO 8601 UTC: never delivered after it (publish expires_in)
+    priority: int = 0  # 0 (the default, the lowest) to 9: its key's band (not a group's)
 
     def expired(self, now: datetime) -> bool:
         """Past its own deadline at ``now``. A deadline that does not parse never expires the
@@ -140,6 +141,8 @@ class Envelope:
             body["group"] = self.group
         if self.expires_at is not None:
             body["expires_at"] = self.expires_at
+        if self.priority:
+            body["priority"] = self.priority
         return body
 
     def encode(self) -> bytes:
@@ -158,6 +161,7 @@ class Envelope:
             prior_receives=_positive_int(obj.get("prior_receives"), 0),
             group=obj["group"] if isinstance(obj.get("group"), str) else None,
             expires_at=obj["expires_at"] if isinstance(obj.get("expires_at"), str) else None,
+            priority=_priority(obj.get("priority")),
         )
 
     @classmethod
@@ -166,13 +170,15 @@ class Envelope:
 
 
 def encode_batch(batch_id: str, members: list[Envelope]) -> bytes:
-    """A batch object: the shared fields once, then each member's id, payload, attributes."""
+    """A batch object: the shared fields once (the priority too: one object, one band),
+    then each member's id, payload, attributes."""
     first = members[0]
     body: dict[str, Any] = {
         "id": batch_id,
         "topic": first.topic,
         "producer_id": first.producer_id,
         "created_at": first.created_at,
+        **({"priority": first.priority} if first.priority else {}),
         "batch": [
             {
                 "id": m.id,
@@ -194,6 +200,7 @@ def decode_batch(data: bytes) -> list[Envelope]:
         raise CorruptObject("batch has no list 'batch' of messages")
     shared = {k: _require_str(obj, k, "batch") for k in ("topic", "producer_id", "created_at")}
     topic, producer_id, created_at = shared["topic"], shared["producer_id"], shared["created_at"]
+    priority = _priority(obj.get("priority"))
     out = []
     for member in members:
         if not isinstance(member, dict):
@@ -201,10 +208,15 @@ def decode_batch(data: bytes) -> list[Envelope]:
         plain = len(member) == 2 or (len(member) == 3 and "attributes" in member)
         if not (plain and "payload" in member and isinstance(member.get("id"), str)):
             # Fields beyond the ones encode_batch writes override the shared ones.
-            out.append(Envelope.from_dict({**shared, **member}, "batch member"))
+            member = {**shared, "priority": priority, **member}
+            out.append(Envelope.from_dict(member, "batch member"))
             continue
         payload, attributes = _payload_and_attributes(member, "batch member")
-        out.append(Envelope(member["id"], topic, producer_id, created_at, payload, attributes))
+        out.append(
+            Envelope(
+                member["id"], topic, producer_id, created_at, payload, attributes, priority=priority
+            )
+        )
     return out
 
 
@@ -371,6 +383,13 @@ def _count(value: Any, default: int) -> int:
     """``value`` if it is an int >= 0, else ``default``."""
     return (
         value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+    )
+
+
+def _priority(value: Any) -> int:
+    """A stored priority: an int from 0 to 9, else 0 (a garbled field must not drop it)."""
+    return (
+        value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 9 else 0
     )
 
 

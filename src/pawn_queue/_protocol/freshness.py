@@ -52,6 +52,13 @@ class ListingMemory:
         due = self._due.get(topic)
         return due is None or due > self._clock()
 
+    def came_due(self, topic: str) -> bool:
+        """Whether something the last listing of ``topic`` saw came due since (a delayed
+        message, maybe of a higher priority than what signals name: list before claiming
+        those)."""
+        due = self._due.get(topic)
+        return due is not None and due <= self._clock()
+
     def next_due(self, topics: Iterable[str]) -> datetime | None:
         """When the first delayed message or lease held elsewhere that the last listings of
         ``topics`` saw comes due (it may have passed: then they are listed at once)."""

@@ -10,7 +10,8 @@ every call in it raises :class:`~pawn_queue.exceptions.PublishError`. ``linger_s
 so that more calls join it, unless an object's worth already waits.
 
 Only plain messages join: a publish with a delay, a group or a dedup id, or a ``bytes``
-payload, is written alone as before (docs/protocol.md, "Publish": why).
+payload, is written alone as before (docs/protocol.md, "Publish": why). An object holds
+messages of one priority (its key's band): a call of another priority starts the next one.
 """
 
 from __future__ import annotations
@@ -195,12 +196,14 @@ class GroupCommit:
         return len(taken) < len(queue) or len(taken) >= self._config.max_batch_messages
 
     def _take(self, queue: list[_Waiting]) -> list[_Waiting]:
-        """The calls the next object holds: the oldest, and those after it within bounds."""
+        """The calls the next object holds: the oldest, and those after it within bounds
+        and of its priority (an object's key has one priority band)."""
         count, size = 0, 0
         for waiting in queue:
             if count and (
                 count >= self._config.max_batch_messages
                 or size + len(waiting.body) > self._config.max_batch_bytes
+                or waiting.envelope.priority != queue[0].envelope.priority
             ):
                 break
             count += 1
@@ -215,7 +218,8 @@ class GroupCommit:
             return
         batch_id = str(uuid.uuid4())
         members = [waiting.envelope for waiting in taken]
-        key = layout.message_key(topic, batch_id, self._runtime.clock(), batch=True)
+        clock = self._runtime.clock()
+        key = layout.message_key(topic, batch_id, clock, batch=True, priority=members[0].priority)
         try:
             await write_new(self._runtime, key, encode_batch(batch_id, members))
         except StoreError as exc:

@@ -6,7 +6,8 @@ it works one lane for ``_CONTENTION_MEMORY_SECONDS``: it claims only candidates 
 oldest first, until it loses a race there (the lane is then avoided for
 ``_CROWDED_SECONDS``) or the lane runs dry, and moves to the lane that looks least worked,
 or at once to a lane whose oldest message waits ``_LANE_LAG`` longer than its own (nobody
-works that lane). See docs/protocol.md, strategy ``conditional_write``.
+works that lane), or whose first message has a higher priority than its own. See
+docs/protocol.md, strategy ``conditional_write``.
 """
 
 from __future__ import annotations
@@ -52,9 +53,12 @@ def _of_lane(candidates: Candidates, lane: int) -> Candidates:
     return [c for c in candidates if _lane(c[0]) == lane]
 
 
-def _waits_longer(oldest_key: str, key: str) -> bool:
-    """Whether the message at ``oldest_key`` became due ``_LANE_LAG`` before the one at ``key``."""
-    oldest, due = layout.due_from_key(oldest_key), layout.due_from_key(key)
+def _waits_longer(first_key: str, key: str) -> bool:
+    """Whether the message at ``first_key`` (the listing's first) has a higher priority
+    than the one at ``key``, or became due ``_LANE_LAG`` before it."""
+    if layout.priority_of(first_key) != layout.priority_of(key):
+        return layout.priority_of(first_key) > layout.priority_of(key)
+    oldest, due = layout.due_from_key(first_key), layout.due_from_key(key)
     return oldest is not None and due is not None and due - oldest > _LANE_LAG
 
 
@@ -97,10 +101,10 @@ class Lanes:
     async def candidates(self, topic: str, candidates: Candidates) -> Candidates:
         """The candidates of this consumer's lane. It moves when the lane ran dry or another
         lane's oldest message waits ``_LANE_LAG`` longer than its own (nobody works that
-        lane: it goes there, oldest first); otherwise to the lane with candidates that looks
-        least worked (not crowded for us lately, with the fewest fresh leases). One LIST of
-        the lease prefix shows that, and costs less than the create-only PUTs (and GETs) a
-        race with another consumer would waste."""
+        lane: it goes there, oldest first) or has a higher priority; otherwise to the lane
+        with candidates that looks least worked (not crowded for us lately, with the fewest
+        fresh leases). One LIST of the lease prefix shows that, and costs less than the
+        create-only PUTs (and GETs) a race with another consumer would waste."""
         if not candidates:
             return []
         mine = self.in_lane(topic, candidates)

@@ -5,6 +5,9 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     {topic}/.topic                              topic marker (JSON: settings)
     {topic}/messages/{ts}-{uuid}.json           pending message, FIFO by key
     {topic}/messages/{ts}d-{uuid}.json          delayed message: {ts} is its due time
+    {topic}/messages/!{9-p}{ts}-{uuid}.json     message of priority p (1-9): listed before
+                                                priority 0, highest first (any kind but a
+                                                group's; :mod:`.message_names`)
     {topic}/messages/{ts}-{uuid}.batch          batch object: many messages, one lease
     {topic}/messages/{ts}-{uuid}.{g}.group      message of group g (sha256 of its name)
     {topic}/leases/g{g}.lease                   the lease of group g: one message at a time
@@ -44,9 +47,15 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Literal
 
+from pawn_queue._protocol.message_names import DELAYED_MARK, STAMP_LENGTH, band, stamp, unbanded
+from pawn_queue._protocol.message_names import PRIORITIES as PRIORITIES
+from pawn_queue._protocol.message_names import band_of as band_of
+from pawn_queue._protocol.message_names import due_from_key as due_from_key
+from pawn_queue._protocol.message_names import is_delayed_key as is_delayed_key
+from pawn_queue._protocol.message_names import priority_of as priority_of
 from pawn_queue._protocol.names import RESERVED_PREFIXES as RESERVED_PREFIXES
 from pawn_queue._protocol.names import is_uuid as is_uuid
 from pawn_queue._protocol.names import validate_name as validate_name
@@ -67,10 +76,6 @@ MESSAGE_SUFFIX = ".json"
 BATCH_SUFFIX = ".batch"
 GROUP_SUFFIX = ".group"
 _GROUP_HASH_RE = re.compile(r"^[0-9a-f]{32}$")
-_STAMP_RE = re.compile(r"[0-9]{8}T[0-9]{6}_[0-9]{6}")  # message_key's timestamp, UTC
-_STAMP_LENGTH = 22
-# Follows the timestamp of a delayed message. 0.1.x reads the id from the name's end only.
-DELAYED_MARK = "d"
 
 
 def topic_prefix(topic: str) -> str:
@@ -138,25 +143,44 @@ def is_retained_log(queue: str) -> bool:
     return queue.endswith(f"/{RETAINED}") and "/" not in queue[: -len(RETAINED) - 1]
 
 
-def replayed_key(key: str, queue: str, at: datetime, *, delayed: bool, object_id: str) -> str:
+def replayed_key(
+    key: str, queue: str, at: datetime, *, delayed: bool, object_id: str, priority: int = 0
+) -> str:
     """The key in ``queue`` of a copy of the replay log's object at ``key``: the same kind,
     named ``object_id`` (a message keeps its id; a batch object gets a new one), visible
-    from ``at``. Never the key a copy had before, so no lease or settlement of an earlier
-    copy applies to it."""
-    name = key.rsplit("/", 1)[-1]
-    tail = name[_STAMP_LENGTH:].removeprefix(DELAYED_MARK)  # "-{id}.json", "-{id}.{g}.group"
+    from ``at``, in the band of ``priority`` (not a group's). Never the key a copy had
+    before, so no lease or settlement of an earlier copy applies to it."""
+    name = unbanded(key.rsplit("/", 1)[-1])
+    tail = name[STAMP_LENGTH:].removeprefix(DELAYED_MARK)  # "-{id}.json", "-{id}.{g}.group"
     old_id = tail[1:37]
-    return f"{messages_prefix(queue)}{_stamp(at, delayed)}-{object_id}{tail[1 + len(old_id) :]}"
+    mark = "" if name.endswith(GROUP_SUFFIX) else band(priority)
+    return (
+        f"{messages_prefix(queue)}{mark}{stamp(at, delayed)}-{object_id}{tail[1 + len(old_id) :]}"
+    )
 
 
-def messages_from(queue: str, since: datetime) -> str:
-    """A ``start_after`` for ``queue``'s messages that lists those due from ``since`` on."""
-    return f"{messages_prefix(queue)}{_stamp(since, False)}"
+def messages_from(queue: str, since: datetime, priority: int = 9) -> str:
+    """A ``start_after`` for ``queue``'s messages that lists those of ``priority``'s band
+    due from ``since`` on (then the lower bands', from their start)."""
+    return f"{messages_prefix(queue)}{band(priority)}{stamp(since, False)}"
+
+
+def band_from(key: str, since: datetime) -> str:
+    """A ``start_after`` that lists the band of the message at ``key`` from ``since`` on."""
+    return f"{messages_prefix(queue_of(key))}{band_of(key)}{stamp(since, False)}"
+
+
+def after_band(key: str) -> str | None:
+    """A ``start_after`` that skips the rest of the band of the message at ``key``; None
+    for priority 0's, which is listed last."""
+    mark = band_of(key)
+    return f"{messages_prefix(queue_of(key))}!{int(mark[1]) + 1}" if mark else None
 
 
 def retained_from(topic: str, since: datetime) -> str:
-    """A ``start_after`` for the replay log that lists the messages due from ``since`` on."""
-    return messages_from(retained_log(topic), since)
+    """A ``start_after`` for the replay log that lists the messages due from ``since`` on
+    (the log's keys have no band: it keeps publish order)."""
+    return messages_from(retained_log(topic), since, 0)
 
 
 def queue_of(key: str) -> str:
@@ -171,8 +195,12 @@ def queue_of(key: str) -> str:
 
 
 def in_queue(key: str, queue: str) -> str:
-    """``key`` (a key of some queue) as the same object of ``queue``: a message's copy."""
-    return f"{queue}/{key[len(queue_of(key)) + 1 :]}"
+    """``key`` (a key of some queue) as the same object of ``queue``: a message's copy. In
+    the replay log with no band: the log keeps publish order, whatever the priority."""
+    rest = key[len(queue_of(key)) + 1 :]
+    if is_retained_log(queue) and rest.startswith(MESSAGES):
+        rest = MESSAGES + unbanded(rest[len(MESSAGES) :])
+    return f"{queue}/{rest}"
 
 
 def topic_marker_key(topic: str) -> str:
@@ -183,20 +211,24 @@ def messages_prefix(topic: str) -> str:
     return f"{topic}/{MESSAGES}"
 
 
-def _stamp(at: datetime, delayed: bool) -> str:
-    ts = at.astimezone(UTC).strftime("%Y%m%dT%H%M%S_%f")
-    return ts + DELAYED_MARK if delayed else ts
-
-
 def message_key(
-    topic: str, message_id: str, at: datetime, *, batch: bool = False, delayed: bool = False
+    topic: str,
+    message_id: str,
+    at: datetime,
+    *,
+    batch: bool = False,
+    delayed: bool = False,
+    priority: int = 0,
 ) -> str:
     """The key of a message (or of a batch object); the UTC timestamp first makes listing
-    order FIFO. ``at`` is when the message becomes visible: publish time, or its due time
-    for a ``delayed`` one, whose timestamp is marked so that no consumer takes it early (see
-    :func:`visible_from`). Batch objects end in ``.batch``, which pawn-queue 0.1.x skips."""
+    order FIFO, and a ``priority`` (1 to 9) puts it in its band, listed first. ``at`` is
+    when the message becomes visible: publish time, or its due time for a ``delayed`` one,
+    whose timestamp is marked so that no consumer takes it early (see
+    :func:`visible_from`). Batch objects end in ``.batch``, which pawn-queue 0.1.x skips.
+    The replay log's keys have no band (:func:`in_queue`)."""
     suffix = BATCH_SUFFIX if batch else MESSAGE_SUFFIX
-    return f"{topic}/{MESSAGES}{_stamp(at, delayed)}-{message_id}{suffix}"
+    mark = "" if is_retained_log(topic) else band(priority)
+    return f"{topic}/{MESSAGES}{mark}{stamp(at, delayed)}-{message_id}{suffix}"
 
 
 def visible_from(key: str, skew_margin: timedelta) -> datetime | None:
@@ -207,33 +239,6 @@ def visible_from(key: str, skew_margin: timedelta) -> datetime | None:
     if due is None or is_delayed_key(key):
         return due
     return due - skew_margin
-
-
-def is_delayed_key(key: str) -> bool:
-    """Whether the message at ``key`` was published (or requeued) with a delay."""
-    name = key.rsplit("/", 1)[-1]
-    return name[_STAMP_LENGTH : _STAMP_LENGTH + len(DELAYED_MARK)] == DELAYED_MARK
-
-
-def due_from_key(key: str) -> datetime | None:
-    """When the message at ``key`` is due: the UTC timestamp its name starts with."""
-    name = key.rsplit("/", 1)[-1]
-    if not _STAMP_RE.match(name):
-        return None
-    # By hand: strptime costs ~20 µs a key, and polls look at every key of a page.
-    try:
-        return datetime(
-            int(name[0:4]),
-            int(name[4:6]),
-            int(name[6:8]),
-            int(name[9:11]),
-            int(name[11:13]),
-            int(name[13:15]),
-            int(name[16:22]),
-            tzinfo=UTC,
-        )
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,9 +286,11 @@ def group_message_key(
     topic: str, message_id: str, at: datetime, group: str, *, delayed: bool = False
 ) -> str:
     """A message of a group: FIFO like any message, and the group in its name, so a
-    listing tells the groups apart without reading bodies. 0.1.x skips the suffix."""
-    stamp = _stamp(at, delayed)
-    return f"{topic}/{MESSAGES}{stamp}-{message_id}.{group_hash(group)}{GROUP_SUFFIX}"
+    listing tells the groups apart without reading bodies. No band, whatever its priority:
+    the order inside a group wins (the first listed is the group's head). 0.1.x skips the
+    suffix."""
+    at_stamp = stamp(at, delayed)
+    return f"{topic}/{MESSAGES}{at_stamp}-{message_id}.{group_hash(group)}{GROUP_SUFFIX}"
 
 
 def dedup_key(topic: str, dedup_id: str) -> str:
@@ -415,7 +422,7 @@ def schedule_ticks_prefix(name: str) -> str:
 
 def schedule_tick_key(name: str, tick: datetime) -> str:
     """A tick's marker, named by its scheduled UTC time (``20261202T010000_000000Z``)."""
-    return f"{SCHEDULE_TICKS}{name}/{_stamp(tick, False)}Z"
+    return f"{SCHEDULE_TICKS}{name}/{stamp(tick, False)}Z"
 
 
 def tick_of(key: str) -> datetime | None:

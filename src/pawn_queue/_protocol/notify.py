@@ -133,6 +133,9 @@ class ChangeSignals:
         self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
         self._seq: int | None = None  # the seq of that version's signal log (None: none)
         self._hints: dict[str, set[str]] = {}  # topic -> object keys named, not yet taken
+        # topic -> how many messages of each priority (1-9) were published or named here: a
+        # consumer drops what its last listing left once one of a higher priority came.
+        self._prioritised: dict[str, list[int]] = {}
         self._hinted_at: dict[str, float] = {}  # key -> when it was hinted (monotonic)
         # Topics whose last signal came late (busy), until when they count as busy, and
         # when they were last listed for it (monotonic).
@@ -157,6 +160,8 @@ class ChangeSignals:
         signal other processes."""
         if layout.is_retained_log(topic):
             return  # nobody consumes it
+        if key is not None:
+            self._count_priority(topic, key)
         self.local.changed(topic)
         if not self._config.enabled:
             return
@@ -336,6 +341,8 @@ class ChangeSignals:
         if not keys:
             return
         self._hinted_at.update(dict.fromkeys(keys, now))
+        for key in keys:
+            self._count_priority(topic, key)
         hints = self._hints.setdefault(topic, set())
         hints |= keys
         if len(hints) > _MAX_HINTS:  # nobody here takes them: list instead
@@ -343,6 +350,15 @@ class ChangeSignals:
             self.local.changed(topic)
         else:
             self.local.hinted(topic)
+
+    def _count_priority(self, topic: str, key: str) -> None:
+        if priority := layout.priority_of(key):
+            self._prioritised.setdefault(topic, [0] * len(layout.PRIORITIES))[priority] += 1
+
+    def prioritised(self, topic: str) -> tuple[int, ...]:
+        """How many messages of each priority were published to ``topic`` or named by its
+        signals here so far (compare two with :func:`outranks`)."""
+        return tuple(self._prioritised.get(topic, [0] * len(layout.PRIORITIES)))
 
     def take_hints(self, topic: str) -> list[str]:
         """The keys of ``topic``'s objects that signals named since the last call, in key
@@ -443,3 +459,9 @@ class ChangeSignals:
             self._close_requested.set()
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._marker, _CLOSE_SECONDS)
+
+
+def outranks(now: tuple[int, ...], then: tuple[int, ...], priority: int) -> bool:
+    """Whether a message of a priority above ``priority`` came between the counts ``then``
+    and ``now`` of :meth:`ChangeSignals.prioritised`."""
+    return now[priority + 1 :] != then[priority + 1 :]

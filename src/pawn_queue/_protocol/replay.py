@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -77,15 +77,13 @@ async def check_replayable(
             f"{since.isoformat()} is before {kept_from.isoformat()}; seek to 'earliest' for "
             f"what it keeps, or {how}"
         )
-    prefix = layout.messages_prefix(queue)
-    cursor = None if since == "earliest" else layout.messages_from(queue, since)
-    waiting = _first_due(await runtime.store.list(prefix, start_after=cursor, limit=1))
+    waiting = await _first_waiting(runtime, queue, None if since == "earliest" else since)
     if waiting is None:
         return
     log = layout.messages_prefix(layout.retained_log(topic))
     logged = _first_due(await runtime.store.list(log, limit=1))
     if logged is None or waiting < logged:
-        older = await _count_due_before(runtime, prefix, cursor, logged)
+        older = await _count_due_before(runtime, queue, since, logged)
         plural = "message" if older == 1 else "messages"
         raise ReplayUnavailableError(
             f"subscription {subscription.name!r} of topic {topic!r} holds {older} {plural} "
@@ -98,19 +96,59 @@ def _first_due(page: list[ObjectMeta]) -> datetime | None:
     return layout.due_from_key(page[0].key) if page else None
 
 
-async def _count_due_before(
-    runtime: Runtime, prefix: str, cursor: str | None, before: datetime | None
-) -> int:
-    """How many messages under ``prefix`` after ``cursor`` are due before ``before``."""
-    count = 0
-    while page := await runtime.store.list(prefix, start_after=cursor, limit=LIST_PAGE):
+async def _due_from(
+    runtime: Runtime,
+    queue: str,
+    since: datetime | None,
+    *,
+    before: datetime | None = None,
+    heads: bool = False,
+) -> AsyncIterator[tuple[ObjectMeta, datetime]]:
+    """The messages of ``queue`` due from ``since`` on (all: None) and before ``before``
+    (if given), with their due times: band by band (priority 9 first), in key order within
+    each; with ``heads``, the first of each band only. A band's keys before ``since`` or
+    from ``before`` on are skipped with one LIST more (a ``start_after`` past them)."""
+    prefix = layout.messages_prefix(queue)
+    cursor = None if since is None else layout.messages_from(queue, since)
+    limit = 1 if heads else LIST_PAGE
+    while page := await runtime.store.list(prefix, start_after=cursor, limit=limit):
+        cursor = page[-1].key
         for meta in page:
             due = layout.due_from_key(meta.key)
-            if due is not None and before is not None and due >= before:
-                return count
-            count += due is not None
-        cursor = page[-1].key
-    return count
+            if due is None:
+                continue
+            start = None if since is None else layout.band_from(meta.key, since)
+            if start is not None and meta.key < start:
+                cursor = start  # due before ``since``: so are the band's keys up to there
+                break
+            late = before is not None and due >= before
+            if late or heads:
+                if not late:
+                    yield meta, due
+                after = layout.after_band(meta.key)
+                if after is None:
+                    return  # priority 0's band is listed last
+                cursor = after
+                break
+            yield meta, due
+
+
+async def _first_waiting(runtime: Runtime, queue: str, since: datetime | None) -> datetime | None:
+    """When the first message waiting in ``queue`` due from ``since`` on is due: the first
+    of each band's (one LIST per band that holds any, two where some are older)."""
+    dues = [due async for _, due in _due_from(runtime, queue, since, heads=True)]
+    return min(dues, default=None)
+
+
+async def _count_due_before(
+    runtime: Runtime,
+    queue: str,
+    since: datetime | Literal["earliest"],
+    before: datetime | None,
+) -> int:
+    """How many messages of ``queue`` due from ``since`` on are due before ``before``."""
+    start = None if since == "earliest" else since
+    return len([m async for m, _ in _due_from(runtime, queue, start, before=before)])
 
 
 async def replay(
@@ -200,19 +238,26 @@ async def _copy(
         return 0  # past the window, swept meanwhile
     object_id = pending.object_id
     body: bytes | None = data
+    priority = 0  # the log's keys have no band: its messages say theirs
     try:
         if pending.kind == "batch":
             object_id = str(uuid.uuid4())
             members = [e for e in decode_batch(data) if wanted.matches(e.attributes)]
             body = encode_batch(object_id, members) if members else None
-        elif wanted.conditions and not wanted.matches(Envelope.decode(data).attributes):
-            body = None
+            priority = members[0].priority if members else 0
+        else:
+            envelope = Envelope.decode(data)
+            priority = envelope.priority
+            if wanted.conditions and not wanted.matches(envelope.attributes):
+                body = None
     except CorruptObject as exc:
         logger.warning("replay log object unreadable, not copied key=%s error=%s", key, exc)
         return 0
     if body is None:
         return 0
-    target = layout.replayed_key(key, queue, at, delayed=delayed, object_id=object_id)
+    target = layout.replayed_key(
+        key, queue, at, delayed=delayed, object_id=object_id, priority=priority
+    )
     await write_new(runtime, target, body)
     landed()
     return 1

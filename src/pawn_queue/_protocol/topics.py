@@ -395,6 +395,7 @@ class PeekedMessage:
     payload: Any
     group: str | None = None
     error: str | None = None  # why the object is not a valid message (its fields are empty)
+    priority: int = 0  # 0 (the default, the lowest) to 9: publish(..., priority=)
 
 
 def _peeked(name: str, listed: Listed, data: bytes) -> list[PeekedMessage]:
@@ -420,6 +421,7 @@ def _peeked(name: str, listed: Listed, data: bytes) -> list[PeekedMessage]:
             attributes=e.attributes,
             payload=e.payload,
             group=e.group,
+            priority=e.priority,
         )
         for e in envelopes
     ]

@@ -248,6 +248,9 @@ def publish(
             min=0, help="Never deliver the messages after this many seconds (longer than --delay)."
         ),
     ] = None,
+    priority: Annotated[
+        int, typer.Option(min=0, max=9, help="0 (the default, the lowest) to 9 (the highest).")
+    ] = 0,
     producer_name: Annotated[
         str, typer.Option("--producer", help="Producer name to register as.")
     ] = "pawn-queue-cli",
@@ -301,6 +304,7 @@ def publish(
                     dedup_id=dedup,
                     wait_for_room=wait_for_room,
                     expires_in=expires_in,
+                    priority=priority,
                 )
                 return notice.publish(published)
 
@@ -310,7 +314,7 @@ def publish(
 
             def send_batch(values: list[Any]) -> Awaitable[list[str]]:
                 return producer.publish_batch(
-                    topic, values, attributes=attributes, expires_in=expires_in
+                    topic, values, attributes=attributes, expires_in=expires_in, priority=priority
                 )
 
             try:
@@ -341,6 +345,8 @@ def message_dict(message: Message) -> dict[str, Any]:
         body["group"] = message.group
     if message.expires_at is not None:
         body["expires_at"] = message.expires_at
+    if message.priority:
+        body["priority"] = message.priority
     return body
 
 
@@ -482,5 +488,6 @@ def _peek_row(message: PeekedMessage) -> dict[str, Any]:
         "created_at": message.created_at,
         "attributes": message.attributes,
         **({"group": message.group} if message.group else {}),
+        **({"priority": message.priority} if message.priority else {}),
         **payload_fields(message.payload),
     }

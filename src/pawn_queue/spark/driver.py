@@ -219,7 +219,7 @@ class StreamDriver:
             page = await self._store.list(
                 layout.messages_prefix(queue), start_after=start_after, limit=layout.LIST_PAGE
             )
-            candidates, finished = self._candidates(queue, page, due_by, groups_seen)
+            candidates, finished, start_after = self._candidates(queue, page, due_by, groups_seen)
             excess: list[Lease] = []
             while candidates and not budget.full():
                 chunk, candidates = self._next_chunk(candidates, budget)
@@ -244,7 +244,6 @@ class StreamDriver:
             await self._keeper.release(excess)
             if finished:
                 return
-            start_after = page[-1].key
 
     def _next_chunk(
         self, candidates: list[tuple[layout.PendingKey, ObjectMeta]], budget: Budget
@@ -264,8 +263,9 @@ class StreamDriver:
 
     def _candidates(
         self, queue: str, page: list[ObjectMeta], due_by: datetime, groups_seen: set[str]
-    ) -> tuple[list[tuple[layout.PendingKey, ObjectMeta]], bool]:
-        """The claimable objects of a listing page, and whether the listing ends here."""
+    ) -> tuple[list[tuple[layout.PendingKey, ObjectMeta]], bool, str | None]:
+        """The claimable objects of a listing page, whether the listing ends here, and where
+        its next page starts (past the rest of a priority band no message of which is due)."""
         scanned = scan_page(page, due_by, self._leases.margin, groups_seen)
         claimable = [
             (pending, meta)
@@ -273,7 +273,8 @@ class StreamDriver:
             if layout.lease_key(queue, pending.lease_id()) not in self._keeper
             and self._leases.worth_claiming_listed(queue, pending.lease_id(), meta.key)
         ]
-        return claimable, scanned.ends or len(page) < layout.LIST_PAGE
+        finished = scanned.ends or len(page) < layout.LIST_PAGE
+        return claimable, finished, None if finished else scanned.next_start(page)
 
     async def _claim(
         self, queue: str, pending: layout.PendingKey, meta: ObjectMeta, count_rows: bool

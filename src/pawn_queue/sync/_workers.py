@@ -49,6 +49,7 @@ class Producer:
         dedup_id: str | None = None,
         wait_for_room: float = 30.0,
         expires_in: float | None = None,
+        priority: int = 0,
     ) -> str:
         """Publish ``payload`` (any JSON value) to ``topic``; return the id once durable.
         The options are those of the async ``Producer.publish``."""
@@ -61,6 +62,7 @@ class Producer:
             dedup_id=dedup_id,
             wait_for_room=wait_for_room,
             expires_in=expires_in,
+            priority=priority,
         )
         return self._runner.call(inner)
 
@@ -71,12 +73,13 @@ class Producer:
         *,
         attributes: Mapping[str, str] | None = None,
         expires_in: float | None = None,
+        priority: int = 0,
     ) -> list[str]:
         """Publish many messages as one batch object (one write); return their ids."""
         # Iterated here: a generator must not run on the loop thread.
         items = producer.payloads_argument(payloads)
         inner = self._inner.publish_batch(
-            topic, items, attributes=attributes, expires_in=expires_in
+            topic, items, attributes=attributes, expires_in=expires_in, priority=priority
         )
         return self._runner.call(inner)
 

@@ -1,0 +1,82 @@
+"""The name of a message object under ``{queue}/messages/``: its priority band, timestamp,
+delay mark and id (:mod:`pawn_queue._protocol.layout` builds the keys and re-exports these).
+
+A name is ``[!{9-p}]{ts}[d]-{uuid}{suffix}``. The band mark (``!`` then a digit) is only in
+the names of messages published with a priority ``p`` of 1 to 9; ``!`` sorts before every
+digit, and so before every timestamp: one LIST of a queue's messages returns priority 9,
+then 8 ... 1 (``!0`` to ``!8``), then the names with no band (priority 0, as pawn-queue 0.1.x
+writes them), each band in timestamp order (FIFO).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+# Follows the timestamp of a delayed message. 0.1.x reads the id from the name's end only.
+DELAYED_MARK = "d"
+BAND_MARK = "!"  # starts the name of a message with a priority of 1 to 9
+_BAND_DIGITS = "012345678"  # 9 - priority, for priorities 9 to 1
+PRIORITIES = range(10)  # 0 (the default, the lowest) to 9 (the highest)
+_STAMP_RE = re.compile(r"[0-9]{8}T[0-9]{6}_[0-9]{6}")  # the timestamp, UTC
+STAMP_LENGTH = 22
+
+
+def stamp(at: datetime, delayed: bool) -> str:
+    ts = at.astimezone(UTC).strftime("%Y%m%dT%H%M%S_%f")
+    return ts + DELAYED_MARK if delayed else ts
+
+
+def band(priority: int) -> str:
+    """The band mark a name of ``priority`` (0 to 9) starts with: none for 0."""
+    return f"{BAND_MARK}{9 - priority}" if priority else ""
+
+
+def band_of_name(name: str) -> str:
+    """The band mark ``name`` starts with (``""``: none, priority 0)."""
+    banded = len(name) > 1 and name[0] == BAND_MARK and name[1] in _BAND_DIGITS
+    return name[:2] if banded else ""
+
+
+def unbanded(name: str) -> str:
+    """``name`` without its band mark: what 0.1.x's names are."""
+    return name[len(band_of_name(name)) :]
+
+
+def priority_of(key: str) -> int:
+    """The priority (0 to 9) the name of the message at ``key`` says."""
+    mark = band_of_name(key.rsplit("/", 1)[-1])
+    return 9 - int(mark[1]) if mark else 0
+
+
+def band_of(key: str) -> str:
+    """The band mark of the message at ``key`` (``""``: priority 0)."""
+    return band_of_name(key.rsplit("/", 1)[-1])
+
+
+def is_delayed_key(key: str) -> bool:
+    """Whether the message at ``key`` was published (or requeued) with a delay."""
+    name = unbanded(key.rsplit("/", 1)[-1])
+    return name[STAMP_LENGTH : STAMP_LENGTH + len(DELAYED_MARK)] == DELAYED_MARK
+
+
+def due_from_key(key: str) -> datetime | None:
+    """When the message at ``key`` is due: the UTC timestamp its name starts with (after
+    its band mark)."""
+    name = unbanded(key.rsplit("/", 1)[-1])
+    if not _STAMP_RE.match(name):
+        return None
+    # By hand: strptime costs ~20 µs a key, and polls look at every key of a page.
+    try:
+        return datetime(
+            int(name[0:4]),
+            int(name[4:6]),
+            int(name[6:8]),
+            int(name[9:11]),
+            int(name[11:13]),
+            int(name[13:15]),
+            int(name[16:22]),
+            tzinfo=UTC,
+        )
+    except ValueError:
+        return None
