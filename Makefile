@@ -7,7 +7,7 @@ VSQS_VENV := .venv-vsqs
 DEMO_STAMP := $(VENV)/.demo-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck docs docs-check pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-limits bench-replay bench-soak bench-cost bench-fleet chromium systemd clean
+.PHONY: demo demo-queue demo-spark test test-servers ceph lint typecheck docs docs-check pytest bench bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-limits bench-priorities bench-replay bench-soak bench-cost bench-fleet chromium systemd clean
 
 # What `make demo` needs: the library, its command line (Rich) and PySpark.
 $(DEMO_STAMP): pyproject.toml
@@ -179,6 +179,10 @@ bench-limits: $(STAMP)
 	$(PY) -m bench.handlers.limits
 	$(PY) -m bench.handlers.rate_latency
 
+# 100 messages of priority 9 against a backlog of 10,000 of priority 0, 4 consumer processes.
+bench-priorities: $(STAMP)
+	$(PY) -m bench.queue.priorities
+
 # Batch handlers (listen(batch=100)) against per-message listen() on batch objects of 100, memory and SeaweedFS.
 bench-batch-handlers: $(STAMP)
 	$(PY) -m bench.handlers.batch
@@ -206,7 +210,7 @@ FLEET_ARGS ?=
 bench-fleet: $(STAMP)
 	$(PY) -m bench.cost.fleet $(FLEET_ARGS)
 
-bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-limits bench-replay
+bench: bench-store bench-queue bench-delays bench-spark bench-codec bench-worker bench-group-commit bench-batch-handlers bench-limits bench-priorities bench-replay
 
 # Soak (not in `make bench` or `make test`): SOAK_MINUTES of producers and consumers on S3
 # through injected network faults, then a drain and an audit; fails if a message was lost.
