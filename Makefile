@@ -113,7 +113,7 @@ test-servers: ceph $(NPM_DIR)/node_modules/.installed
 # request counts) run in two workers, Spark's in one and the rest in the other (they mostly
 # wait), and what failed there once more in one process. Every phase runs; any failing
 # fails (docs/development/layout.md).
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 5
 PYTEST := PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
 pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
 	rm -rf .pytest_cache; \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -12,14 +13,21 @@ IO_CONCURRENCY = 32  # requests in flight per consumer (claims, reads, refreshes
 
 
 async def gather_limited(limit: int, aws: Iterable[Awaitable[T]]) -> list[T | BaseException]:
-    """Run ``aws`` with at most ``limit`` at once; results (or raised exceptions) in order."""
+    """Run ``aws`` with at most ``limit`` at once; results (or raised exceptions) in order.
+    Cancelled, it closes the coroutines it had not started (no "never awaited" warning)."""
     semaphore = asyncio.Semaphore(limit)
+    waiting = list(aws)
 
     async def run(aw: Awaitable[T]) -> T:
         async with semaphore:
             return await aw
 
-    return await asyncio.gather(*(run(aw) for aw in aws), return_exceptions=True)
+    try:
+        return await asyncio.gather(*(run(aw) for aw in waiting), return_exceptions=True)
+    finally:
+        for aw in waiting:
+            if inspect.iscoroutine(aw) and inspect.getcoroutinestate(aw) == "CORO_CREATED":
+                aw.close()
 
 
 class Background:
