@@ -97,6 +97,7 @@ PATH_SAMPLES: dict[str, tuple[str, Any]] = {
     "notify.sweep_interval_seconds": ("300", 300.0),
     "notify.sweep_pace_seconds": ("2.5", 2.5),
     "notify.signal_interval_seconds": ("0.2", 0.2),
+    "notify.shared_check_interval_seconds": ("0.3", 0.3),
     "notify.slot_signals": ("true", True),
     "producer.group_commit": ("no", False),
     "producer.linger_seconds": ("0.01", 0.01),

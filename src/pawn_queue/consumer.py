@@ -314,6 +314,8 @@ class Consumer:
         call = handlers.as_async(handler, executor=executor)
         grace = self._polling.shutdown_grace_seconds if grace is None else grace
         running: set[asyncio.Task[None]] = set()
+        registry = self._runtime.registry
+        await registry.listening(self._topics, started=True)  # listeners share new messages
         try:
             try:
                 if batches is not None:
@@ -336,6 +338,7 @@ class Consumer:
                 await asyncio.shield(self.release_all())
             finally:
                 self._stopping = False
+                await asyncio.shield(registry.listening(self._topics, started=False))
 
     async def _serve(
         self,

@@ -141,6 +141,12 @@ MEANINGS: dict[str, str] = {
     "(Google Cloud Storage, Cloudflare R2, Storj): fewer requests while busy, and other "
     "processes' consumers list a busy topic every 0.2 s instead of waiting for its signals "
     "([request rates](../protocol.md#request-rates)).",
+    "notify.shared_check_interval_seconds": "Where several consumer processes share a "
+    "queue (the registry says which), each checks the root that many times less often, "
+    "up to this: together they check as often as one process, and a new message waits for "
+    "its owner's next check. Set it to `check_interval_seconds` for the fastest wake-up "
+    "in a fleet, at one request per check per process "
+    "([request rates](../protocol.md#request-rates)).",
     "producer.group_commit": "Concurrent `publish()` calls to one topic share batch objects "
     "(a lone publish is written at once, alone); `false`: one object per message, as a "
     "fleet with pawn-queue 0.1 consumers needs (0.1 skips batch objects).",

@@ -434,17 +434,20 @@ class ListCounter:
 
     def __init__(self) -> None:
         self.lists: Counter[str] = Counter()
+        self.root_gets = 0
         self._look = asyncio.Event()  # set, and replaced, at each look
 
     async def hook(self, operation: str, key: str) -> None:
         if operation == "list":
             self.lists[key] += 1
-        if operation in ("list", "head") and key.startswith(layout.NOTIFY):
+        if operation == "get" and key == layout.NOTIFY_ROOT:
+            self.root_gets += 1
+        if operation in ("list", "head", "get") and key.startswith(layout.NOTIFY):
             look, self._look = self._look, asyncio.Event()
             look.set()
 
     async def next_look(self) -> None:
-        """Wait for the next look at the signals (HEAD of the root or LIST of slots)."""
+        """Wait for the next look at the signals (HEAD or GET of the root, LIST of slots)."""
         await asyncio.wait_for(self._look.wait(), 10)
 
 
@@ -528,15 +531,22 @@ async def test_idle_listeners_cost_a_head_per_check_and_a_signal_needs_no_list(
             for _ in range(20):
                 await counter.next_look()
             idle = store.reset()
-            assert set(idle) == {"HEAD"} and not counter.lists, (idle, counter.lists)
+            # HEADs; and maybe the shares' reads of the process records (1, 2, 4 s after
+            # the listeners began: docs/protocol.md, "Strategy conditional_write").
+            assert set(idle) <= {"HEAD", "LIST"} and idle["HEAD"] >= 20, idle
+            assert set(counter.lists) <= {layout.INSTANCES}, counter.lists
+            counter.lists.clear()
+            gets_before = counter.root_gets
             async with await PawnQueue.from_config(queue_config) as elsewhere:
                 mid = await (await elsewhere.register_producer("p")).publish("t2", {"n": 1})
             assert await asyncio.wait_for(received.get(), 10) == mid
-            assert not counter.lists, counter.lists
+            assert topic_lists(counter) == 0, counter.lists
             spent = store.reset()
-            # The root's signal log and the message; the claim; the ack's deletes.
-            assert spent["GET"] == 2 and spent["PUT create"] == 1, spent
-            assert spent["LIST"] == 0, spent
+            # The root's signal log (a GET per look for 10 s after it changed: it likely
+            # changes again) and the message; the claim; the ack's deletes.
+            root_gets = counter.root_gets - gets_before
+            assert root_gets >= 1 and spent["GET"] == root_gets + 1, spent
+            assert spent["PUT create"] == 1, spent
         finally:
             for task in tasks:
                 task.cancel()

@@ -451,8 +451,11 @@ class NotifyConfig(Section):
     ``max(sweep_interval_seconds, topics * sweep_pace_seconds) + sweep_pace_seconds``).
     docs/protocol.md, rule 14. The root is written at most once per
     ``signal_interval_seconds`` by every process together (docs/protocol.md, "Request
-    rates"). ``slot_signals``: also write the topic's slot ``_notify/{slot}``, which is how
-    0.2.0's consumers learn of new messages (while they run on the bucket).
+    rates"). Where ``n`` processes consume a queue (the registry says), each checks every
+    ``n * check_interval_seconds``, up to ``shared_check_interval_seconds``: each watches for
+    its own share of new messages (docs/protocol.md, "Strategy conditional_write").
+    ``slot_signals``: also write the topic's slot ``_notify/{slot}``, which is how 0.2.0's
+    consumers learn of new messages (while they run on the bucket).
     """
 
     section_path: ClassVar[str] = "notify"
@@ -464,6 +467,7 @@ class NotifyConfig(Section):
     sweep_interval_seconds: float = Field(default=600.0, gt=0)
     sweep_pace_seconds: float = Field(default=10.0, gt=0)
     signal_interval_seconds: float = Field(default=0.1, gt=0)
+    shared_check_interval_seconds: float = Field(default=1.0, gt=0)
     slot_signals: bool = False
 
 

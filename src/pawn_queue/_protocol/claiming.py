@@ -204,11 +204,13 @@ class Claimer:
         """Claim objects a change signal named, with no listing; if it leaves any (a poll's
         maximum, a delayed or group message, a race lost), the topic is listed, as it is at
         once where other processes' consumers compete: each then claims in its lane."""
-        if self.lanes.contended(topic):
+        if self.lanes.contended(topic) and self._runtime.registry.shares.size(topic) == 1:
             self._runtime.signals.local.changed(topic)
             return []
         candidates, unsure = hinted_candidates(keys, self._clock(), self._leases.margin)
         candidates = self._worth_claiming(topic, candidates)
+        # Those of other processes' shares: listed when this one may take them.
+        self.memory.due_by(topic, self._leases.next_expiry(topic))
         won, rest, conflicts = await self._claim_candidates(topic, candidates, wanted)
         if conflicts:
             self._met_competitor(topic)
@@ -449,6 +451,8 @@ class Claimer:
             logger.warning("orphan lease sweep failed topic=%s error=%s", topic, exc)
 
     def _met_competitor(self, topic: str) -> None:
-        """Another consumer won a claim here: move lanes, and forget the listing."""
+        """Another consumer won a claim here: move lanes, forget the listing, and have the
+        registry read again if other processes share the topic (a view gone stale)."""
         self.lanes.met_competitor(topic)
+        self._runtime.registry.shares.stale(topic)
         self._remembered.pop(topic, None)

@@ -92,6 +92,13 @@ class ListingMemory:
         else:
             self._seen.pop(topic, None)
 
+    def due_by(self, topic: str, when: datetime | None) -> None:
+        """List ``topic`` again by ``when`` at the latest (a message named by a signal that
+        this process may take only then: another's share, :mod:`pawn_queue._protocol.shares`)."""
+        if when is not None:
+            due = self._due.get(topic)
+            self._due[topic] = when if due is None else min(due, when)
+
     def named(self, topic: str) -> None:
         """Messages of ``topic`` named by change signals were claimed with no listing. While
         they come so, the topic is still listed every ``notify.backfill_interval_seconds``:

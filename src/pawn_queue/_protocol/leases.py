@@ -29,6 +29,7 @@ from pawn_queue._internal.config_sections import claim_seconds
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import CorruptObject, LeaseBody, now_utc
 from pawn_queue._protocol.lease_protocol import RELEASED, Lease, LeaseProtocol, ResolvedStrategy
+from pawn_queue._protocol.shares import Shares
 from pawn_queue._protocol.tombstones import TOMBSTONE_SECONDS, Tombstones
 from pawn_queue.config import ConcurrencyConfig
 from pawn_queue.exceptions import LeaseLostError, NotFound, StoreError
@@ -71,6 +72,10 @@ class LeaseManager(LeaseProtocol):
         self._held_here: dict[str, Lease] = {}
         self._claiming_here: set[str] = set()
         self._settled_here: dict[str, float] = {}
+        # The consumer processes' shares of each queue, and per queue when to look for
+        # messages of another's share that this process may take then.
+        self.shares: Shares | None = None
+        self._share_due: dict[str, datetime] = {}
         # Told when a message is given back (a requeue, a stop): consumers that looked at
         # its topic and found nothing else must look again (the queue's change signals).
         self.on_freed: Callable[[str], None] | None = None
@@ -105,7 +110,11 @@ class LeaseManager(LeaseProtocol):
     def worth_claiming(self, topic: str, lease_id: str, message_key: str) -> bool:
         """False if this process knows the message is leased or gone (saves requests)."""
         key = layout.lease_key(topic, lease_id)
-        return not self._leased_here(key) and self._not_known_busy(key, message_key)
+        return (
+            not self._leased_here(key)
+            and self._not_known_busy(key, message_key)
+            and self._in_share(topic, lease_id, message_key)
+        )
 
     def _leased_here(self, key: str) -> bool:
         return key in self._held_here or key in self._claiming_here
@@ -128,7 +137,23 @@ class LeaseManager(LeaseProtocol):
             if lease is not None:
                 self._background.start(self._release_superseded(lease))
             return False
-        return self._not_known_busy(key, message_key)
+        return self._not_known_busy(key, message_key) and self._in_share(
+            topic, lease_id, message_key
+        )
+
+    def _in_share(self, topic: str, lease_id: str, message_key: str) -> bool:
+        """Whether this process may claim it now (:mod:`pawn_queue._protocol.shares`). If
+        not, and it is next in line, the topic is looked at again when it may
+        (:meth:`next_expiry`); those further down the line are left to the one before them."""
+        turn = None if self.shares is None else self.shares.free_at(topic, lease_id, message_key)
+        if turn is None or turn[0] <= self.clock():
+            return True
+        if turn[1] and self.shares is not None:
+            look = self.shares.look_at(turn[0])
+            planned = self._share_due.get(topic)
+            if planned is None or planned <= self.clock() or look < planned:
+                self._share_due[topic] = look
+        return False
 
     async def _release_superseded(self, lease: Lease) -> None:
         await self.release_gone(lease)
@@ -154,16 +179,15 @@ class LeaseManager(LeaseProtocol):
 
     def next_expiry(self, topic: str | None = None) -> datetime | None:
         """The earliest time a lease known to be held elsewhere (of ``topic``, if given) may
-        be taken over."""
+        be taken over, or a message of another process's share may be taken here."""
         now = self.clock()
         if len(self._busy_until) > _SETTLED_MEMORY:
             stale = now - timedelta(seconds=_SETTLED_SECONDS)
             self._busy_until = {k: t for k, t in self._busy_until.items() if t > stale}
         prefix = layout.leases_prefix(topic) if topic is not None else ""
-        return min(
-            (t for k, t in self._busy_until.items() if t > now and k.startswith(prefix)),
-            default=None,
-        )
+        busy = (t for k, t in self._busy_until.items() if t > now and k.startswith(prefix))
+        shared = (t for q, t in self._share_due.items() if t > now and topic in (None, q))
+        return min((*busy, *shared), default=None)
 
     def _note_settled(self, message_key: str) -> None:
         now = time.monotonic()

@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable
 
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.shares import Shares
 from pawn_queue._protocol.signal_log import SignalLog, decode, merge_names
 from pawn_queue._protocol.signal_writer import WARM_CHECKS, SignalWriter
 from pawn_queue.config import NotifyConfig
@@ -113,9 +114,12 @@ class LocalSignals:
 class ChangeSignals:
     """Marks topics for other processes and watches their marks, over one store."""
 
-    def __init__(self, store: Store, config: NotifyConfig) -> None:
+    def __init__(self, store: Store, config: NotifyConfig, shares: Shares | None = None) -> None:
+        """``shares``: the consumer processes sharing the queues watched here; n of them
+        each check the root n times less often (:attr:`_watch_gap`)."""
         self._store = store
         self._config = config
+        self._shares = shares
         self.local = LocalSignals()
         # topic -> the names of the objects to signal (None: unknown, "list it")
         self._to_mark: dict[str, frozenset[str] | None] = {}
@@ -143,6 +147,7 @@ class ChangeSignals:
         self._warmed: dict[str, float] = {}
         self._checked = 0.0  # when the last look at the store succeeded
         self._look_began = -1.0  # when the last look that succeeded began (monotonic)
+        self._moved_at = float("-inf")  # when a look last found the root changed
         # The topics consumed here, and when a consumer here last began to list each: the
         # sweep bumps the one looked at longest ago.
         self._watched: dict[str, float] = {}
@@ -284,7 +289,8 @@ class ChangeSignals:
             self._watcher = asyncio.create_task(self._watch())
 
     async def _look(self, since: float | None = None) -> bool:
-        """HEAD the root; if it changed, GET it and wake the topics its signal log names
+        """HEAD the root (GET it, if it changed in the last ``_BUSY_SECONDS``); if it changed,
+        GET it and wake the topics its signal log names
         since the version seen last (every watched topic if it cannot tell). True if the
         root changed. With ``since``, a look that began after that time (polls asking
         together) is enough."""
@@ -292,11 +298,20 @@ class ChangeSignals:
             if since is not None and self._look_began >= since:
                 return False
             began = time.monotonic()
-            etag = await self._root_etag()
+            log: SignalLog | None = None
+            if self._baseline_taken and began - self._moved_at < _BUSY_SECONDS:
+                # It moved lately, so it likely has again: one GET, not a HEAD and a GET.
+                etag, log = await self._root_log()
+                read = True
+            else:
+                etag, read = await self._root_etag(), False
             now = time.monotonic()
             moved = etag != self._root
+            if moved:
+                self._moved_at = now
             if moved or not self._baseline_taken:
-                etag, log = await self._root_log() if etag is not None else (None, None)
+                if not read:
+                    etag, log = await self._root_log() if etag is not None else (None, None)
                 if self._baseline_taken:  # the first look only learns where things stand
                     self._wake(log, now)
                 # No root yet is version 0: the first written is 1, its changes all new.
@@ -381,7 +396,7 @@ class ChangeSignals:
         for topic, until in list(self._busy_until.items()):
             if until <= now:
                 del self._busy_until[topic]
-            elif now - self._warmed.get(topic, 0.0) >= WARM_CHECKS * self._gap:
+            elif now - self._warmed.get(topic, 0.0) >= WARM_CHECKS * self._watch_gap:
                 self._warmed[topic] = now
                 self.local.changed(topic)
 
@@ -403,7 +418,7 @@ class ChangeSignals:
                 self.local.changed(topic)
 
     async def _watch(self) -> None:
-        gap = self._gap
+        gap = self._watch_gap
         last_change = time.monotonic()
         failing = False
         # Watch while anyone waits, however long, and a while after the last wait or poll
@@ -425,15 +440,24 @@ class ChangeSignals:
                 logger.info("change-signal checks work again")
                 failing = False
             if moved:
-                gap, last_change = self._gap, time.monotonic()
+                gap, last_change = self._watch_gap, time.monotonic()
             elif time.monotonic() - last_change > _BUSY_SECONDS:
                 # Quiet: check less often, up to the idle interval (cheaper, slower).
                 gap = min(gap * 1.5, self._idle_gap())
             else:
-                gap = self._gap
+                gap = self._watch_gap
 
     def _idle_gap(self) -> float:
-        return max(self._gap, self._config.idle_check_interval_seconds)
+        return max(self._watch_gap, self._config.idle_check_interval_seconds)
+
+    @property
+    def _watch_gap(self) -> float:
+        """The check interval, times the number of processes sharing the queues watched here
+        (the fewest of any), up to ``shared_check_interval_seconds``: together they check as
+        often as one would."""
+        fleet = 1 if self._shares is None else self._shares.fewest(self._watched)
+        longest = self._config.shared_check_interval_seconds
+        return max(self._gap, min(self._gap * fleet, longest))
 
     async def _root_etag(self) -> str | None:
         try:

@@ -18,7 +18,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Literal, TypeVar
@@ -28,6 +29,7 @@ from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import codec, layout
 from pawn_queue._protocol.envelope import encode_json, now_utc
 from pawn_queue._protocol.layout import ROLES, Role
+from pawn_queue._protocol.shares import Shares
 from pawn_queue.exceptions import (
     AlreadyExists,
     ArgumentError,
@@ -75,6 +77,7 @@ class Instance:
     last_seen: str
     stopped_at: str | None = None
     members: list[dict[str, str]] = field(default_factory=list)  # role, name, entity_id
+    consuming: list[str] = field(default_factory=list)  # the queues listen() reads there
 
 
 Status = Literal["alive", "stopped", "dead", "unknown"]
@@ -90,6 +93,9 @@ class Liveness:
     status: Status
     last_seen_seconds_ago: float | None
 
+
+_FIRST_SHARE_REFRESH_SECONDS = 1.0
+_SHARE_REFRESH_SPACING_SECONDS = 2.0
 
 FORGET_SECONDS = 86_400.0
 """Records of processes stopped, or not seen, for this long are deleted (by the next
@@ -107,6 +113,13 @@ class Registry:
             str(uuid.uuid4()), socket.gethostname(), os.getpid(), started, started
         )
         self._instance_written = False
+        self.shares = Shares(self._instance.instance_id)
+        """Who else consumes this process's queues (refreshed at each heartbeat)."""
+        self._alive_seconds = 120.0  # a record is live within 2 heartbeats (the default's)
+        self._share_gap = _FIRST_SHARE_REFRESH_SECONDS
+        self._listening: Counter[str] = Counter()  # queue -> listen() calls running here
+        # process record key -> (its etag when read, what it said): re-read when rewritten
+        self._records: dict[str, tuple[str, Instance | None]] = {}
 
     async def register(self, role: Role, name: str) -> RegistryEntry:
         """Register ``name`` (or find its existing id) and return its entry."""
@@ -143,6 +156,30 @@ class Registry:
             await self._write_instance()
         logger.info("registered role=%s name=%s id=%s", role, name, entity_id)
         return entry
+
+    async def listening(self, queues: Iterable[str], started: bool) -> None:
+        """A ``listen()`` of ``queues`` starts (or ends) here: this process's record says
+        which queues it listens to, so the listeners of a queue share its new messages
+        (:attr:`shares`). A write that fails is logged: the process is then left out of the
+        others' view, or kept in it, until its next heartbeat."""
+        before = set(self._listening)
+        self._listening.update({queue: 1 if started else -1 for queue in queues})
+        self._listening = +self._listening  # drop the queues no listener reads any more
+        if set(self._listening) == before:
+            return
+        self._instance.consuming = sorted(self._listening)
+        try:
+            await self._write_instance()
+        except (StoreError, RootNotFound) as exc:
+            logger.warning(
+                "registry write failed instance=%s error=%s", self._instance.instance_id, exc
+            )
+            return
+        if started:
+            self._share_gap = _FIRST_SHARE_REFRESH_SECONDS
+            await self.refresh_shares()
+        else:
+            self.shares.update({}, own=self._instance.consuming)
 
     async def list(self, role: Role) -> list[RegistryEntry]:
         """Every entry of ``role`` ("producers" or "consumers"), by name."""
@@ -207,6 +244,44 @@ class Registry:
         except StoreError as exc:
             logger.warning("heartbeat failed instance=%s error=%s", self._instance.instance_id, exc)
 
+    async def refresh_shares(self) -> None:
+        """Tell :attr:`shares` which live processes consume the queues consumed here: a LIST
+        of the process records, and a GET of each written since it was last read. A failure
+        keeps the last view."""
+        if not self._instance.consuming:
+            return
+        try:
+            metas = [m for m in await self._store.list(layout.INSTANCES) if m.key.endswith(".json")]
+            own = layout.instance_key(self._instance.instance_id)  # known here: not read
+            changed = [
+                m
+                for m in metas
+                if m.key != own and m.etag != self._records.get(m.key, ("", None))[0]
+            ]
+            results = await gather_limited(16, (self._store.get(m.key) for m in changed))
+        except (StoreError, RootNotFound) as exc:
+            logger.warning("reading the consumer processes failed error=%s", exc)
+            return
+        listed = {m.key for m in metas}
+        self._records = {k: v for k, v in self._records.items() if k in listed}
+        for meta, result in zip(changed, results, strict=True):
+            if isinstance(result, NotFound):
+                self._records.pop(meta.key, None)
+            elif isinstance(result, BaseException):
+                logger.warning("reading a consumer process failed error=%s", result)
+            else:
+                self._records[meta.key] = (result.meta.etag, _decode_instance(result.data))
+        now = now_utc()
+        consuming: dict[str, list[str]] = {}
+        for _, record in self._records.values():
+            if record is None or record.stopped_at is not None:
+                continue
+            ago = _seconds_since(now, record.last_seen)
+            if ago is not None and ago <= self._alive_seconds:
+                for queue in record.consuming:
+                    consuming.setdefault(queue, []).append(record.instance_id)
+        self.shares.update(consuming, own=self._instance.consuming)
+
     async def stop(self) -> None:
         """Mark this process's record stopped (a clean stop shows at once). A failure is
         logged: the record then ages out as a dead process's does."""
@@ -221,9 +296,29 @@ class Registry:
             )
 
     async def run_heartbeat(self, interval: float) -> None:
+        """Heartbeat every ``interval`` seconds; meanwhile keep :attr:`shares` fresh."""
+        self._alive_seconds = 2 * interval
+        sharing = asyncio.create_task(self._run_share_refresh(interval))
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                await self.heartbeat()
+        finally:
+            sharing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sharing
+
+    async def _run_share_refresh(self, interval: float) -> None:
+        """Read the process records again 1, 2, 4… seconds after consumers began here (the
+        others of a fleet start about then), then once per ``interval``, and soon after a
+        claim found the view stale (:meth:`Shares.stale`), at most every few seconds."""
         while True:
-            await asyncio.sleep(interval)
-            await self.heartbeat()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.shares.stale_seen.wait(), self._share_gap)
+            self.shares.stale_seen.clear()
+            await self.refresh_shares()
+            self._share_gap = min(self._share_gap * 2, interval)
+            await asyncio.sleep(_SHARE_REFRESH_SPACING_SECONDS)
 
     async def _write_instance(self) -> None:
         if not self._instance_written:
@@ -287,6 +382,9 @@ def _decode_instance(data: bytes) -> Instance | None:
         raw = codec.loads(data)
         members = [{k: str(m[k]) for k in ("role", "name", "entity_id")} for m in raw["members"]]
         stopped = raw.get("stopped_at")
+        consuming = raw.get("consuming", [])
+        if not isinstance(consuming, list) or not all(isinstance(q, str) for q in consuming):
+            consuming = []  # written by another version, or damaged: not a consumer of any
         return Instance(
             str(raw["instance_id"]),
             str(raw["host"]),
@@ -295,6 +393,7 @@ def _decode_instance(data: bytes) -> Instance | None:
             str(raw["last_seen"]),
             None if stopped is None else str(stopped),
             members,
+            consuming,
         )
     except (ValueError, KeyError, TypeError, RecursionError):
         return None

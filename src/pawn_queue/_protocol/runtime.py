@@ -95,7 +95,10 @@ async def open_runtime(
         # Memory and a local directory always answer: no publish needs to look.
         keep_tombstones=strategy == "conditional_write" and not known_conditional(store),
     )
-    signals = ChangeSignals(store, config.notify)
+    registry = Registry(store)
+    leases.shares = registry.shares  # consumer processes split new messages
+    signals = ChangeSignals(store, config.notify, registry.shares)
+    registry.shares.on_change = signals.local.changed
     request_seconds = claim_seconds(config.polling.visibility_timeout_seconds)
     topics = Topics(store)
     leases.on_freed = signals.published  # a message given back wakes its consumers
@@ -105,7 +108,7 @@ async def open_runtime(
         leases=leases,
         topics=topics,
         subscriptions=Subscriptions(store, topics),
-        registry=Registry(store),
+        registry=registry,
         signals=signals,
         listings=SharedListings(store, signals),
         dedup_sweeper=MarkerSweeper(store, background, clock, leases.margin),
