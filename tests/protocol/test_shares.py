@@ -14,6 +14,10 @@ import pytest
 from pawn_queue import Consumer, Message, PawnQueue
 from pawn_queue._protocol import layout, shares
 from pawn_queue._protocol.shares import Shares
+from pawn_queue.config import load_config
+from pawn_queue.store import open_store
+from tests.helpers.faults import FaultyStore, Hook
+from tests.helpers.support import settled
 
 
 def _key(at: datetime, n: int) -> str:
@@ -78,12 +82,14 @@ async def _listening(pq: PawnQueue) -> None:
 
 @contextlib.asynccontextmanager
 async def _two_listening(
-    queue_config: dict[str, Any],
+    queue_config: dict[str, Any], hooks: list[Hook] | None = None
 ) -> AsyncIterator[tuple[PawnQueue, PawnQueue, Consumer, set[str]]]:
-    """Two listening processes of topic t, and 20 messages published: the first process,
-    its consumer (which polls) and the ids; the other never claims."""
+    """Two listening processes of topic t, and 20 messages published: the first process
+    (its store's requests seen by ``hooks``), its consumer (which polls) and the ids; the
+    other never claims."""
+    config = load_config(queue_config)
     async with (
-        await PawnQueue.from_config(queue_config) as working,
+        PawnQueue(config, store=FaultyStore(open_store(config), hooks=hooks or [])) as working,
         await PawnQueue.from_config(queue_config) as other,
     ):
         await working.create_topic("t")
@@ -111,6 +117,28 @@ async def test_a_consumer_process_takes_its_share_first_and_a_stopped_ones_at_on
         await working.registry.refresh_shares()
         rest = await _drain(consumer)
         assert sorted(first + rest) == sorted(published)
+
+
+async def test_a_contended_consumer_claims_its_whole_share_whatever_its_lane(
+    queue_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Having lost races lately, a consumer works in one lane; its share it claims whatever
+    the lane (nobody else claims it yet), with no LIST of leases to choose a lane."""
+    monkeypatch.setattr(shares, "SHARE_WAIT_SECONDS", 600.0)
+    listed: list[str] = []
+
+    async def hook(operation: str, key: str) -> None:
+        if operation == "list":
+            listed.append(key)
+
+    async with _two_listening(queue_config, [hook]) as (working, _, consumer, published):
+        queue = layout.queue("t", None)
+        consumer._claimer.lanes.work_in(queue, 0)
+        listed.clear()
+        first = await _drain(consumer)
+        assert 0 < len(first) < 20 and set(first) <= published
+        assert all(working.registry.shares.owns(queue, m) for m in first)
+        assert layout.leases_prefix(queue) not in listed, listed
 
 
 async def test_another_processs_share_is_taken_once_it_waited(
@@ -158,3 +186,77 @@ async def test_a_listener_is_in_the_shares_while_it_runs(queue_config: dict[str,
         await asyncio.gather(task, return_exceptions=True)
         await watching.registry.refresh_shares()
         assert watching.registry.shares.size(queue) == 1
+
+
+async def test_a_listener_starting_or_ending_is_signalled_to_the_others(
+    queue_config: dict[str, Any],
+) -> None:
+    """The other processes read the records again as soon as a change signal says a
+    listener started or ended, not at their next heartbeat (a minute)."""
+    queue = layout.queue("t", None)
+    async with (
+        await PawnQueue.from_config(queue_config) as joining,
+        await PawnQueue.from_config(queue_config) as watching,
+    ):
+        await joining.create_topic("t")
+        joined = await joining.register_consumer("joining", topics=["t"])
+        watcher = await watching.register_consumer("watching", topics=["t"])
+        shares_seen = watching.registry.shares
+        sizes: asyncio.Queue[int] = asyncio.Queue()
+        wake = shares_seen.on_change
+        assert wake is not None
+
+        def changed(topic: str) -> None:
+            wake(topic)
+            sizes.put_nowait(shares_seen.size(queue))
+
+        shares_seen.on_change = changed
+        watching_task = asyncio.create_task(watcher.listen(lambda m: m.ack()))
+        assert await asyncio.wait_for(sizes.get(), 10) == 1  # its own listener
+        joined_task = asyncio.create_task(joined.listen(lambda m: m.ack()))
+        assert await asyncio.wait_for(sizes.get(), 10) == 2
+        joined_task.cancel()
+        await asyncio.gather(joined_task, return_exceptions=True)
+        assert await asyncio.wait_for(sizes.get(), 10) == 1
+        watching_task.cancel()
+        await asyncio.gather(watching_task, return_exceptions=True)
+
+
+async def test_a_shared_topic_is_listed_at_a_signal_so_unsignalled_messages_come_too(
+    queue_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where listening processes share a topic, a change signal has it listed (not only
+    its named messages claimed): a message whose producer's signal has not come yet (here:
+    a producer with signals off) is found at the next signal of any producer, not at the
+    backfill a minute later."""
+    monkeypatch.setattr(shares, "SHARE_WAIT_SECONDS", 600.0)
+    queue_config["notify"] = {
+        **queue_config.get("notify", {}),
+        "check_interval_seconds": 0.05,
+        "backfill_interval_seconds": 60,
+    }
+    silent = {**queue_config, "notify": {**queue_config["notify"], "enabled": False}}
+    async with (
+        _two_listening(queue_config) as (working, _, consumer, _),
+        await PawnQueue.from_config(silent) as quiet_side,
+        await PawnQueue.from_config(queue_config) as loud_side,
+    ):
+        await _drain(consumer)  # its share of the first 20
+        await settled(working)  # their signals written,
+        assert await consumer.poll(wait=0.5) == []  # and seen
+        quiet = await quiet_side.register_producer("quiet")
+        unsignalled = {await quiet.publish("t", n) for n in range(20)}
+        queue = layout.queue("t", None)
+        mine = {m for m in unsignalled if working.registry.shares.owns(queue, m)}
+        assert mine
+        assert await consumer.poll(wait=0.5) == []  # nothing signalled: nothing listed
+        loud = await loud_side.register_producer("loud")  # another process: a signal
+        await loud.publish("t", "signalled")
+        got: set[str] = set()
+        for _ in range(10):
+            for message in await consumer.poll(wait=1):
+                await message.ack()
+                got.add(message.id)
+            if mine <= got:
+                break
+        assert mine <= got

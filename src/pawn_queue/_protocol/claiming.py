@@ -29,7 +29,7 @@ from pawn_queue._protocol.claimed_reads import ClaimedReader
 from pawn_queue._protocol.delivery import Message
 from pawn_queue._protocol.freshness import ListingMemory, hinted_candidates
 from pawn_queue._protocol.handout import Handout
-from pawn_queue._protocol.lanes import LANE_WIDTH, LANES, Lanes, claims_for
+from pawn_queue._protocol.lanes import LANE_WIDTH, LANES, Candidates, Lanes, claims_for
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
 from pawn_queue._protocol.lease_protocol import Lease
 from pawn_queue._protocol.notify import outranks
@@ -177,7 +177,9 @@ class Claimer:
             # briefly, so a message released meanwhile waits at most that long to come first.
             remembered = self._worth_claiming(topic, remembered)
             if self.lanes.contended(topic):
-                remembered = self.lanes.in_lane(topic, remembered) or []
+                remembered = (
+                    self._own(topic, remembered) or self.lanes.in_lane(topic, remembered) or []
+                )
             claimed, rest, conflicts = await self._claim_candidates(topic, remembered, wanted)
             self.candidates_left |= bool(rest or conflicts)
             if conflicts:
@@ -203,8 +205,11 @@ class Claimer:
     async def _claim_hinted(self, topic: str, keys: list[str], wanted: int) -> list[Message]:
         """Claim objects a change signal named, with no listing; if it leaves any (a poll's
         maximum, a delayed or group message, a race lost), the topic is listed, as it is at
-        once where other processes' consumers compete: each then claims in its lane."""
-        if self.lanes.contended(topic) and self._runtime.registry.shares.size(topic) == 1:
+        once where other processes' consumers compete (each then claims in its lane) or share
+        the topic: a listing then finds the messages of producers whose signal has not come
+        yet, as names of several producers' messages come late (each waits for its turn to
+        write the root)."""
+        if self.lanes.contended(topic) or self._runtime.registry.shares.size(topic) > 1:
             self._runtime.signals.local.changed(topic)
             return []
         candidates, unsure = hinted_candidates(keys, self._clock(), self._leases.margin)
@@ -217,6 +222,13 @@ class Claimer:
         if rest or conflicts or unsure:
             self._runtime.signals.local.changed(topic)
         return won
+
+    def _own(self, topic: str, candidates: Candidates) -> Candidates:
+        """The candidates of this process's share (:mod:`pawn_queue._protocol.shares`): a
+        contended consumer claims those first, whatever its lane (nobody else claims them
+        yet); its lane applies to the others' it may take."""
+        shares = self._runtime.registry.shares
+        return [c for c in candidates if shares.owns(topic, c[0].lease_id())]
 
     def _outranked(self, topic: str, remembered: list[tuple[layout.PendingKey, str]]) -> bool:
         """Whether a message of a higher priority than the first one the last listing left
@@ -267,7 +279,9 @@ class Claimer:
                 if self._leases.worth_claiming_listed(topic, pending.lease_id(), meta.key)
             ]
             if contended:
-                candidates = await self.lanes.candidates(topic, candidates)
+                candidates = self._own(topic, candidates) or await self.lanes.candidates(
+                    topic, candidates
+                )
             # The first claim after a listing found nothing takes the head alone: consumers
             # that start, or wake, together (and so claim the same head) lose one claim
             # each, not a poll's worth.

@@ -346,6 +346,9 @@ def instance_key(instance_id: str) -> str:
 
 NOTIFY = "_notify/"
 NOTIFY_ROOT = "_notify/_"
+LISTENERS_CHANGED = "_listeners"
+"""Not a topic (topic names never start with ``_``): a change signal for it says that a
+``listen()`` started or ended somewhere, so the shares' views are read again."""
 NOTIFY_SLOTS = 1000  # fixed by the protocol; one LIST page (LIST_PAGE) holds every slot
 
 

@@ -289,7 +289,8 @@ class ChangeSignals:
             self._watcher = asyncio.create_task(self._watch())
 
     async def _look(self, since: float | None = None) -> bool:
-        """HEAD the root (GET it, if it changed in the last ``_BUSY_SECONDS``); if it changed,
+        """HEAD the root (GET it, if another process changed it in the last
+        ``_BUSY_SECONDS``); if it changed,
         GET it and wake the topics its signal log names
         since the version seen last (every watched topic if it cannot tell). True if the
         root changed. With ``since``, a look that began after that time (polls asking
@@ -307,7 +308,7 @@ class ChangeSignals:
                 etag, read = await self._root_etag(), False
             now = time.monotonic()
             moved = etag != self._root
-            if moved:
+            if moved and not self._writer.wrote(etag):  # another process's write
                 self._moved_at = now
             if moved or not self._baseline_taken:
                 if not read:
@@ -331,6 +332,8 @@ class ChangeSignals:
                 self.local.changed(topic)
             return
         for change in changes:
+            if change.topic == layout.LISTENERS_CHANGED and self._shares is not None:
+                self._shares.stale_seen.set()  # a listener started or ended elsewhere
             if change.topic not in watched:
                 continue
             self._note_busy(change.topic, change.busy, now)

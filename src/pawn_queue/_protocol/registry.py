@@ -94,7 +94,6 @@ class Liveness:
     last_seen_seconds_ago: float | None
 
 
-_FIRST_SHARE_REFRESH_SECONDS = 1.0
 _SHARE_REFRESH_SPACING_SECONDS = 2.0
 
 FORGET_SECONDS = 86_400.0
@@ -116,8 +115,10 @@ class Registry:
         self.shares = Shares(self._instance.instance_id)
         """Who else consumes this process's queues (refreshed at each heartbeat)."""
         self._alive_seconds = 120.0  # a record is live within 2 heartbeats (the default's)
-        self._share_gap = _FIRST_SHARE_REFRESH_SECONDS
         self._listening: Counter[str] = Counter()  # queue -> listen() calls running here
+        self.on_listeners_changed: Callable[[], None] | None = None
+        """Told once this process's record says a listener started or ended here (the
+        other processes are signalled to read the records again)."""
         # process record key -> (its etag when read, what it said): re-read when rewritten
         self._records: dict[str, tuple[str, Instance | None]] = {}
 
@@ -175,8 +176,9 @@ class Registry:
                 "registry write failed instance=%s error=%s", self._instance.instance_id, exc
             )
             return
+        if self.on_listeners_changed is not None:
+            self.on_listeners_changed()
         if started:
-            self._share_gap = _FIRST_SHARE_REFRESH_SECONDS
             await self.refresh_shares()
         else:
             self.shares.update({}, own=self._instance.consuming)
@@ -309,15 +311,14 @@ class Registry:
                 await sharing
 
     async def _run_share_refresh(self, interval: float) -> None:
-        """Read the process records again 1, 2, 4… seconds after consumers began here (the
-        others of a fleet start about then), then once per ``interval``, and soon after a
-        claim found the view stale (:meth:`Shares.stale`), at most every few seconds."""
+        """Read the process records again once per ``interval``, and soon (at most every
+        ``_SHARE_REFRESH_SPACING_SECONDS``) after a change signal said a listener started
+        or ended elsewhere, or a claim found the view stale (:meth:`Shares.stale`)."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.shares.stale_seen.wait(), self._share_gap)
+                await asyncio.wait_for(self.shares.stale_seen.wait(), interval)
             self.shares.stale_seen.clear()
             await self.refresh_shares()
-            self._share_gap = min(self._share_gap * 2, interval)
             await asyncio.sleep(_SHARE_REFRESH_SPACING_SECONDS)
 
     async def _write_instance(self) -> None:

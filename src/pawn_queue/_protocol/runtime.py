@@ -10,6 +10,7 @@ from datetime import datetime
 
 from pawn_queue._internal.aio import Background
 from pawn_queue._internal.config_sections import claim_seconds
+from pawn_queue._protocol import layout
 from pawn_queue._protocol.dedup import MarkerSweeper
 from pawn_queue._protocol.leases import LeaseManager
 from pawn_queue._protocol.limits import Limits
@@ -99,6 +100,7 @@ async def open_runtime(
     leases.shares = registry.shares  # consumer processes split new messages
     signals = ChangeSignals(store, config.notify, registry.shares)
     registry.shares.on_change = signals.local.changed
+    registry.on_listeners_changed = lambda: signals.published(layout.LISTENERS_CHANGED)
     request_seconds = claim_seconds(config.polling.visibility_timeout_seconds)
     topics = Topics(store)
     leases.on_freed = signals.published  # a message given back wakes its consumers

@@ -1,20 +1,22 @@
 """Shares: how the consumer processes of one queue split its new messages between them.
 
-Each process that registers a consumer says in its registry record which queues it consumes
-(:mod:`pawn_queue._protocol.registry`). Every process reads those records once per heartbeat
-and so knows, per queue, the live processes consuming it, in the order of their ids: ``n`` of
+Each process says in its registry record which queues its ``listen()`` calls consume
+(:mod:`pawn_queue._protocol.registry`). Every process reads those records once per
+heartbeat, and when a change signal says a listener started or ended somewhere, and so
+knows, per queue, the live processes consuming it, in the order of their ids: ``n`` of
 them, itself at ``rank``. A message belongs to the process at ``hash(lease id) % n``. A new
 message is claimed by its owner; the process after it in the order may take it once it is
 ``SHARE_WAIT_SECONDS`` old (the owner is busy, or died), the one after that once it is twice
 that old, and so on: each process tries its own share first and takes another's only when it
-has waited. A backlog, older than every wait, is everyone's, as before.
+has waited. A backlog, older than every wait, is everyone's, each process taking its own
+share of it first (:mod:`pawn_queue._protocol.claiming`).
 
 So consumer processes do not all race for the newest message, and each can watch the change
 signals less often (:meth:`Shares.fewest`, :mod:`pawn_queue._protocol.notify`): n processes
 that each check every n-th interval check as often, together, as one. Correctness does not
 rest on shares: a claim is won or lost as always (docs/protocol.md, rules 3 and 4), and views
-that differ for a heartbeat (a process joining or leaving) cost a race or a wait, never a
-message (docs/protocol.md, "Request rates").
+that differ for a moment (a process joining or leaving) cost a race or a wait, never a
+message (docs/protocol.md, strategy ``conditional_write``).
 """
 
 from __future__ import annotations
@@ -82,6 +84,14 @@ class Shares:
     def fewest(self, queues: Iterable[str]) -> int:
         """The smallest number of processes sharing any of ``queues`` (1 if none)."""
         return min((self.size(queue) for queue in queues), default=1)
+
+    def owns(self, queue: str, lease_id: str) -> bool:
+        """Whether the message (or group) of ``lease_id`` is in this process's share; False
+        where no other process consumes ``queue`` (there are no shares)."""
+        peers = self._peers.get(queue)
+        if peers is None or len(peers) < 2:
+            return False
+        return zlib.crc32(lease_id.encode(), _SALT) % len(peers) == peers.index(self.instance_id)
 
     def free_at(self, queue: str, lease_id: str, message_key: str) -> tuple[datetime, bool] | None:
         """When this process may claim the message at ``message_key`` (lease ``lease_id``),

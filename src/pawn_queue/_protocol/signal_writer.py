@@ -56,6 +56,10 @@ class SignalWriter:
         self._root: _Version | None = None  # the version this process wrote last
         self._first_seen: dict[str, tuple[str, float]] = {}  # key -> (etag, monotonic)
 
+    def wrote(self, etag: str | None) -> bool:
+        """Whether the root version ``etag`` is the one this process wrote last."""
+        return etag is not None and self._root is not None and self._root.etag == etag
+
     async def signal(
         self, topics: dict[str, frozenset[str] | None], *, at_once: bool = False
     ) -> None:
