@@ -300,6 +300,10 @@ class ChangeSignals:
                 return False
             began = time.monotonic()
             log: SignalLog | None = None
+            if self._writer.wrote(self._root):
+                # The version seen last is this process's own (maybe seen before the write
+                # returned): not a sign that others write.
+                self._moved_at = float("-inf")
             if self._baseline_taken and began - self._moved_at < _BUSY_SECONDS:
                 # It moved lately, so it likely has again: one GET, not a HEAD and a GET.
                 etag, log = await self._root_log()

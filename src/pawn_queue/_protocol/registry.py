@@ -163,6 +163,8 @@ class Registry:
         which queues it listens to, so the listeners of a queue share its new messages
         (:attr:`shares`). A write that fails is logged: the process is then left out of the
         others' view, or kept in it, until its next heartbeat."""
+        if self._instance.stopped_at is not None:
+            return  # the queue was torn down under a listener: its record says stopped
         before = set(self._listening)
         self._listening.update({queue: 1 if started else -1 for queue in queues})
         self._listening = +self._listening  # drop the queues no listener reads any more
