@@ -85,25 +85,27 @@ class Shares:
         """The smallest number of processes sharing any of ``queues`` (1 if none)."""
         return min((self.size(queue) for queue in queues), default=1)
 
+    def _distance(self, queue: str, lease_id: str) -> int | None:
+        """How far after the owner of ``lease_id``'s message this process comes in the
+        order (0: it owns it); None where no other process consumes ``queue``."""
+        peers = self._peers.get(queue)
+        if peers is None or len(peers) < 2:
+            return None
+        owner = zlib.crc32(lease_id.encode(), _SALT) % len(peers)
+        return (peers.index(self.instance_id) - owner) % len(peers)
+
     def owns(self, queue: str, lease_id: str) -> bool:
         """Whether the message (or group) of ``lease_id`` is in this process's share; False
         where no other process consumes ``queue`` (there are no shares)."""
-        peers = self._peers.get(queue)
-        if peers is None or len(peers) < 2:
-            return False
-        return zlib.crc32(lease_id.encode(), _SALT) % len(peers) == peers.index(self.instance_id)
+        return self._distance(queue, lease_id) == 0
 
     def free_at(self, queue: str, lease_id: str, message_key: str) -> tuple[datetime, bool] | None:
         """When this process may claim the message at ``message_key`` (lease ``lease_id``),
         and whether it is the next in line after the owner; None if at once (its own share,
         or no other process consumes ``queue``)."""
-        peers = self._peers.get(queue)
-        if peers is None or len(peers) < 2:
-            return None
-        owner = zlib.crc32(lease_id.encode(), _SALT) % len(peers)
-        distance = (peers.index(self.instance_id) - owner) % len(peers)
+        distance = self._distance(queue, lease_id)
         due = layout.due_from_key(message_key) if distance else None
-        if due is None:
+        if distance is None or due is None:
             return None
         return due + timedelta(seconds=distance * SHARE_WAIT_SECONDS), distance == 1
 
