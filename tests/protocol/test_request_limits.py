@@ -96,3 +96,30 @@ async def test_twenty_seconds_of_refusals_lose_nothing_and_raise_nothing(
         assert sorted(got) == sorted(sent) and not listening.done()
         listening.cancel()
         await asyncio.gather(listening, return_exceptions=True)
+
+
+@pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"], indirect=True)
+async def test_a_refused_signal_slows_the_signals_to_the_limit(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """At the default signal interval (0.1 s), the first signal a store with a per-key limit
+    refuses teaches the process to write signals once a second: one refusal in its life,
+    its closing signal included, not one every second or so."""
+    config = PawnQueueConfig.from_dict(queue_config_dict(backend, request, tmp_path))
+    assert config.notify.signal_interval_seconds < 1
+    store, limit = limited(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("orders")
+        producer = await pq.register_producer("checkout")
+        for n in range(40):  # about 4 s at 10 messages a second, each awaited
+            await producer.publish("orders", {"n": n})
+            await asyncio.sleep(0.1)
+        consumer = await pq.register_consumer("billing", ["orders"])
+        received: set[int] = set()
+        async with asyncio.timeout(60):
+            while len(received) < 40:
+                for message in await consumer.poll(wait=1):
+                    received.add(message.payload["n"])
+                    await message.ack()
+    signals = {k: n for k, n in limit.refused_keys.items() if k.startswith(layout.NOTIFY)}
+    assert signals == {layout.NOTIFY_ROOT: 1}

@@ -451,7 +451,8 @@ class NotifyConfig(Section):
     ``max(sweep_interval_seconds, topics * sweep_pace_seconds) + sweep_pace_seconds``).
     docs/protocol.md, rule 14. The root is written at most once per
     ``signal_interval_seconds`` by every process together (docs/protocol.md, "Request
-    rates"). Where ``n`` processes consume a queue (the registry says), each checks every
+    rates"); a process the store refuses a signal for its request rate takes 1 s from then
+    on. Where ``n`` processes consume a queue (the registry says), each checks every
     ``n * check_interval_seconds``, up to ``shared_check_interval_seconds``: each watches for
     its own share of new messages (docs/protocol.md, "Strategy conditional_write").
     ``slot_signals``: also write the topic's slot ``_notify/{slot}``, which is how 0.2.0's

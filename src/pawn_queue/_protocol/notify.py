@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.shares import Shares
 from pawn_queue._protocol.signal_log import SignalLog, decode, merge_names
-from pawn_queue._protocol.signal_writer import WARM_CHECKS, SignalWriter
+from pawn_queue._protocol.signal_writer import LIMITED_INTERVAL_SECONDS, WARM_CHECKS, SignalWriter
 from pawn_queue.config import NotifyConfig
 from pawn_queue.exceptions import NotFound, StoreError
 from pawn_queue.store.base import Store
@@ -391,7 +391,9 @@ class ChangeSignals:
     def _note_busy(self, topic: str, busy: bool, now: float) -> None:
         if busy:
             # Until the signal after next would have come: a later one says again.
-            self._busy_until[topic] = now + 2 * self._config.signal_interval_seconds
+            # (A writer's interval is 1 s or more where the store limits writes per key.)
+            interval = max(self._config.signal_interval_seconds, LIMITED_INTERVAL_SECONDS)
+            self._busy_until[topic] = now + 2 * interval
             self._warmed[topic] = now
         else:
             self._busy_until.pop(topic, None)

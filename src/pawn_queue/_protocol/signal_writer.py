@@ -8,6 +8,11 @@ process wrote meanwhile) reads the root again: the topics that a version written
 read made after the messages landed names are signalled already; the rest are merged in
 and written over it, once it is old enough. :mod:`pawn_queue._protocol.signal_log` is the
 body's format.
+
+A store that refuses a signal for its request rate (429 or 503 SlowDown: Google Cloud
+Storage, Cloudflare R2 and Storj allow one write a second to a key) teaches the writer
+to write signals at most once per :data:`LIMITED_INTERVAL_SECONDS` from then on: a process pays one
+refusal, not one every second.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pawn_queue._protocol import layout
 from pawn_queue._protocol.signal_log import SignalLog, decode, next_version
 from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed
 from pawn_queue.store.base import IfMatch, ObjectMeta, PutMode, Store
+from pawn_queue.store.throttling import throttle_backoff_of
+from pawn_queue.store.wrapper import StoreCall
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +40,8 @@ _ROUNDS = 20
 WARM_CHECKS = 2
 """A busy topic's consumers list it every this many check intervals (so a signal is busy
 only where the signal interval is longer)."""
+LIMITED_INTERVAL_SECONDS = 1.0
+"""The signal interval once the store refused a signal for its write rate per key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +64,24 @@ class SignalWriter:
         self._slots = slots
         self._root: _Version | None = None  # the version this process wrote last
         self._first_seen: dict[str, tuple[str, float]] = {}  # key -> (etag, monotonic)
+        self._limited = False  # the store refused a signal for its request rate
+        backoff = throttle_backoff_of(store)
+        if backoff is not None:
+            backoff.listeners.append(self._refused)
+
+    def _refused(self, call: StoreCall) -> None:
+        """A request the store refused for its rate (it is sent again after a pause)."""
+        signal = call.operation == "put" and call.key.startswith(layout.NOTIFY)
+        if signal and not self._limited:
+            self._limited = True
+            logger.info(
+                "the store refused a change signal for its request rate: signals are "
+                "written at most every %g s from now on (notify.signal_interval_seconds: %g "
+                "starts so)",
+                LIMITED_INTERVAL_SECONDS,
+                LIMITED_INTERVAL_SECONDS,
+            )
+            self._interval = max(self._interval, LIMITED_INTERVAL_SECONDS)
 
     def wrote(self, etag: str | None) -> bool:
         """Whether the root version ``etag`` is the one this process wrote last."""
@@ -65,7 +92,7 @@ class SignalWriter:
     ) -> None:
         """Signal ``topics`` (topic -> the names of the objects written, None: unknown),
         whose messages have landed; ``at_once``: without waiting for the interval (a closing
-        process, once)."""
+        process, once), unless the store refused a signal before."""
         if self._slots:
             keys = sorted({layout.notify_slot_key(topic) for topic in topics})
             await asyncio.gather(*(self._signal_slot(key, at_once) for key in keys))
@@ -81,7 +108,9 @@ class SignalWriter:
             version = await self._read(layout.NOTIFY_ROOT)
             landed_seq = _seq(version)
         for _ in range(_ROUNDS):
-            pause = 0.0 if at_once else version.replaceable_at - time.monotonic()
+            # Not early where the store refused a signal: it would refuse this one too.
+            early = at_once and not self._limited
+            pause = 0.0 if early else version.replaceable_at - time.monotonic()
             # Busy only where warm listings come sooner than the next signal would.
             late = pause > self._interval / 4 and self._interval > WARM_CHECKS * self._check_gap
             if pause > 0:
@@ -154,7 +183,8 @@ class SignalWriter:
     async def _signal_slot(self, key: str, at_once: bool) -> None:
         """0.2.0's signal: a new token in the topic's slot (``notify.slot_signals``)."""
         version = await self._read(key)
-        pause = 0.0 if at_once else version.replaceable_at - time.monotonic()
+        early = at_once and not self._limited
+        pause = 0.0 if early else version.replaceable_at - time.monotonic()
         if pause > 0:
             await asyncio.sleep(pause)
         mode: PutMode = "create" if version.etag is None else IfMatch(version.etag)
