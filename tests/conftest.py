@@ -89,8 +89,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     (docs/protocol.md, "Strategy csprng_verify"), and a machine saturated by other workers
     breaks that bound. Its store tests (``tests/store/``) claim nothing and run with the rest.
 
-    The tests marked ``alone`` form two groups, which ``make pytest`` runs side by side in
-    two workers (``--dist loadgroup``): Spark's, which mostly wait on Spark, and the rest."""
+    Spark's tests form one group, which ``make pytest`` runs in one worker from the start
+    (``--dist loadgroup``): one Spark session, its JVM's memory once, and its tests (a few
+    minutes, mostly waiting on Spark) beside the others rather than after them."""
     items.sort(key=lambda item: not item.nodeid.startswith(_LONG_FIRST))  # stable
     for item in items:
         callspec = getattr(item, "callspec", None)
@@ -100,9 +101,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             and not item.nodeid.startswith("tests/store/")
         ):
             item.add_marker(pytest.mark.alone)
-        if item.get_closest_marker("alone") is not None:
-            spark = item.nodeid.startswith(_SPARK_TESTS)
-            item.add_marker(pytest.mark.xdist_group("spark" if spark else "timing"))
+        if item.nodeid.startswith(_SPARK_TESTS):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -10,13 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-# Spark in processes of their own (a standalone cluster's JVMs, a pipeline's processes), on
-# timeouts Spark sets: make pytest runs these alone, after the others.
-pytestmark = pytest.mark.alone
-
-
 REPO = Path(__file__).resolve().parent.parent
 
 

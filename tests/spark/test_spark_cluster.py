@@ -17,18 +17,12 @@ from types import ModuleType
 from typing import Any
 
 import pyarrow.dataset as ds  # type: ignore[import-untyped]
-import pytest
 
 from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue.config import S3Config
 from pawn_queue.store.s3 import S3Store
 from tests.helpers.spark_cluster import SPARK_HOME, standalone_cluster
-
-# Spark in processes of their own (a standalone cluster's JVMs, a pipeline's processes), on
-# timeouts Spark sets: make pytest runs these alone, after the others.
-pytestmark = pytest.mark.alone
-
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "examples" / "orders_pipeline.py"

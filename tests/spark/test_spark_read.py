@@ -15,10 +15,6 @@ from tests.helpers.spark_helpers import SparkQueue, publish, remaining
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
-# Spark runs alone, after the others (make pytest): Spark's Python workers must connect back
-# within Spark's own 10 s, which a machine saturated by pytest workers misses.
-pytestmark = pytest.mark.alone
-
 
 async def _take(sq: SparkQueue, topic: str, ack: int, nack: int) -> list[str]:
     """A consumer polls 10 messages, acks and nacks some and keeps the rest leased (it

@@ -33,9 +33,6 @@ from tests.helpers.spark_helpers import (
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
-# Spark runs alone, after the others (make pytest): Spark's Python workers must connect back
-# within Spark's own 10 s, which a machine saturated by pytest workers misses.
-pytestmark = pytest.mark.alone
 
 TOPIC = "orders"
 

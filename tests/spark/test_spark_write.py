@@ -19,10 +19,6 @@ from tests.helpers.spark_helpers import SparkQueue
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
-# Spark runs alone, after the others (make pytest): Spark's Python workers must connect back
-# within Spark's own 10 s, which a machine saturated by pytest workers misses.
-pytestmark = pytest.mark.alone
-
 
 async def _create(sq: SparkQueue, *topics: str) -> None:
     async with sq.queue() as pq:
