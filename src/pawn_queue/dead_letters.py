@@ -43,6 +43,8 @@ class DeadLetter:
     key: str
     subscription: str | None = None
     """The subscription whose consumers dead-lettered it; None for the topic's own."""
+    priority: int = 0
+    """Its priority as published (0 to 9); a redrive publishes it back with it."""
 
     @property
     def redrivable(self) -> bool:
@@ -119,6 +121,7 @@ class DeadLetters:
             receive_count=info.receive_count if info else 0,
             key=key,
             subscription=subscription,
+            priority=envelope.priority,
         )
 
     async def redrive(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -461,6 +462,31 @@ def test_dlq_list_show_redrive_purge(url: str) -> None:
     }
     assert "purged 1" in cli(url, "dlq", "purge", "orders", "--yes").stdout
     assert json.loads(cli(url, "dlq", "list", "orders", "--json").stdout) == []
+
+
+def test_dlq_list_shows_each_priority(url: str) -> None:
+    cli(url, "topics", "create", "orders")
+    ids = [cli(url, "publish", "orders", "{}", "--priority", p).stdout.strip() for p in "70"]
+
+    async def nack_all() -> None:
+        async with PawnQueue.from_url(url) as pq:
+            consumer = await pq.register_consumer("nacker", topics=["orders"])
+            while messages := await consumer.poll():
+                await asyncio.gather(*(message.nack() for message in messages))
+
+    asyncio.run(nack_all())
+    listed = json.loads(cli(url, "dlq", "list", "orders", "--json").stdout)
+    assert {d["id"]: d["priority"] for d in listed} == {ids[0]: 7, ids[1]: 0}
+    assert json.loads(cli(url, "dlq", "show", "orders", ids[0]).stdout)["priority"] == 7
+    table = [cells(line) for line in cli(url, "dlq", "list", "orders").stdout.splitlines()]
+    assert ["id", "reason", "priority"] in [row[:3] for row in table]
+    rows = {row[0]: row[1:3] for row in table if row and row[0] in ids}
+    assert rows == {ids[0]: ["nack", "7"], ids[1]: ["nack", "0"]}
+
+
+def cells(line: str) -> list[str]:
+    """The cells of a row of a printed table."""
+    return [cell.strip() for cell in re.split("[│┃]", line)[1:-1]]
 
 
 def test_dlq_list_is_oldest_first_and_show_reads_one(url: str) -> None:

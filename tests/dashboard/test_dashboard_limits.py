@@ -30,14 +30,9 @@ from pawn_queue.dashboard import DashboardSettings  # noqa: E402
 from pawn_queue.dashboard.snapshots import LIMITS, Monitor  # noqa: E402
 from pawn_queue.store import open_store  # noqa: E402
 from pawn_queue.sync import PawnQueue  # noqa: E402
-from tests.dashboard.test_dashboard_schedules import (  # noqa: E402
-    HOSTILE,
-    Clock,
-    Requests,
-    client_for,
-    in_a_thread,
-)
+from tests.dashboard.test_dashboard_schedules import HOSTILE, Clock, client_for  # noqa: E402
 from tests.helpers.browser import Watched, screenshot, served_dashboard  # noqa: E402
+from tests.helpers.dashboard_pages import Requests, in_a_thread  # noqa: E402
 from tests.helpers.stores import queue_config_dict  # noqa: E402
 
 pytest_plugins = ["tests.helpers.browser"]  # the browser and watched fixtures

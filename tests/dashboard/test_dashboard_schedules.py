@@ -10,13 +10,11 @@ thread once it is open (see tests/helpers/browser.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import re
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -37,9 +35,9 @@ from pawn_queue.dashboard import DashboardSettings, create_app  # noqa: E402
 from pawn_queue.dashboard.snapshots import SCHEDULES, Monitor  # noqa: E402
 from pawn_queue.store import open_store  # noqa: E402
 from pawn_queue.store.base import Store  # noqa: E402
-from pawn_queue.store.wrapper import StoreCall, StoreWrapper  # noqa: E402
 from pawn_queue.sync import PawnQueue  # noqa: E402
 from tests.helpers.browser import Watched, screenshot, served_dashboard  # noqa: E402
+from tests.helpers.dashboard_pages import Requests, in_a_thread  # noqa: E402
 from tests.helpers.stores import queue_config_dict  # noqa: E402
 
 pytest_plugins = ["tests.helpers.browser"]  # the browser and watched fixtures
@@ -64,22 +62,6 @@ class Clock:
         self.offset += seconds
 
 
-class Requests(StoreWrapper):
-    """Remembers every request: its operation and its key (a listing's prefix)."""
-
-    def __init__(self, inner: Store) -> None:
-        super().__init__(inner)
-        self.sent: list[tuple[str, str]] = []
-
-    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
-        self.sent.append((call.operation, call.key))
-        return await run()
-
-    def reads(self) -> list[tuple[str, str]]:
-        """What was sent but the change signals' HEADs, sorted."""
-        return sorted(sent for sent in self.sent if not sent[1].startswith(layout.NOTIFY))
-
-
 @contextmanager
 def client_for(
     config: dict[str, Any], dashboard: DashboardSettings, store: Store, clock: Clock
@@ -87,12 +69,6 @@ def client_for(
     app = create_app(load_config(config), dashboard, store=store, clock=clock)
     with TestClient(app, base_url=BASE, follow_redirects=False) as client:
         yield client
-
-
-def in_a_thread(work: Callable[[], Awaitable[None]]) -> None:
-    """Run ``work()`` on an event loop of its own thread (a test's may be Playwright's)."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, work()).result()  # type: ignore[arg-type]
 
 
 def write_markers(config: dict[str, Any], name: str, missed: list[int]) -> str:

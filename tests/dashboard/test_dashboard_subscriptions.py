@@ -12,7 +12,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -32,10 +32,9 @@ from pawn_queue.config import load_config  # noqa: E402
 from pawn_queue.dashboard import DashboardSettings, create_app  # noqa: E402
 from pawn_queue.store import open_store  # noqa: E402
 from pawn_queue.store.base import Store  # noqa: E402
-from pawn_queue.store.wrapper import StoreCall, StoreWrapper  # noqa: E402
 from pawn_queue.sync import PawnQueue  # noqa: E402
 from tests.helpers.browser import Watched, screenshot, served_dashboard  # noqa: E402
-from tests.helpers.dashboard_pages import csrf_of, dead_letter  # noqa: E402
+from tests.helpers.dashboard_pages import Requests, csrf_of, dead_letter  # noqa: E402
 from tests.helpers.stores import queue_config_dict  # noqa: E402
 
 pytest_plugins = ["tests.helpers.browser"]  # the browser and watched fixtures
@@ -61,22 +60,6 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.offset += seconds
-
-
-class Requests(StoreWrapper):
-    """Remembers every request: its operation and its key (a listing's prefix)."""
-
-    def __init__(self, inner: Store) -> None:
-        super().__init__(inner)
-        self.sent: list[tuple[str, str]] = []
-
-    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
-        self.sent.append((call.operation, call.key))
-        return await run()
-
-    def under(self, prefix: str) -> list[str]:
-        """The operations sent for keys under ``prefix``."""
-        return sorted(operation for operation, key in self.sent if key.startswith(prefix))
 
 
 @contextmanager

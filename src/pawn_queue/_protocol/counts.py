@@ -9,24 +9,32 @@ most :data:`NEW_BATCHES_PER_READ` per read) and each batch lease whose etag chan
 the last read. A batch's member count never changes (it is written once; a member requeued
 alone moves to an object of its own), so it is kept by key for as long as the object is
 listed. A single message, a group's message and a dead letter are one object each.
+
+Asked to (the dashboard does), a read also counts the dead letters by reason: a dead letter
+is written once, so its reason is read with one GET the first time it is listed (at most
+:data:`NEW_DEAD_LETTERS_PER_READ` per read) and kept by key and etag.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 from pawn_queue._internal.aio import gather_limited
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.envelope import LeaseBody, decode_batch
+from pawn_queue._protocol.envelope import LeaseBody, dead_letter_reason, decode_batch
 from pawn_queue._protocol.topics import Listed, MessageState, classify
 from pawn_queue.exceptions import NotFound
 from pawn_queue.store.base import ObjectMeta, Store
 
 NEW_BATCHES_PER_READ = 1000  # bounds one read's GETs (and time) on a large backlog
+NEW_DEAD_LETTERS_PER_READ = 1000  # the same for the dead letters whose reason is read
 _GET_CONCURRENCY = 8
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,15 @@ class BatchSizes:
     settled: dict[str, tuple[str, int]] = field(default_factory=dict)  # lease key
 
 
+@dataclass(slots=True)
+class DeadReasons:
+    """What the reads of one queue learnt of its dead letters: each one's reason, by key
+    (with the etag it was read at: a message dead-lettered again after a redrive is written
+    again under the same key)."""
+
+    known: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (etag, reason)
+
+
 @dataclass(frozen=True, slots=True)
 class Reading:
     """One read of a topic."""
@@ -62,6 +79,8 @@ class Reading:
     dead_keys: frozenset[str]
     groups: dict[str, int]  # group hash -> messages
     next_due: datetime | None  # when the first delayed message comes due
+    dead_reasons: dict[str, int] = field(default_factory=dict)  # reason -> dead letters
+    dead_unread: int = 0  # dead letters whose reason is not read yet (none when not asked)
 
 
 async def read_topic(
@@ -71,10 +90,12 @@ async def read_topic(
     clock: Callable[[], datetime],
     cache: BatchSizes,
     new_batches: int = NEW_BATCHES_PER_READ,
+    reasons: DeadReasons | None = None,
 ) -> Reading:
     """Read topic ``name``'s counts (or a subscription's: ``name`` is then its queue),
     learning what ``cache`` does not know yet of its batch objects, at most ``new_batches``
-    of them. States are those at ``clock()`` once the listings returned."""
+    of them; with ``reasons``, its dead letters by reason too. States are those at
+    ``clock()`` once the listings returned."""
     messages = await store.list(layout.messages_prefix(name))
     leases = await store.list(layout.leases_prefix(name))
     dead = await store.list(layout.dead_letter_prefix(name))
@@ -83,6 +104,9 @@ async def read_topic(
     lease_metas = {m.key: m for m in leases}
     batches = [item for item in listed if item.pending.kind == "batch"]
     uncounted = await _learn(store, name, batches, lease_metas, cache, new_batches)
+    by_reason: dict[str, int] = {}
+    if reasons is not None:
+        by_reason = await _learn_reasons(store, dead, reasons)
     objects: Counter[MessageState] = Counter()
     held: Counter[MessageState] = Counter()
     sizes: dict[str, int] = {}
@@ -112,7 +136,9 @@ async def read_topic(
         objects["delayed"],
         uncounted,
     )
-    return Reading(counts, now, sizes, frozenset(m.key for m in dead), dict(groups), next_due)
+    dead_keys = frozenset(m.key for m in dead)
+    unread = len(dead) - sum(by_reason.values()) if reasons is not None else 0
+    return Reading(counts, now, sizes, dead_keys, dict(groups), next_due, by_reason, unread)
 
 
 def _size(name: str, item: Listed, cache: BatchSizes) -> int:
@@ -155,16 +181,22 @@ async def _learn(
     listed = {b.meta.key for b in batches}
     cache.members = {k: v for k, v in cache.members.items() if k in listed}
     cache.settled = {k: v for k, v in cache.settled.items() if k in leases}
-    for meta, result in zip(new, members, strict=True):
+    _keep(cache.members, new, members)
+    _keep(cache.settled, changed, settled)
+    return unread
+
+
+def _keep(
+    known: dict[str, tuple[str, T]],
+    metas: Sequence[ObjectMeta],
+    results: Sequence[T | BaseException | None],
+) -> None:
+    """Note each result by its object's key and etag (None: the object is gone)."""
+    for meta, result in zip(metas, results, strict=True):
         if isinstance(result, BaseException):
             raise result
         if result is not None:
-            cache.members[meta.key] = (meta.etag, result)
-    for meta, result in zip(changed, settled, strict=True):
-        if isinstance(result, BaseException):
-            raise result
-        cache.settled[meta.key] = (meta.etag, result)
-    return unread
+            known[meta.key] = (meta.etag, result)
 
 
 async def _members(store: Store, meta: ObjectMeta) -> int | None:
@@ -189,3 +221,29 @@ async def _settled(store: Store, meta: ObjectMeta) -> int:
         return len(set(LeaseBody.decode(data).settled))
     except ValueError:  # unreadable: no member is known settled
         return 0
+
+
+async def _learn_reasons(
+    store: Store, dead: list[ObjectMeta], cache: DeadReasons
+) -> dict[str, int]:
+    """The listed dead letters by reason, reading those ``cache`` does not know (in their
+    current version; at most :data:`NEW_DEAD_LETTERS_PER_READ`) and forgetting those no
+    longer listed. A dead letter not read yet is in no reason's count."""
+    new = [m for m in dead if (known := cache.known.get(m.key)) is None or known[0] != m.etag]
+    new = new[:NEW_DEAD_LETTERS_PER_READ]
+    reasons = await gather_limited(_GET_CONCURRENCY, (_reason(store, m) for m in new))
+    listed = {m.key for m in dead}
+    cache.known = {k: v for k, v in cache.known.items() if k in listed}
+    _keep(cache.known, new, reasons)
+    counts = Counter(
+        known[1] for m in dead if (known := cache.known.get(m.key)) and known[0] == m.etag
+    )
+    return dict(sorted(counts.items()))
+
+
+async def _reason(store: Store, meta: ObjectMeta) -> str | None:
+    """A dead letter's reason; None once it is gone (redriven or purged since the listing)."""
+    try:
+        return dead_letter_reason((await store.get(meta.key)).data)
+    except NotFound:
+        return None

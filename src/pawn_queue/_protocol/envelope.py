@@ -307,6 +307,19 @@ def decode_dead_letter(data: bytes) -> tuple[Envelope, DeadLetterInfo | None]:
     )
 
 
+def dead_letter_reason(data: bytes) -> str:
+    """Why the dead letter ``data`` was dead-lettered, as its listing says: ``corrupt`` for
+    one that cannot be read or whose id makes no message key, ``nack`` for one written
+    before reasons were stored."""
+    try:
+        envelope, info = decode_dead_letter(data)
+    except CorruptObject:
+        return "corrupt"
+    if not is_uuid(envelope.id):
+        return "corrupt"
+    return info.reason if info is not None else "nack"
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseBody:
     """A lease as stored; the field names are the ones pawn-queue 0.1.x reads."""

@@ -65,12 +65,13 @@ def dlq_list(
         return
     table = Table(title=f"dead letters of {where(topic, subscription)} ({len(letters)})")
     table.add_column("id", no_wrap=True, min_width=36)
-    for column in ("reason", "receives", "dead-lettered at", "error", "payload"):
+    for column in ("reason", "priority", "receives", "dead-lettered at", "error", "payload"):
         table.add_column(column)
     for letter in letters:
         table.add_row(
             letter.id,
             letter.reason,
+            str(letter.priority),
             str(letter.receive_count),
             letter.dead_lettered_at,
             short(letter.error or "", 40),

@@ -1,7 +1,7 @@
 """The dashboard's JSON (:class:`Api`): ``/api/state``, which the pages' script asks every
 refresh interval (whether the queue changed, and what the dashboard costs), the topics and a
-topic's subscriptions with their counts, and the schedules with their stats, as the pages
-show them."""
+topic's subscriptions with their counts (their dead letters by reason too), and the
+schedules with their stats, as the pages show them."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ class Api:
             stats = asdict(view.stats) if view.stats is not None else None
             if stats is not None:
                 stats["oldest_age_seconds"] = view.oldest_age(now)
+                stats.update(_reasons(view.dead_reasons, view.dead_unread))
             rows.append(
                 {
                     "topic": view.name,
@@ -132,6 +133,7 @@ class Api:
             stats = asdict(sub.stats) if sub.stats is not None else None
             if stats is not None:
                 stats["oldest_age_seconds"] = sub.oldest_age(now)
+                stats.update(_reasons(sub.dead_reasons, sub.dead_unread))
             rows.append({"subscription": sub.name, "filter": sub.filter, "stats": stats})
         return JSONResponse(
             {
@@ -141,6 +143,11 @@ class Api:
                 "error": self.monitor.error,
             }
         )
+
+
+def _reasons(reasons: dict[str, int], unread: int) -> dict[str, object]:
+    """The dead letters by reason, and those whose reason is not read yet."""
+    return {"dead_letter_reasons": dict(reasons), "dead_letter_reasons_unread": unread}
 
 
 def _iso(moment: datetime | None) -> str | None:

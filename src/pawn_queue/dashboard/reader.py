@@ -1,7 +1,8 @@
 """Reading the queue into the dashboard's memory (:class:`Reader`): the topic list, each
 topic's settings and counts, its subscriptions' counts, and the registry. Each read of a
-topic lists its messages, leases and dead letters (three LISTs per 1,000 objects) and counts
-messages, not objects (:mod:`~pawn_queue._protocol.counts`); two successive reads tell how
+topic lists its messages, leases and dead letters (three LISTs per 1,000 objects), counts
+messages, not objects, and the dead letters by reason, a GET of each dead letter not seen
+before (:mod:`~pawn_queue._protocol.counts`); two successive reads tell how
 many messages were published and settled in between (a message published and settled
 between two reads is not seen), and a read that changed what the pages show bumps the
 versions they are cached by. A topic's subscriptions are read from its subscription index
@@ -185,7 +186,7 @@ class Reader:
     async def _read_topic(self, view: TopicView) -> None:
         visibility = self.queue.config.polling.visibility_timeout_seconds
         reading = await read_topic(
-            self.queue.store, view.name, visibility, self._clock, view.batches
+            self.queue.store, view.name, visibility, self._clock, view.batches, reasons=view.reasons
         )
         stats = reading.counts
         first = view.stats is None
@@ -209,11 +210,13 @@ class Reader:
             or reading.dead_keys != view.dead_keys
             or counts_key(stats) != counts_key(view.stats)
             or reading.groups != view.groups
+            or (reading.dead_reasons, reading.dead_unread) != (view.dead_reasons, view.dead_unread)
             or view.error is not None
         )
         view.stats, view.read_at, view.error = stats, reading.at.timestamp(), None
         view.next_due = None if reading.next_due is None else reading.next_due.timestamp()
         view.sizes, view.dead_keys, view.groups = reading.sizes, reading.dead_keys, reading.groups
+        view.dead_reasons, view.dead_unread = reading.dead_reasons, reading.dead_unread
         if changed:
             view.history.append(point)
             self._trim(view.history, point.at)
@@ -232,7 +235,7 @@ class Reader:
             # Kept while its filter is: its batch sizes save GETs.
             same = old is not None and old.filter == filters[name]
             read[name] = old if old is not None and same else SubscriptionView(name, filters[name])
-        before = {name: counts_key(sub.stats) for name, sub in read.items()}
+        before = {name: _shown(sub) for name, sub in read.items()}
         results = await gather_limited(
             _READ_CONCURRENCY, (self._read_subscription(view.name, sub) for sub in read.values())
         )
@@ -244,7 +247,7 @@ class Reader:
             view.subscriptions is None
             or read.keys() != known.keys()
             or any(known[name] is not sub for name, sub in read.items())
-            or any(counts_key(sub.stats) != before[name] for name, sub in read.items())
+            or any(_shown(sub) != before[name] for name, sub in read.items())
             or unread != view.subscriptions_unread
         )
         view.subscriptions, view.subscriptions_unread = read, unread
@@ -262,8 +265,10 @@ class Reader:
             self._clock,
             sub.batches,
             SUBSCRIPTION_BATCHES_PER_READ,
+            reasons=sub.reasons,
         )
         sub.stats, sub.read_at = reading.counts, reading.at.timestamp()
+        sub.dead_reasons, sub.dead_unread = reading.dead_reasons, reading.dead_unread
 
     async def _read_schedules(self) -> None:
         """Read the schedules and their stats; record what changed."""
@@ -312,6 +317,11 @@ def valid_name(name: str) -> bool:
     except ConfigError:
         return False
     return True
+
+
+def _shown(sub: SubscriptionView) -> tuple[object, ...]:
+    """What a page shows of a subscription, to tell whether a read changed it."""
+    return (counts_key(sub.stats), sub.dead_reasons, sub.dead_unread)
 
 
 def _states(rows: list[Liveness]) -> list[tuple[str, str | None, str, str | None]]:

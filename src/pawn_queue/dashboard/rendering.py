@@ -22,6 +22,7 @@ from pawn_queue._protocol.envelope import now_utc
 from pawn_queue.dashboard.security import Csrf, csrf_cookie
 from pawn_queue.dashboard.settings import DashboardSettings
 from pawn_queue.dashboard.snapshots import LIMITS, OVERVIEW, SCHEDULES, Monitor
+from pawn_queue.dashboard.views import reasons_text
 from pawn_queue.exceptions import ArgumentError, ConfigError, PawnQueueError, TopicNotFoundError
 
 _PREVIEW_CHARS = 160
@@ -51,6 +52,7 @@ class Renderer:
             ago=_ago,
             q=quoted,
             utc=_utc,
+            reasons_text=reasons_text,
         )
 
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:

@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from pawn_queue._protocol.counts import BatchSizes, Counts
+from pawn_queue._protocol.counts import BatchSizes, Counts, DeadReasons
 from pawn_queue._protocol.schedules import Schedule, ScheduleStats
 from pawn_queue._protocol.topics import TopicSettings
 
@@ -50,6 +50,9 @@ class SubscriptionView:
     stats: Counts | None = None
     read_at: float = 0.0  # epoch seconds of the last read
     batches: BatchSizes = field(default_factory=BatchSizes)
+    dead_reasons: dict[str, int] = field(default_factory=dict)  # reason -> dead letters
+    dead_unread: int = 0  # dead letters whose reason is not read yet
+    reasons: DeadReasons = field(default_factory=DeadReasons)
 
     @property
     def filter_text(self) -> str:
@@ -86,6 +89,9 @@ class TopicView:
     sizes: dict[str, int] = field(default_factory=dict)  # message object -> messages in it
     dead_keys: frozenset[str] = frozenset()
     batches: BatchSizes = field(default_factory=BatchSizes)
+    dead_reasons: dict[str, int] = field(default_factory=dict)  # reason -> dead letters
+    dead_unread: int = 0  # dead letters whose reason is not read yet
+    reasons: DeadReasons = field(default_factory=DeadReasons)
     # Its subscriptions by name (the first SUBSCRIPTIONS_READ of them, with counts), read
     # while one of its pages is open; None until then.
     subscriptions: dict[str, SubscriptionView] | None = None
@@ -172,3 +178,12 @@ class ScheduleView:
         if self.every is not None:
             return f"every {self.every:g} s"
         return ""
+
+
+def reasons_text(reasons: dict[str, int], unread: int) -> str:
+    """Dead letters by reason as one line, the most first: ``expired 3, handler_error 1``."""
+    ordered = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = [f"{reason or '(none)'} {n}" for reason, n in ordered]
+    if unread:
+        parts.append(f"not read yet {unread}")
+    return ", ".join(parts)
