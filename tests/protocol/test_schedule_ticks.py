@@ -160,11 +160,11 @@ class Hosts:
         published = self.published
 
         async def publish(
-            topic: str, payload: Any, attributes: Mapping[str, str], ident: str
+            topic: str, payload: Any, attributes: Mapping[str, str], ident: str, **options: Any
         ) -> str:
             published.calls += 1
             message_id = await producer.publish(
-                topic, payload, attributes=attributes, dedup_id=ident
+                topic, payload, attributes=attributes, dedup_id=ident, **options
             )
             published.ids[attributes["schedule_time"]].add(message_id)
             return message_id
@@ -434,7 +434,7 @@ async def test_a_runner_on_a_queue_without_schedules_lists_ever_less_often() -> 
         fired = asyncio.Event()
 
         async def publish(
-            topic: str, payload: Any, attributes: Mapping[str, str], ident: str
+            topic: str, payload: Any, attributes: Mapping[str, str], ident: str, **options: Any
         ) -> str:
             fired.set()
             return ident
