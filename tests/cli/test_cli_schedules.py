@@ -254,18 +254,20 @@ CREATE = ("schedules", "create", "s", "--topic", "reports")
         ),
         ([*CREATE, "--every", "60", "--jitter-seconds", "-1"], 2, "jitter_seconds: got -1.0"),
         ([*CREATE, "--every", "60", "--catch-up-seconds", "inf"], 2, "catch_up_seconds: got inf"),
-        ([*CREATE, "--every", "60", "--priority", "10"], 2, "Invalid value for '--priority'"),
-        ([*CREATE, "--every", "60", "--priority", "-1"], 2, "Invalid value for '--priority'"),
-        ([*CREATE, "--every", "60", "--priority", "1.5"], 2, "Invalid value for '--priority'"),
-        ([*CREATE, "--every", "60", "--priority", "true"], 2, "Invalid value for '--priority'"),
-        (
-            [*CREATE, "--every", "60", "--expires-in", "0"],
-            2,
-            "expires_in: got 0.0, must be a number of seconds > 0",
+        # As publish --priority and --expires-in refuse them.
+        *(
+            ([*CREATE, "--every", "60", "--priority", value], 2, "Invalid value for '--priority'")
+            for value in ("10", "-1", "1.5", "true")
         ),
-        ([*CREATE, "--every", "60", "--expires-in", "-1"], 2, "Invalid value for '--expires-in'"),
-        ([*CREATE, "--every", "60", "--expires-in", "nan"], 2, "Invalid value for '--expires-in'"),
-        ([*CREATE, "--every", "60", "--expires-in", "inf"], 2, "expires_in: got inf"),
+        *(
+            ([*CREATE, "--every", "60", "--expires-in", value], 2, says)
+            for value, says in [
+                ("0", "expires_in: got 0.0, must be a number of seconds > 0"),
+                ("inf", "expires_in: got inf"),
+                ("-1", "Invalid value for '--expires-in'"),
+                ("nan", "Invalid value for '--expires-in'"),
+            ]
+        ),
         (["schedules", "show", "nope"], 1, "schedule 'nope' does not exist"),
         (["schedules", "pause", "nope"], 1, "schedule 'nope' does not exist"),
         (["schedules", "resume", "nope"], 1, "schedule 'nope' does not exist"),
