@@ -155,6 +155,10 @@ def test_bad_arguments_raise_the_library_s_errors_at_declaration() -> None:
         ({"every": 60, "attributes": {"schedule": "x"}}, PayloadError, "set by the schedule"),
         ({"every": 60, "attributes": {"n": 1}}, PayloadError, "must map str to str"),
         ({"every": 60, "topic": "a/b"}, ConfigError, "topic name"),
+        ({"every": 60, "priority": 10}, ArgumentError, "priority: got 10"),
+        ({"every": 60, "priority": True}, ArgumentError, "priority: got True"),
+        ({"every": 60, "expires_in": 0}, ArgumentError, "expires_in: got 0"),
+        ({"every": 60, "expires_in": math.nan}, ArgumentError, "expires_in: got nan"),
     ]
     for options, error, message in bad:
         with pytest.raises(error, match=message):
@@ -218,6 +222,32 @@ async def test_the_test_client_creates_schedules_and_a_trigger_reaches_the_handl
         await client.app.queue.trigger_schedule("nightly")
         await client.drain()
     assert handled == [{"report": "sales"}]
+
+
+async def test_a_declared_priority_and_expiry_are_created_compared_and_published(
+    queue_config: dict[str, Any],
+) -> None:
+    async with started(report_app(queue_config, priority=9, expires_in=600)) as app:
+        stored = await app.queue.schedule("nightly")
+        assert (stored.priority, stored.expires_in) == (9, 600.0)
+    # Declared without them: another definition, named in the error.
+    with pytest.raises(ScheduleExistsError) as info:
+        await report_app(queue_config).start()
+    assert "priority is 9, declared 0" in str(info.value)
+    assert "expires_in is 600.0, declared None" in str(info.value)
+
+    app = App(name="shop")
+    handled: list[Message] = []
+
+    @app.schedule("urgent", topic="alerts", every=3600, priority=9, expires_in=60)
+    def alert(message: Message) -> None:
+        handled.append(message)
+
+    async with TestClient(app) as client:
+        await client.app.queue.trigger_schedule("urgent")
+        await client.drain()
+    [message] = handled
+    assert message.priority == 9 and message.expires_at is not None
 
 
 async def test_a_crashed_runner_is_logged_and_started_again_while_handlers_go_on(

@@ -1,5 +1,6 @@
 """Schedules through the public API: definitions, their errors, firing (in this process and
-in three runner processes at once: each tick once), pause and resume."""
+in three runner processes at once: each tick once), pause and resume, and the priority and
+expiry their ticks are published with."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from pawn_queue import (
     ScheduleNotFoundError,
     TopicNotFoundError,
 )
-from pawn_queue.config import PawnQueueConfig
+from pawn_queue.config import PawnQueueConfig, load_config
 from tests.helpers.storage import schedule_key, schedule_tick_keys
-from tests.helpers.support import poll_count, start_schedule_runner
+from tests.helpers.support import keys_under, poll_count, start_schedule_runner
 
 
 async def test_create_read_update_and_delete(pq: PawnQueue) -> None:
@@ -97,7 +98,21 @@ async def test_bad_arguments_raise_clear_errors(pq: PawnQueue) -> None:
             "must be after start",
         ),
     ]
-    for options, message in bad:
+    # Refused by publish's own checks, with its messages.
+    bad_ticks: list[tuple[dict[str, Any], str]] = [
+        ({"priority": 10}, "priority: got 10, must be an int from 0"),
+        ({"priority": -1}, "priority: got -1"),
+        ({"priority": 1.5}, "priority: got 1.5"),
+        ({"priority": True}, "priority: got True"),
+        ({"priority": math.nan}, "priority: got nan"),
+        ({"priority": "9"}, "priority: got '9'"),
+        ({"expires_in": 0}, "expires_in: got 0, must be a number of seconds > 0"),
+        ({"expires_in": -1}, "expires_in: got -1"),
+        ({"expires_in": math.nan}, "expires_in: got nan"),
+        ({"expires_in": math.inf}, "expires_in: got inf"),
+        ({"expires_in": True}, "expires_in: got True"),
+    ]
+    for options, message in [*bad, *(({"every": 60, **o}, m) for o, m in bad_ticks)]:
         with pytest.raises(ArgumentError, match=message):
             await pq.create_schedule("s", "t", **options)
     # Payloads, attributes and names raise what they raise everywhere.
@@ -122,8 +137,12 @@ async def test_bad_arguments_raise_clear_errors(pq: PawnQueue) -> None:
         await pq.update_schedule("s", cron="every minute")
     with pytest.raises(TopicNotFoundError):
         await pq.update_schedule("s", topic="missing")
-    assert (await pq.schedule("s")).every == 60.0
-    assert await pq.list_schedules() == [await pq.schedule("s")]
+    for options, message in bad_ticks:
+        with pytest.raises(ArgumentError, match=message):
+            await pq.update_schedule("s", **options)
+    kept = await pq.schedule("s")
+    assert (kept.every, kept.priority, kept.expires_in) == (60.0, 0, None)
+    assert await pq.list_schedules() == [kept]
 
 
 def tick_of(message: Message) -> datetime:
@@ -143,9 +162,102 @@ async def test_trigger_publishes_one_tick_now(pq: PawnQueue) -> None:
     await message.ack()
 
 
+async def test_ticks_carry_the_schedule_s_priority_and_expiry(
+    pq: PawnQueue, queue_config: dict[str, Any]
+) -> None:
+    """Each tick is published with its schedule's priority and expiry, the expiry counted
+    from the tick's publish: a consumer on a clock 5 s ahead never gets the tick of a
+    schedule whose ticks expire after 1 s, and gets the others with their priorities."""
+    await pq.create_topic("jobs")
+    declared: dict[str, dict[str, Any]] = {
+        "routine": {},
+        "urgent": {"priority": 9},
+        "lasting": {"expires_in": 600},
+        "fleeting": {"priority": 5, "expires_in": 1},
+    }
+    for name, options in declared.items():
+        created = await pq.create_schedule(name, "jobs", every=3600, **options)
+        assert (created.priority, created.expires_in) == (
+            options.get("priority", 0),
+            options.get("expires_in"),
+        )
+        assert await pq.schedule(name) == created
+    before = datetime.now(UTC)
+    ids = {name: await pq.trigger_schedule(name) for name in declared}
+    after = datetime.now(UTC)
+
+    def ahead() -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=5)
+
+    async with PawnQueue(load_config(queue_config), clock=ahead) as consuming:
+        consumer = await consuming.register_consumer("reader", ["jobs"])
+        received = await poll_count(consumer, 3)
+        assert await consumer.poll(wait=1) == []  # the fleeting tick expired: removed
+        await asyncio.gather(*(m.ack() for m in received))
+    got = {m.attributes["schedule"]: m for m in received}
+    assert sorted(got) == ["lasting", "routine", "urgent"]
+    assert {name: m.id for name, m in got.items()} == {n: ids[n] for n in got}
+    assert {name: m.priority for name, m in got.items()} == {
+        "routine": 0,
+        "urgent": 9,
+        "lasting": 0,
+    }
+    assert got["routine"].expires_at is None and got["urgent"].expires_at is None
+    expires_at = datetime.fromisoformat(str(got["lasting"].expires_at))
+    assert before + timedelta(seconds=600) <= expires_at <= after + timedelta(seconds=600)
+    assert await keys_under(pq, "jobs/messages/") == []
+
+
+OLD_DEFINITION: dict[str, Any] = {
+    "name": "old",
+    "topic": "jobs",
+    "cron": None,
+    "every": 60.0,
+    "payload": {"n": 1},
+    "attributes": {},
+    "timezone": "UTC",
+    "jitter_seconds": 0.0,
+    "catch_up_seconds": 60.0,
+    "start": None,
+    "end": None,
+    "paused": False,
+    "created_at": "2026-11-30T10:00:00+00:00",
+}
+"""A definition as written before schedules had a priority and an expiry: these keys."""
+
+
+async def test_a_definition_written_before_priorities_reads_as_priority_0_without_expiry(
+    pq: PawnQueue,
+) -> None:
+    await pq.create_topic("jobs")
+    await pq.store.put(schedule_key("old"), json.dumps(OLD_DEFINITION).encode(), "create")
+    old = await pq.schedule("old")
+    assert (old.priority, old.expires_in, old.every, old.payload) == (0, None, 60.0, {"n": 1})
+    message_id = await pq.trigger_schedule("old")
+    consumer = await pq.register_consumer("reader", ["jobs"])
+    [message] = await poll_count(consumer, 1)
+    assert (message.id, message.priority, message.expires_at) == (message_id, 0, None)
+    await message.ack()
+
+    # Written again, it keeps every key as it was and adds the two: a reader that knows only
+    # those keys reads the same schedule.
+    await pq.update_schedule("old", priority=3, expires_in=90)
+    stored = json.loads((await pq.store.get(schedule_key("old"))).data)
+    assert stored == {**OLD_DEFINITION, "priority": 3, "expires_in": 90.0}
+
+    # A stored value publish would refuse leaves the definition out, as any unreadable one.
+    garbled = {**OLD_DEFINITION, "name": "garbled", "priority": 12}
+    await pq.store.put(schedule_key("garbled"), json.dumps(garbled).encode(), "create")
+    with pytest.raises(ValueError, match="not a schedule definition: priority: got 12"):
+        await pq.schedule("garbled")
+    assert [s.name for s in await pq.list_schedules()] == ["old"]
+
+
 async def test_run_schedules_fires_each_tick_once(pq: PawnQueue) -> None:
     await pq.create_topic("jobs")
-    created = await pq.create_schedule("fast", "jobs", every=1, payload={"n": 1})
+    created = await pq.create_schedule(
+        "fast", "jobs", every=1, payload={"n": 1}, priority=7, expires_in=600
+    )
     consumer = await pq.register_consumer("reader", ["jobs"])
     runner = asyncio.create_task(pq.run_schedules())
     try:
@@ -158,6 +270,12 @@ async def test_run_schedules_fires_each_tick_once(pq: PawnQueue) -> None:
     assert len(set(ticks)) == len(ticks)
     assert all(t > created.created_at and t.microsecond == 0 for t in ticks)
     assert all(m.attributes["schedule"] == "fast" and m.payload == {"n": 1} for m in messages)
+    # Published with the schedule's priority and expiry, counted from each tick's publish.
+    assert all(m.priority == 7 and m.expires_at is not None for m in messages)
+    latest = datetime.now(UTC) + timedelta(seconds=600)
+    for message, tick in zip(messages, ticks, strict=True):
+        expires_at = datetime.fromisoformat(str(message.expires_at))
+        assert tick + timedelta(seconds=600) <= expires_at <= latest
     stats = await pq.schedule_stats("fast")
     assert stats.fired >= 3 and stats.missed == 0
     assert stats.last_fire_time is not None and stats.last_fire_time >= max(ticks)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import operator
 import os
 import reprlib
 import time
@@ -17,7 +16,12 @@ from typing import Any
 
 from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import dedup, layout
-from pawn_queue._protocol.envelope import Envelope, check_attributes, encode_batch
+from pawn_queue._protocol.envelope import (
+    Envelope,
+    check_attributes,
+    encode_batch,
+    priority_argument,
+)
 from pawn_queue._protocol.group_commit import Copy, GroupCommit
 from pawn_queue._protocol.landing import publish_failed, write_message, write_new
 from pawn_queue._protocol.registry import RegistryEntry
@@ -401,21 +405,6 @@ def _check_delay(seconds: object) -> None:
         or not 0 <= seconds < math.inf
     ):
         raise _delay_error(seconds)
-
-
-def priority_argument(priority: object) -> int:
-    """A publish's ``priority`` as an int from 0 to 9; ArgumentError (a ValueError) for
-    anything else: a bool, a float, a string, NaN, out of range."""
-    try:
-        value = None if isinstance(priority, bool) else operator.index(priority)  # type: ignore[arg-type]
-    except TypeError:
-        value = None
-    if value is None or value not in layout.PRIORITIES:
-        raise ArgumentError(
-            f"priority: got {priority!r}, must be an int from 0 (the default, the lowest) "
-            "to 9 (the highest)"
-        )
-    return value
 
 
 def check_timing(delay: object, expires_in: object) -> None:

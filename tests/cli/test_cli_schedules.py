@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
@@ -66,6 +66,7 @@ def test_help_shows_every_schedules_command() -> None:
     create = cli(None, "schedules", "create", "--help").stdout
     for option in ("--topic", "--cron", "--every", "--payload", "--attribute", "--timezone"):
         assert option in create
+    assert "--priority" in create and "--expires-in" in create
 
 
 # -- the commands ----------------------------------------------------------------------------
@@ -109,6 +110,7 @@ def test_create_list_show_pause_resume_trigger_delete(config: Path) -> None:
         None,
     )
     assert (beat["timezone"], beat["jitter_seconds"], beat["catch_up_seconds"]) == ("UTC", 0, 60)
+    assert (beat["priority"], beat["expires_in"]) == (0, None)
 
     listed = as_json(cli(config, "schedules", "list", "--json"))
     assert [s["schedule"] for s in listed] == ["beat", "nightly"]
@@ -160,6 +162,39 @@ def test_create_list_show_pause_resume_trigger_delete(config: Path) -> None:
         "schedule nightly deleted\n"
     )
     assert [s["schedule"] for s in as_json(cli(config, "schedules", "list", "--json"))] == ["beat"]
+
+
+@pytest.mark.parametrize("backend", ["memory", "filesystem"], indirect=True)
+def test_ticks_published_with_priority_and_expiry(config: Path) -> None:
+    cli(config, "topics", "create", "reports")
+    made = cli(
+        config,
+        *("schedules", "create", "urgent", "--topic", "reports", "--every", "60"),
+        *("--priority", "9", "--expires-in", "30"),
+    )
+    assert made.stderr == (
+        "schedule urgent created: publishes to reports every 60s, priority 9, expiring after 30s\n"
+    )
+    cli(config, "schedules", "create", "plain", "--topic", "reports", "--every", "60")
+    listed = as_json(cli(config, "schedules", "list", "--json"))
+    assert [(s["schedule"], s["priority"], s["expires_in"]) for s in listed] == [
+        ("plain", 0, None),
+        ("urgent", 9, 30.0),
+    ]
+    table = cli(config, "schedules", "list").stdout
+    assert "priority" in table and "expires_in" in table
+    assert re.search(r"urgent .* every 60s .* 9 .* 30 ", table), table
+    assert re.search(r"plain .* every 60s .* 0 .* none ", table), table
+    shown = as_json(cli(config, "schedules", "show", "urgent", "--json"))
+    assert (shown["priority"], shown["expires_in"]) == (9, 30.0)
+    text = cli(config, "schedules", "show", "urgent").stdout
+    assert re.search(r"priority +│ 9 ", text) and re.search(r"expires_in +│ 30 ", text), text
+
+    message_id = cli(config, "schedules", "trigger", "urgent").stdout.strip()
+    [message] = [json.loads(line) for line in cli(config, "consume", "reports").stdout.splitlines()]
+    assert (message["id"], message["priority"]) == (message_id, 9)
+    expires_at = datetime.fromisoformat(message["expires_at"])
+    assert expires_at == datetime.fromisoformat(message["created_at"]) + timedelta(seconds=30)
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -219,6 +254,20 @@ CREATE = ("schedules", "create", "s", "--topic", "reports")
         ),
         ([*CREATE, "--every", "60", "--jitter-seconds", "-1"], 2, "jitter_seconds: got -1.0"),
         ([*CREATE, "--every", "60", "--catch-up-seconds", "inf"], 2, "catch_up_seconds: got inf"),
+        # As publish --priority and --expires-in refuse them.
+        *(
+            ([*CREATE, "--every", "60", "--priority", value], 2, "Invalid value for '--priority'")
+            for value in ("10", "-1", "1.5", "true")
+        ),
+        *(
+            ([*CREATE, "--every", "60", "--expires-in", value], 2, says)
+            for value, says in [
+                ("0", "expires_in: got 0.0, must be a number of seconds > 0"),
+                ("inf", "expires_in: got inf"),
+                ("-1", "Invalid value for '--expires-in'"),
+                ("nan", "Invalid value for '--expires-in'"),
+            ]
+        ),
         (["schedules", "show", "nope"], 1, "schedule 'nope' does not exist"),
         (["schedules", "pause", "nope"], 1, "schedule 'nope' does not exist"),
         (["schedules", "resume", "nope"], 1, "schedule 'nope' does not exist"),
@@ -312,7 +361,7 @@ def test_run_fires_ticks_and_exits_0_on_sigterm(tmp_path: Path) -> None:
     url = f"file://{tmp_path / 'queue'}"
     with PawnQueue.from_url(url) as pq:
         pq.create_topic("jobs")
-        pq.create_schedule("fast", "jobs", every=1, payload={"n": 1})
+        pq.create_schedule("fast", "jobs", every=1, payload={"n": 1}, priority=9, expires_in=600)
         consumer = pq.register_consumer("reader", ["jobs"])
         runner = Runner(url, tmp_path, "--metrics-port", "0")
         try:
@@ -321,6 +370,7 @@ def test_run_fires_ticks_and_exits_0_on_sigterm(tmp_path: Path) -> None:
             assert serving is not None
             [message, *_] = eventually("a tick", lambda: consumer.poll(wait=1) or None)
             assert message.attributes["schedule"] == "fast" and message.payload == {"n": 1}
+            assert message.priority == 9 and message.expires_at is not None
             message.ack()
             count = eventually("the fired counter", lambda: fired(int(serving[1]), "fast"))
             assert count >= 1

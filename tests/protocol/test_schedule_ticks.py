@@ -160,11 +160,11 @@ class Hosts:
         published = self.published
 
         async def publish(
-            topic: str, payload: Any, attributes: Mapping[str, str], ident: str
+            topic: str, payload: Any, attributes: Mapping[str, str], ident: str, **options: Any
         ) -> str:
             published.calls += 1
             message_id = await producer.publish(
-                topic, payload, attributes=attributes, dedup_id=ident
+                topic, payload, attributes=attributes, dedup_id=ident, **options
             )
             published.ids[attributes["schedule_time"]].add(message_id)
             return message_id
@@ -255,7 +255,7 @@ async def test_catch_up_after_a_twelve_minute_outage(hosts: Hosts) -> None:
 
 async def test_a_winner_that_crashed_before_publishing_is_covered(hosts: Hosts) -> None:
     runner = await hosts.runner()
-    await create(hosts, cron=None, every=60.0)
+    await create(hosts, cron=None, every=60.0, priority=9, expires_in=600.0)
     await run([runner], hosts.timeline, 1, 0.5)  # the runner knows the schedule
     tick = hosts.timeline.start + timedelta(seconds=30)
     # A crashed winner: its marker exists, its message does not.
@@ -265,6 +265,14 @@ async def test_a_winner_that_crashed_before_publishing_is_covered(hosts: Hosts) 
     assert dict(hosts.published.ids) == {}
     await run([runner], hosts.timeline, 5, 0.5)  # past the grace: published for the winner
     assert [len(ids) for ids in hosts.published.ids.values()] == [1]
+    # With the schedule's priority and expiry, counted from this publish (the grace, 2 s
+    # here, after the tick at the earliest), not from the tick.
+    published_by = hosts.timeline.clock()()
+    consumer = await hosts.queues[0].register_consumer("reader", ["jobs"])
+    [message] = await consumer.poll(wait=1)
+    assert message.priority == 9 and message.expires_at is not None
+    expires_at = datetime.fromisoformat(message.expires_at)
+    assert tick + timedelta(seconds=602) <= expires_at <= published_by + timedelta(seconds=600)
 
 
 async def test_a_runner_that_starts_covers_a_crashed_winner_whose_losers_stopped(
@@ -434,7 +442,7 @@ async def test_a_runner_on_a_queue_without_schedules_lists_ever_less_often() -> 
         fired = asyncio.Event()
 
         async def publish(
-            topic: str, payload: Any, attributes: Mapping[str, str], ident: str
+            topic: str, payload: Any, attributes: Mapping[str, str], ident: str, **options: Any
         ) -> str:
             fired.set()
             return ident

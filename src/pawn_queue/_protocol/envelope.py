@@ -13,14 +13,15 @@ header line, and the raw bytes; 0.1.x cannot parse such a body and skips it.
 from __future__ import annotations
 
 import base64
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from pawn_queue._protocol import codec
-from pawn_queue._protocol.layout import is_uuid
-from pawn_queue.exceptions import PayloadError
+from pawn_queue._protocol.layout import PRIORITIES, is_uuid
+from pawn_queue.exceptions import ArgumentError, PayloadError
 
 BINARY_MAGIC = b"PQB1\n"  # starts a body whose payload is raw bytes (not JSON)
 
@@ -44,6 +45,21 @@ def check_attributes(attributes: object) -> dict[str, str]:
         if not isinstance(k, str) or not isinstance(v, str):
             raise PayloadError(f"attributes must map str to str, got {k!r}: {v!r}")
     return dict(attributes)
+
+
+def priority_argument(priority: object) -> int:
+    """A publish's ``priority`` as an int from 0 to 9; ArgumentError (a ValueError) for
+    anything else: a bool, a float, a string, NaN, out of range."""
+    try:
+        value = None if isinstance(priority, bool) else operator.index(priority)  # type: ignore[arg-type]
+    except TypeError:
+        value = None
+    if value is None or value not in PRIORITIES:
+        raise ArgumentError(
+            f"priority: got {priority!r}, must be an int from 0 (the default, the lowest) "
+            "to 9 (the highest)"
+        )
+    return value
 
 
 def encode_json(value: Any) -> bytes:

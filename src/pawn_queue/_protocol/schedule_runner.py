@@ -257,12 +257,7 @@ class ScheduleRunner:
         running.missed = 0
         self.won += 1
         try:
-            await self._publish(
-                schedule.topic,
-                schedule.payload,
-                tick_attributes(schedule, tick),
-                dedup_id(schedule.name, tick),
-            )
+            await self._publish_tick(schedule, tick)
         except Exception as error:  # the check publishes it again
             logger.warning("schedule %r tick %s not published: %s", schedule.name, tick, error)
             self._expect(schedule.name, tick, now)
@@ -307,9 +302,19 @@ class ScheduleRunner:
             )
             return
         logger.warning("schedule %r tick %s: publishing for its winner", schedule.name, check.tick)
-        attributes = tick_attributes(schedule, check.tick)
-        await self._publish(schedule.topic, schedule.payload, attributes, ident)
+        await self._publish_tick(schedule, check.tick)
         self._fired(schedule, check.tick)
+
+    async def _publish_tick(self, schedule: Schedule, tick: datetime) -> None:
+        """Publish ``tick``'s message, with its dedup id: its ``expires_in`` counts from now."""
+        await self._publish(
+            schedule.topic,
+            schedule.payload,
+            tick_attributes(schedule, tick),
+            dedup_id(schedule.name, tick),
+            priority=schedule.priority,
+            expires_in=schedule.expires_in,
+        )
 
     async def _maybe_sweep(self, running: _Running, now: datetime) -> None:
         if (

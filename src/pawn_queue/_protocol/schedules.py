@@ -12,10 +12,11 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
+from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import codec, layout
-from pawn_queue._protocol.envelope import encode_json, parse_time
+from pawn_queue._protocol.envelope import encode_json, parse_time, priority_argument
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue._protocol.schedule_ticks import TickRule
 from pawn_queue.exceptions import (
@@ -36,8 +37,22 @@ MIN_KEEP_SECONDS = 3600.0
 RESERVED_ATTRIBUTES = ("schedule", "schedule_time")
 _UPDATE_ATTEMPTS = 10
 
-Publish = Callable[[str, Any, Mapping[str, str], str], Awaitable[str]]
-"""``publish(topic, payload, attributes, dedup_id)``: the message's id."""
+
+class Publish(Protocol):
+    """``publish(topic, payload, attributes, dedup_id, priority=, expires_in=)``: publishes a
+    tick's message as ``Producer.publish`` does; the message's id."""
+
+    def __call__(
+        self,
+        topic: str,
+        payload: Any,
+        attributes: Mapping[str, str],
+        dedup_id: str,
+        /,
+        *,
+        priority: int,
+        expires_in: float | None,
+    ) -> Awaitable[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +72,11 @@ class Schedule:
     end: datetime | None = None
     paused: bool = False
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    priority: int = 0
+    """Each tick's message's priority (``publish(priority=)``)."""
+    expires_in: float | None = None
+    """Seconds from each tick's publish after which its message is never delivered
+    (``publish(expires_in=)``); None: never."""
 
     def rule(self) -> TickRule:
         """When its ticks fall."""
@@ -118,6 +138,9 @@ def encode_schedule(schedule: Schedule) -> bytes:
             "end": _time(schedule.end),
             "paused": schedule.paused,
             "created_at": _time(schedule.created_at),
+            # Ignored by the runners before these fields: they fire at 0, with no expiry.
+            "priority": schedule.priority,
+            "expires_in": schedule.expires_in,
         }
     )
 
@@ -131,6 +154,7 @@ def decode_schedule(data: bytes) -> Schedule:
             return None if raw.get(name) is None else parse_time(str(raw[name]))
 
         every = raw.get("every")
+        expires_in = raw.get("expires_in")
         return Schedule(
             name=str(raw["name"]),
             topic=str(raw["topic"]),
@@ -145,6 +169,10 @@ def decode_schedule(data: bytes) -> Schedule:
             end=moment("end"),
             paused=bool(raw.get("paused", False)),
             created_at=moment("created_at") or datetime.now(UTC),
+            # Absent (written before them): priority 0, no expiry. Checked as a publish
+            # checks them, so a bad value leaves the definition out, not each tick failing.
+            priority=priority_argument(raw.get("priority", 0)),
+            expires_in=None if expires_in is None else seconds_argument("expires_in", expires_in),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"not a schedule definition: {error}") from None

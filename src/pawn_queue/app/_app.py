@@ -225,6 +225,8 @@ class App:
         catch_up_seconds: float = 60,
         start: datetime | None = None,
         end: datetime | None = None,
+        priority: int = 0,
+        expires_in: float | None = None,
     ) -> Callable[[F], F]:
         """Declare a schedule that publishes ``payload`` and ``attributes`` to ``topic`` on each
         tick of ``cron`` or ``every`` seconds (the options are ``create_schedule``'s, checked
@@ -252,6 +254,8 @@ class App:
                 "catch_up_seconds": catch_up_seconds,
                 "start": start,
                 "end": end,
+                "priority": priority,
+                "expires_in": expires_in,
             },
         )
         self._schedules[declared.name] = declared

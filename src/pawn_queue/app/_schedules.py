@@ -52,6 +52,8 @@ DEFINITION = (
     "catch_up_seconds",
     "start",
     "end",
+    "priority",
+    "expires_in",
 )
 """What a declaration says and a stored schedule is compared on (not ``paused``, which is
 the operators', nor ``created_at``)."""

@@ -71,6 +71,10 @@ SubscriptionOption = Annotated[
         help="That subscription of the topic instead of the topic's own messages.",
     ),
 ]
+PriorityOption = Annotated[
+    int, typer.Option(min=0, max=9, help="0 (the default, the lowest) to 9 (the highest).")
+]
+"""``--priority`` of ``publish`` and ``schedules create``: a publish's ``priority``."""
 NOT_GIVEN = NotGiven(None)  # an option left out
 
 

@@ -22,6 +22,7 @@ from pawn_queue.cli.common import (
     CliError,
     JsonOption,
     Options,
+    PriorityOption,
     SubscriptionOption,
     attribute_options,
     build_config,
@@ -248,9 +249,7 @@ def publish(
             min=0, help="Never deliver the messages after this many seconds (longer than --delay)."
         ),
     ] = None,
-    priority: Annotated[
-        int, typer.Option(min=0, max=9, help="0 (the default, the lowest) to 9 (the highest).")
-    ] = 0,
+    priority: PriorityOption = 0,
     producer_name: Annotated[
         str, typer.Option("--producer", help="Producer name to register as.")
     ] = "pawn-queue-cli",

@@ -23,6 +23,7 @@ from pawn_queue.cli.common import (
     EXIT_USAGE,
     CliError,
     JsonOption,
+    PriorityOption,
     YesOption,
     attribute_options,
     fail,
@@ -70,6 +71,8 @@ def schedule_dict(schedule: Schedule) -> dict[str, Any]:
         "catch_up_seconds": schedule.catch_up_seconds,
         "start": _time(schedule.start),
         "end": _time(schedule.end),
+        "priority": schedule.priority,
+        "expires_in": schedule.expires_in,
         "paused": schedule.paused,
         "created_at": _time(schedule.created_at),
     }
@@ -90,6 +93,15 @@ def _when(schedule: Schedule) -> str:
     if schedule.cron is not None:
         return f"cron '{schedule.cron}' in {schedule.timezone}"
     return f"every {shown(schedule.every)}s"
+
+
+def _what(schedule: Schedule) -> str:
+    """How its ticks are published: ``, priority 9, expiring after 30s`` (nothing for the
+    defaults)."""
+    extras = [f"priority {schedule.priority}"] if schedule.priority else []
+    if schedule.expires_in is not None:
+        extras.append(f"expiring after {shown(schedule.expires_in)}s")
+    return "".join(f", {extra}" for extra in extras)
 
 
 def _payload(text: str | None) -> Any:
@@ -170,10 +182,20 @@ def schedules_create(
     ] = None,
     start: TimeOption = None,
     end: TimeOption = None,
+    priority: PriorityOption = 0,
+    expires_in: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            metavar="SECONDS",
+            help="Never deliver a tick's message after this many seconds from its publish.",
+        ),
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Create a schedule: each tick publishes --payload (and the --attribute values) to
-    --topic, with the attributes 'schedule' and 'schedule_time' added.
+    --topic, with the attributes 'schedule' and 'schedule_time' added, at --priority, and
+    never delivered after --expires-in seconds if given.
 
     Ticks before --start or from --end on never fire. Nothing fires until some process runs
     'pawn-queue schedules run' (or run_schedules()); each tick fires once, however many do.
@@ -206,6 +228,8 @@ def schedules_create(
                     attributes=attributes,
                     start=since,
                     end=until,
+                    priority=priority,
+                    expires_in=expires_in,
                     **settings,
                 )
             except PayloadError as exc:  # a value refused, as a bad cron is
@@ -219,13 +243,14 @@ def schedules_create(
     if opts.json:
         print_json(schedule_dict(schedule))
     else:
-        line = f"publishes to {schedule.topic} {_when(schedule)}"
+        line = f"publishes to {schedule.topic} {_when(schedule)}{_what(schedule)}"
         typer.echo(f"schedule {name} created: {line}", err=True)
 
 
 @schedules_app.command("list")
 def schedules_list(ctx: typer.Context, json_output: JsonOption = False) -> None:
-    """List the schedules (by name): topic, when, paused."""
+    """List the schedules (by name): topic, when, the priority and expiry of their ticks,
+    paused."""
     opts = options(ctx, json_output)
 
     async def main() -> list[Schedule]:
@@ -237,13 +262,15 @@ def schedules_list(ctx: typer.Context, json_output: JsonOption = False) -> None:
         print_json([schedule_dict(s) for s in schedules])
         return
     table = Table(title=f"schedules ({len(schedules)})")
-    for column in ("schedule", "topic", "when", "paused", "payload"):
+    for column in ("schedule", "topic", "when", "priority", "expires_in", "paused", "payload"):
         table.add_column(column)
     for schedule in schedules:
         table.add_row(
             schedule.name,
             schedule.topic,
             _when(schedule),
+            str(schedule.priority),
+            shown(schedule.expires_in),
             "yes" if schedule.paused else "no",
             short(schedule.payload, 40),
         )

@@ -6,11 +6,11 @@ import dataclasses
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pawn_queue._internal.durations import seconds_argument
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.envelope import check_attributes, encode_json
+from pawn_queue._protocol.envelope import check_attributes, encode_json, priority_argument
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue._protocol.schedule_runner import ScheduleRunner
 from pawn_queue._protocol.schedule_ticks import (
@@ -28,6 +28,7 @@ from pawn_queue._protocol.schedules import (
     tick_attributes,
 )
 from pawn_queue.exceptions import ArgumentError, ConfigError, PayloadError
+from pawn_queue.producer import check_timing
 
 if TYPE_CHECKING:
     from pawn_queue.producer import Producer
@@ -60,6 +61,8 @@ class ScheduleMethods:
         catch_up_seconds: float = 60,
         start: datetime | None = None,
         end: datetime | None = None,
+        priority: int = 0,
+        expires_in: float | None = None,
     ) -> Schedule:
         """Create a schedule that publishes ``payload`` (and ``attributes``) to ``topic`` (which
         must exist) on each tick: ``cron`` (``"m h dom mon dow"``, in ``timezone``) or
@@ -67,7 +70,10 @@ class ScheduleMethods:
 
         Ticks before ``start`` or from ``end`` on never fire. Each runner waits a random
         0..``jitter_seconds`` before firing a tick. Ticks missed while no runner ran are fired
-        if at most ``catch_up_seconds`` old, else counted as missed. Raises
+        if at most ``catch_up_seconds`` old, else counted as missed. Each tick's message has
+        ``priority`` and ``expires_in`` as :meth:`Producer.publish
+        <pawn_queue.producer.Producer.publish>` takes them (``expires_in`` counts from the
+        tick's publish), checked as it checks them. Raises
         ScheduleExistsError if the name is taken, TopicNotFoundError, ConfigError for a bad
         name, PayloadError for a bad payload or attributes and ArgumentError for another bad
         value (nothing written)."""
@@ -84,6 +90,8 @@ class ScheduleMethods:
             catch_up_seconds=catch_up_seconds,
             start=start,
             end=end,
+            priority=priority,
+            expires_in=expires_in,
             created_at=runtime.clock(),
         )
         return await Schedules(runtime).create(schedule)
@@ -111,10 +119,13 @@ class ScheduleMethods:
         catch_up_seconds: float | EllipsisType = ...,
         start: datetime | EllipsisType | None = ...,
         end: datetime | EllipsisType | None = ...,
+        priority: int | EllipsisType = ...,
+        expires_in: float | EllipsisType | None = ...,
     ) -> Schedule:
         """Change the options passed and keep the others; return the new schedule. Giving
-        ``cron`` clears ``every`` and the other way round. Runners apply the change within a
-        few seconds. Raises ScheduleNotFoundError, and ArgumentError for a bad value."""
+        ``cron`` clears ``every`` and the other way round; ``expires_in=None`` clears the
+        expiry. Runners apply the change within a few seconds. Raises ScheduleNotFoundError,
+        and ArgumentError for a bad value."""
         given = {
             key: value
             for key, value in {
@@ -128,6 +139,8 @@ class ScheduleMethods:
                 "catch_up_seconds": catch_up_seconds,
                 "start": start,
                 "end": end,
+                "priority": priority,
+                "expires_in": expires_in,
             }.items()
             if value is not ...
         }
@@ -169,6 +182,8 @@ class ScheduleMethods:
             schedule.payload,
             attributes=tick_attributes(schedule, tick),
             dedup_id=dedup_id(schedule.name, tick),
+            priority=schedule.priority,
+            expires_in=schedule.expires_in,
         )
 
     async def delete_schedule(self, name: str) -> None:
@@ -197,11 +212,24 @@ class ScheduleMethods:
         producers: list[Producer] = []  # registered at the first tick: most queues have none
 
         async def publish(
-            topic: str, payload: Any, attributes: Mapping[str, str], ident: str
+            topic: str,
+            payload: Any,
+            attributes: Mapping[str, str],
+            ident: str,
+            *,
+            priority: int,
+            expires_in: float | None,
         ) -> str:
             if not producers:
                 producers.append(await self.register_producer(SCHEDULE_PRODUCER))
-            return await producers[0].publish(topic, payload, attributes=attributes, dedup_id=ident)
+            return await producers[0].publish(
+                topic,
+                payload,
+                attributes=attributes,
+                dedup_id=ident,
+                priority=priority,
+                expires_in=expires_in,
+            )
 
         await ScheduleRunner(runtime, publish).run()
 
@@ -224,13 +252,16 @@ def new_schedule(
     catch_up_seconds: object,
     start: object,
     end: object,
+    priority: object,
+    expires_in: object,
     created_at: datetime,
     paused: bool = False,
 ) -> Schedule:
     """A Schedule of these values, else the error each value's kind raises everywhere:
     ConfigError for names, PayloadError for the payload and attributes, ArgumentError for
     the rest. Each value is checked before how they go together; nothing is read or
-    written (``create_schedule``, ``update_schedule`` and ``@app.schedule`` check with it)."""
+    written (``create_schedule``, ``update_schedule`` and ``@app.schedule`` check with it).
+    ``priority`` and ``expires_in`` are checked by ``publish``'s own checks."""
     checked = Schedule(
         name=_name(name),
         topic=layout.validate_name(topic, "topic name"),
@@ -245,6 +276,8 @@ def new_schedule(
         end=check_moment("end", end),
         paused=paused,
         created_at=created_at,
+        priority=priority_argument(priority),
+        expires_in=_expires_in(expires_in),
     )
     if (cron is None) == (every is None):
         raise ArgumentError("give exactly one of cron (an expression) and every (seconds)")
@@ -265,10 +298,18 @@ _PROBE: dict[str, Any] = {
     "catch_up_seconds": 60,
     "start": None,
     "end": None,
+    "priority": 0,
+    "expires_in": None,
     "paused": False,
     "created_at": datetime(2000, 1, 1, tzinfo=UTC),
 }
 """Valid values for every field, so that ``update_schedule`` checks what it was given."""
+
+
+def _expires_in(expires_in: object) -> float | None:
+    """``expires_in`` refused as ``publish`` refuses it, else in seconds (None: never)."""
+    check_timing(None, expires_in)
+    return None if expires_in is None else float(cast(float, expires_in))
 
 
 def _payload(payload: object) -> Any:

@@ -352,6 +352,8 @@ class PawnQueue:
         catch_up_seconds: float = 60,
         start: datetime | None = None,
         end: datetime | None = None,
+        priority: int = 0,
+        expires_in: float | None = None,
     ) -> Schedule:
         """Create a schedule; as the async :meth:`pawn_queue.client.PawnQueue.create_schedule`."""
         inner = self._ready_queue().create_schedule(
@@ -366,6 +368,8 @@ class PawnQueue:
             catch_up_seconds=catch_up_seconds,
             start=start,
             end=end,
+            priority=priority,
+            expires_in=expires_in,
         )
         return self._runner.call(inner)
 
@@ -391,6 +395,8 @@ class PawnQueue:
         catch_up_seconds: float | EllipsisType = ...,
         start: datetime | EllipsisType | None = ...,
         end: datetime | EllipsisType | None = ...,
+        priority: int | EllipsisType = ...,
+        expires_in: float | EllipsisType | None = ...,
     ) -> Schedule:
         """Change the options passed and keep the others; return the new schedule."""
         inner = self._ready_queue().update_schedule(
@@ -405,6 +411,8 @@ class PawnQueue:
             catch_up_seconds=catch_up_seconds,
             start=start,
             end=end,
+            priority=priority,
+            expires_in=expires_in,
         )
         return self._runner.call(inner)
 
