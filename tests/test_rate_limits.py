@@ -28,6 +28,7 @@ from pawn_queue import (
     sync,
 )
 from pawn_queue.config import PawnQueueConfig, load_config
+from pawn_queue.store import Store, open_store
 from pawn_queue.store.counting import CountingStore
 from pawn_queue.store.memory import MemoryStore
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
@@ -356,6 +357,54 @@ async def test_rate_limited_pauses_the_subscriber_in_every_consumer(
     assert all(count == 1 for _, count in started)  # the refused one came back uncounted
     assert (await pq.topic_stats("jobs")).dead_letter == 0
     assert await keys_under(pq, "_pauses/") == ["_pauses/_topics/jobs.json"]
+
+
+class PauseReads(StoreWrapper):
+    """Counts the HEADs of pause objects."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.heads = 0
+
+    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
+        if call.operation == "head" and call.key.startswith("_pauses/"):
+            self.heads += 1
+        return await run()
+
+
+async def test_a_busy_consumer_reads_its_pause_once_until_a_signal_says_one_was_written(
+    queue_config: dict[str, Any],
+) -> None:
+    """Handlers at work for 4 s read the subscriber's pause once, before the first: the
+    change signals say when a pause is written (the test above: the other consumer stops at
+    once), so a busy process does not HEAD it every second."""
+    config = load_config(queue_config)
+    store = PauseReads(open_store(config))
+    handled: list[int] = []
+    all_handled = asyncio.Event()
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("jobs")
+        producer = await pq.register_producer("p")
+        consumer = await pq.register_consumer("c", ["jobs"])
+
+        async def handle(message: Message) -> None:
+            handled.append(message.payload)
+            await message.ack()
+            if len(handled) == 40:
+                all_handled.set()
+
+        listener = asyncio.create_task(consumer.listen(handle, concurrency=1))
+        try:
+            for n in range(40):  # 4 s, a message every 0.1 s
+                await producer.publish("jobs", n)
+                await asyncio.sleep(0.1)
+            async with asyncio.timeout(30):
+                await all_handled.wait()
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+    assert sorted(handled) == list(range(40))
+    assert store.heads == 1
 
 
 @pytest.mark.parametrize("seconds", [0, -1, math.nan, math.inf, 86_401, "5", True, None])

@@ -349,6 +349,9 @@ NOTIFY_ROOT = "_notify/_"
 LISTENERS_CHANGED = "_listeners"
 """Not a topic (topic names never start with ``_``): a change signal for it says that a
 ``listen()`` started or ended somewhere, so the shares' views are read again."""
+PAUSES_CHANGED = "_pauses"
+"""Not a topic either: a change signal for it says that a subscriber was paused somewhere
+(``RateLimited``), so the pauses known are read again."""
 NOTIFY_SLOTS = 1000  # fixed by the protocol; one LIST page (LIST_PAGE) holds every slot
 
 

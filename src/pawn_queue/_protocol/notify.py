@@ -29,9 +29,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pawn_queue._protocol import layout
+from pawn_queue._protocol.local_signals import LocalSignals
 from pawn_queue._protocol.shares import Shares
 from pawn_queue._protocol.signal_log import SignalLog, decode, merge_names
 from pawn_queue._protocol.signal_writer import LIMITED_INTERVAL_SECONDS, WARM_CHECKS, SignalWriter
@@ -49,68 +50,6 @@ _HINTED_SECONDS = 30.0  # a name hinted is not hinted again for this long (entri
 _HINTED_MEMORY = 4096
 
 
-class LocalSignals:
-    """Wakes consumers of this process that wait on a topic.
-
-    Each topic has a generation that every change bumps, so a consumer that snapshots it
-    before polling does not miss a change that lands between its poll and its wait.
-    """
-
-    def __init__(self) -> None:
-        self._waiters: dict[str, set[asyncio.Event]] = {}
-        self._generation: dict[str, int] = {}
-        self._hinted: dict[str, int] = {}
-
-    def changed(self, topic: str) -> None:
-        self._generation[topic] = self._generation.get(topic, 0) + 1
-        self._wake(topic)
-
-    def hinted(self, topic: str) -> None:
-        """New objects of ``topic`` were named to its consumers: wake its waiters, and move
-        its snapshot but not its generation (what its last listing showed still holds)."""
-        self._hinted[topic] = self._hinted.get(topic, 0) + 1
-        self._wake(topic)
-
-    def _wake(self, topic: str) -> None:
-        for event in self._waiters.get(topic, ()):
-            event.set()
-
-    def generation(self, topic: str) -> int:
-        """The count of the topic's changes that call for a listing."""
-        return self._generation.get(topic, 0)
-
-    def snapshot(self, topics: Iterable[str]) -> dict[str, int]:
-        """Per topic, a count that every change and every hint moves."""
-        return {t: self._generation.get(t, 0) + self._hinted.get(t, 0) for t in topics}
-
-    def waited_on(self) -> set[str]:
-        """The topics somebody waits on now."""
-        return set(self._waiters)
-
-    async def wait(
-        self, topics: Iterable[str], within: float, since: dict[str, int] | None = None
-    ) -> bool:
-        """Wait until one of ``topics`` changes (after ``since``, if given) or ``within``
-        seconds pass; True if it changed."""
-        names = list(topics)
-        if since is not None and self.snapshot(names) != since:
-            return True
-        event = asyncio.Event()
-        for name in names:
-            self._waiters.setdefault(name, set()).add(event)
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), within)
-            return event.is_set()
-        finally:
-            for name in names:
-                waiters = self._waiters.get(name)
-                if waiters is not None:
-                    waiters.discard(event)
-                    if not waiters:
-                        del self._waiters[name]
-
-
 class ChangeSignals:
     """Marks topics for other processes and watches their marks, over one store."""
 
@@ -121,6 +60,7 @@ class ChangeSignals:
         self._config = config
         self._shares = shares
         self.local = LocalSignals()
+        self._named: dict[str, Callable[[], None]] = {}  # signals that are not topics'
         # topic -> the names of the objects to signal (None: unknown, "list it")
         self._to_mark: dict[str, frozenset[str] | None] = {}
         self._last_marked: dict[str, float] = {}
@@ -230,6 +170,12 @@ class ChangeSignals:
         a look that finds nothing changed lists nothing)."""
         return self._config.backfill_interval_seconds if self._config.enabled else poll_interval
 
+    def on_signal(self, name: str, heard: Callable[[], None]) -> None:
+        """Call ``heard`` when a signal for ``name`` comes (one of this process's or
+        another's) or the root cannot tell what changed. ``name`` is not a topic's (those
+        never start with ``_``): ``layout.LISTENERS_CHANGED``, ``layout.PAUSES_CHANGED``."""
+        self._named[name] = heard
+
     def watch(self, topics: Iterable[str]) -> None:
         """Consumers here consume ``topics``: wake them on their slots' changes, sweep them."""
         now = time.monotonic()
@@ -334,10 +280,12 @@ class ChangeSignals:
         if changes is None:
             for topic in watched:
                 self.local.changed(topic)
+            for callback in self._named.values():
+                callback()
             return
         for change in changes:
-            if change.topic == layout.LISTENERS_CHANGED and self._shares is not None:
-                self._shares.stale_seen.set()  # a listener started or ended elsewhere
+            if change.topic in self._named:
+                self._named[change.topic]()
             if change.topic not in watched:
                 continue
             self._note_busy(change.topic, change.busy, now)

@@ -2,11 +2,14 @@
 (docs/concepts/flow-control.md, "Pausing a subscriber").
 
 A pause is one small object, ``_pauses/{name}.json`` (``{"until": ...}``, UTC), named after
-what the subscriber reads. The process that pauses writes it and stops at once; the others
-find it before their next handler call, reading it at most once every
-:data:`CHECK_SECONDS` while they have handlers to start (a HEAD, and a GET when it changed),
-never while idle. A pause written later replaces an earlier one (the longest of two written
-at once may be lost to the other: each process that paused still waits for its own).
+what the subscriber reads. The process that pauses writes it, stops at once and signals
+``layout.PAUSES_CHANGED`` through the change signals; the others, hearing it, read the
+pauses they know again before their next handler call (a HEAD, and a GET when it changed).
+Otherwise a process reads a pause before its first handler call and then at most once per
+``recheck_seconds`` while it has handlers to start (the backfill interval with signals on,
+in case a signal was lost; :data:`CHECK_SECONDS` without them), never while idle. A pause
+written later replaces an earlier one (the longest of two written at once may be lost to
+the other: each process that paused still waits for its own).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pawn_queue.store.base import Store
 logger = logging.getLogger(__name__)
 
 CHECK_SECONDS = 1.0
-"""How often a busy process reads a subscriber's pause: others pause within about this."""
+"""How often a busy process reads a subscriber's pause where no signal says it changed."""
 FORMAT = "pawn-queue-pause/1"
 
 
@@ -41,11 +44,25 @@ class _Known:
 class Pauses:
     """The pauses of one queue's subscribers: written, read, waited out."""
 
-    def __init__(self, store: Store, clock: Callable[[], datetime], request_seconds: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], datetime],
+        request_seconds: float,
+        recheck_seconds: float = CHECK_SECONDS,
+    ) -> None:
         self._store = store
         self._clock = clock
         self._request_seconds = request_seconds
+        self._recheck_seconds = recheck_seconds
         self._known: dict[str, _Known] = {}
+        self.on_paused: Callable[[], None] = lambda: None
+        """Called once this process wrote a pause (the change signals tell the others)."""
+
+    def stale(self) -> None:
+        """A pause was written somewhere: read each one known before the next handler."""
+        for known in self._known.values():
+            known.checked = float("-inf")
 
     async def pause(self, name: str, seconds: float) -> None:
         """Pause ``name`` for ``seconds`` here at once, and in the other processes through
@@ -61,6 +78,8 @@ class Pauses:
             known.etag = await bounded(self._request_seconds, key, self._store.put(key, body))
         except StoreError as exc:
             logger.warning("pause not written name=%s error=%s", name, exc)
+            return
+        self.on_paused()
 
     def paused(self, name: str) -> bool:
         """Whether ``name`` is paused, as this process knows."""
@@ -68,26 +87,26 @@ class Pauses:
         return known is not None and known.until is not None and known.until > self._clock()
 
     def clear(self, name: str) -> bool:
-        """Whether ``name`` may go on with no request: read within :data:`CHECK_SECONDS`,
-        and not paused."""
+        """Whether ``name`` may go on with no request: read since the last signal of a
+        pause and within ``recheck_seconds``, and not paused."""
         known = self._known.get(name)
         return (
             known is not None
-            and time.monotonic() - known.checked < CHECK_SECONDS
+            and time.monotonic() - known.checked < self._recheck_seconds
             and not self.paused(name)
         )
 
     async def wait(self, name: str) -> None:
-        """Return once ``name`` is not paused, reading its pause if it was not read within
-        :data:`CHECK_SECONDS`."""
+        """Return once ``name`` is not paused, reading its pause when it is due (see
+        :meth:`clear`; a signal may say it was extended meanwhile)."""
         known = self._known.setdefault(name, _Known())
         while True:
-            if time.monotonic() - known.checked >= CHECK_SECONDS:
+            if time.monotonic() - known.checked >= self._recheck_seconds:
                 await self._check(name, known)
             left = 0.0 if known.until is None else (known.until - self._clock()).total_seconds()
             if left <= 0:
                 return
-            await asyncio.sleep(min(left, CHECK_SECONDS))  # read again: it may be extended
+            await asyncio.sleep(min(left, CHECK_SECONDS))  # due again? It may be extended
 
     async def _check(self, name: str, known: _Known) -> None:
         key = layout.pause_key(name)

@@ -17,7 +17,7 @@ from pawn_queue._protocol.limits import Limits
 from pawn_queue._protocol.listings import SharedListings
 from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue._protocol.observers import Observers
-from pawn_queue._protocol.pauses import Pauses
+from pawn_queue._protocol.pauses import CHECK_SECONDS, Pauses
 from pawn_queue._protocol.rates import Rates
 from pawn_queue._protocol.registry import Registry
 from pawn_queue._protocol.retained import RetainedSweeper
@@ -101,7 +101,18 @@ async def open_runtime(
     signals = ChangeSignals(store, config.notify, registry.shares)
     registry.shares.on_change = signals.local.changed
     registry.on_listeners_changed = lambda: signals.published(layout.LISTENERS_CHANGED)
+    signals.on_signal(layout.LISTENERS_CHANGED, registry.shares.stale_seen.set)
     request_seconds = claim_seconds(config.polling.visibility_timeout_seconds)
+    # With signals, a pause is read when one says it was written (and at the backfill
+    # interval all the same), not every second by each busy process.
+    pauses = Pauses(
+        store,
+        clock,
+        request_seconds,
+        config.notify.backfill_interval_seconds if config.notify.enabled else CHECK_SECONDS,
+    )
+    pauses.on_paused = lambda: signals.published(layout.PAUSES_CHANGED)
+    signals.on_signal(layout.PAUSES_CHANGED, pauses.stale)
     topics = Topics(store)
     leases.on_freed = signals.published  # a message given back wakes its consumers
     return Runtime(
@@ -117,7 +128,7 @@ async def open_runtime(
         retained_sweeper=RetainedSweeper(store, background, clock, leases.margin),
         limits=Limits(store, leases, config.polling),
         rates=Rates(store, clock, request_seconds, background),
-        pauses=Pauses(store, clock, request_seconds),
+        pauses=pauses,
         observers=observers,
         background=background,
     )
