@@ -113,12 +113,17 @@ class SignalWriter:
             pause = 0.0 if early else version.replaceable_at - time.monotonic()
             # Busy only where warm listings come sooner than the next signal would.
             late = pause > self._interval / 4 and self._interval > WARM_CHECKS * self._check_gap
+            # Another process's version: others wait on it too, and the first of them to
+            # write may signal this process's topics as well.
+            contended = self._root is None or self._root.etag != version.etag
             if pause > 0:
-                # A little jitter: processes waiting on one version do not all write at once.
-                await asyncio.sleep(pause + random.uniform(0, self._interval / 4))
-            if late:
-                # Written meanwhile by another process? A read, where a losing write would
-                # count against the key's limit.
+                # Jitter, wider where others wait: processes waiting on one version do not
+                # all write at once, and those that come later read first.
+                spread = self._interval / (2 if contended else 4)
+                await asyncio.sleep(pause + random.uniform(0, spread))
+            if late or (pause > 0 and contended):
+                # Written meanwhile by another process? A read (a GET), where a losing write
+                # would be a PUT refused, and count against the key's limit.
                 latest, landed_seq = await self._read_after(pending, landed_seq)
                 if not pending:
                     return
