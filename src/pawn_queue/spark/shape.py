@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
+from itertools import repeat
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -83,13 +84,14 @@ class RowShape:
             else:
                 payloads = [_jsonable(value, column.type) for value in values]
         if self.attributes is None:
-            attributes: list[dict[str, str]] = [{} for _ in payloads]
-        else:
-            attributes = [
-                {k: v for k, v in pairs or () if v is not None}
-                for pairs in batch.column(self.attributes).to_pylist()
-            ]
-        yield from zip(payloads, attributes, priorities, expiries, strict=True)
+            for payload, priority, expires_in in zip(payloads, priorities, expiries, strict=True):
+                yield payload, {}, priority, expires_in
+            return
+        pairs = batch.column(self.attributes).to_pylist()
+        for payload, given, priority, expires_in in zip(
+            payloads, pairs, priorities, expiries, strict=True
+        ):
+            yield payload, {k: v for k, v in given or () if v is not None}, priority, expires_in
 
     @staticmethod
     def _numbers(
@@ -98,11 +100,11 @@ class RowShape:
         check: Callable[[Any], Any],
         null: Any,
         null_means: str,
-    ) -> list[Any]:
+    ) -> Iterable[Any]:
         """Column ``name``'s values as ``check`` takes them (``null`` for a null, or for
         every row without the column); an ArgumentError naming the first bad row."""
         if name is None:
-            return [null] * batch.num_rows
+            return repeat(null, batch.num_rows)
         out = []
         for row, value in enumerate(batch.column(name).to_pylist()):
             try:
