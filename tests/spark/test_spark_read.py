@@ -94,3 +94,53 @@ def test_a_snapshot_leaves_out_messages_past_their_own_expiry(
     live = asyncio.run(main())
     rows = spark.read.format("pawnqueue").options(**fs_queue.options, topic="t").load().collect()
     assert sorted(row.id for row in rows) == sorted(live)
+
+
+_COLUMNS = [
+    "id",
+    "topic",
+    "key",
+    "producer_id",
+    "created_at",
+    "payload",
+    "attributes",
+    "receive_count",
+]
+
+
+def test_rows_say_their_priority(spark: SparkSession, fs_queue: SparkQueue) -> None:
+    """Each row has the priority its message was published with (a group's too, whose key
+    has no band; a dead letter's), in the last column; ordered by key, a topic's rows come
+    as a consumer lists them: highest priority first."""
+
+    async def main() -> dict[str, int]:
+        async with fs_queue.queue() as pq:
+            for topic in ("t", "dl"):
+                await pq.create_topic(topic)
+            producer = await pq.register_producer("p")
+            published = {await producer.publish("t", "low"): 0}
+            published[await producer.publish("t", "urgent", priority=9)] = 9
+            for message_id in await producer.publish_batch("t", [1, 2], priority=5):
+                published[message_id] = 5
+            published[await producer.publish("t", "grouped", group="g", priority=3)] = 3
+            await producer.publish("dl", "failed", priority=7)
+            consumer = await pq.register_consumer("c", topics=["dl"])
+            (message,) = await consumer.poll()
+            await message.nack()
+            return published
+
+    published = asyncio.run(main())
+
+    def reader(**options: str) -> DataFrame:
+        return spark.read.format("pawnqueue").options(**fs_queue.options, **options).load()
+
+    pending = reader(topic="t")
+    assert pending.columns == [*_COLUMNS, "priority"]  # earlier columns keep their place
+    rows = pending.orderBy("key").collect()
+    assert {row.id: row.priority for row in rows} == published
+    grouped = [row.id for row in rows if row.payload == '"grouped"']
+    assert [row.priority for row in rows if row.id not in grouped] == [9, 5, 5, 0]
+
+    dead = reader(topic="dl", state="dead_letter")
+    assert dead.columns == [*_COLUMNS, "reason", "error", "dead_lettered_at", "priority"]
+    assert [(row.reason, row.priority) for row in dead.collect()] == [("nack", 7)]

@@ -48,11 +48,11 @@ def _member_id() -> str:
 
 
 def _envelopes(
-    payloads: list[Any], attributes: list[dict[str, str]] | None = None
+    payloads: list[Any], attributes: list[dict[str, str]] | None = None, priority: int = 0
 ) -> list[Envelope]:
     attributes = attributes or [{} for _ in payloads]
     return [
-        Envelope(_member_id(), TOPIC, "producer-1", CREATED, payload, attrs)
+        Envelope(_member_id(), TOPIC, "producer-1", CREATED, payload, attrs, priority=priority)
         for payload, attrs in zip(payloads, attributes, strict=True)
     ]
 
@@ -85,6 +85,7 @@ def _expected(
             "payload": codec.text(e.payload),
             "attributes": list(e.attributes.items()),
             "receive_count": e.prior_receives + receives,
+            "priority": e.priority,
         }
         for index, e in enumerate(decode_batch(data))
         if index not in skip
@@ -135,6 +136,7 @@ def test_plain_batches_give_the_envelope_rows(tmp_path: Path) -> None:
     bodies = [
         encode_batch(_member_id(), _envelopes(PAYLOADS)),
         encode_batch(_member_id(), _envelopes(PAYLOADS, attrs)),
+        encode_batch(_member_id(), _envelopes([1, 2], priority=7)),
     ]
     assert all(plain_batch(body) is not None for body in bodies)  # the fast path ran
     keys, batches = _read(tmp_path, bodies)
@@ -142,6 +144,7 @@ def test_plain_batches_give_the_envelope_rows(tmp_path: Path) -> None:
     assert rows == [
         row for key, body in zip(keys, bodies, strict=True) for row in _expected(body, key, 2)
     ]
+    assert [r["priority"] for r in rows] == [0] * 18 + [7, 7]
     assert rows[2]["payload"] == codec.text(PAYLOADS[2]) and rows[3]["payload"] == "null"
     assert rows[9 + 0]["attributes"] == [("k", "v"), ("é", "✓")]
     assert rows[0]["created_at"] == datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -186,8 +189,9 @@ def test_unusual_members_and_times_take_the_envelope_path(tmp_path: Path) -> Non
         _batch_body([member], created_at="2026-03-01T12:00:00"),  # naive: UTC
         _batch_body([member], created_at="yesterday"),
         _batch_body([{**member, "attributes": None}]),
+        *(_batch_body([member], priority=p) for p in ("9", True, 10)),  # garbled: 0
     ]
-    assert plain_batch(bodies[0]) is None
+    assert plain_batch(bodies[0]) is None and plain_batch(bodies[-1]) is None
     keys, batches = _read(tmp_path, bodies)
     rows = _rows(batches)
     assert rows == [
@@ -198,6 +202,7 @@ def test_unusual_members_and_times_take_the_envelope_path(tmp_path: Path) -> Non
     assert [r["created_at"] for r in rows[2:5]] == [noon, noon, None]
     assert all(r["created_at"] is None or r["created_at"].tzinfo is not None for r in rows)
     assert rows[5]["attributes"] == []
+    assert [r["priority"] for r in rows[6:]] == [0, 0, 0]
 
 
 def test_settled_members_are_skipped(tmp_path: Path) -> None:

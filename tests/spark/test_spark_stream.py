@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession, functions
 from pyspark.sql.types import StringType
 
+from pawn_queue import PawnQueue
+from pawn_queue.config import load_config
 from tests.helpers.spark_helpers import (
     SparkQueue,
     parquet_ids,
@@ -42,17 +45,32 @@ def assert_drained(sq: SparkQueue) -> None:
     assert [k for k in asyncio.run(remaining(sq, "_spark/")) if "/batches/" in k] == []
 
 
+async def _publish_expired_and_urgent(sq: SparkQueue) -> str:
+    """Three messages past their own expiry (a one-message object, a batch object), and one
+    of priority 9; returns its id."""
+    a_minute_ago = datetime.now(UTC) - timedelta(seconds=60)
+    async with PawnQueue(load_config(sq.config, environ={}), clock=lambda: a_minute_ago) as pq:
+        old = await pq.register_producer("old")
+        await old.publish(TOPIC, "expired", expires_in=10)
+        await old.publish_batch(TOPIC, ["expired"] * 2, expires_in=10)
+    async with sq.queue() as pq:
+        return await (await pq.register_producer("p")).publish(TOPIC, {"n": -1}, priority=9)
+
+
 def test_clean_run(spark: SparkSession, spark_queue: SparkQueue, tmp_path: Path) -> None:
     ids = asyncio.run(publish(spark_queue, TOPIC, 150, batches=[100, 60]))
+    urgent = asyncio.run(_publish_expired_and_urgent(spark_queue))
     query = to_parquet(
         stream(spark, spark_queue.read_options(topic=TOPIC)), tmp_path / "out", tmp_path / "ck"
     )
     query.awaitTermination()
-    assert sorted(parquet_ids(spark, tmp_path / "out")) == sorted(ids)
-    assert_drained(spark_queue)
-    row = spark.read.parquet(str(tmp_path / "out")).where("key like '%.batch'").first()
+    assert sorted(parquet_ids(spark, tmp_path / "out")) == sorted([*ids, urgent])  # no expired
+    assert_drained(spark_queue)  # the commit removed the expired messages with their objects
+    out = spark.read.parquet(str(tmp_path / "out"))
+    row = out.where("key like '%.batch'").first()
     assert row is not None and row.topic == TOPIC and row.receive_count == 1
     assert json.loads(row.payload)["n"] >= 150 and row.created_at.year >= 2024
+    assert {(r.id, r.priority) for r in out.where("priority > 0").collect()} == {(urgent, 9)}
 
 
 def test_restart_with_new_messages(

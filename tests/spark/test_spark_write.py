@@ -88,6 +88,57 @@ def test_write_errors(spark: SparkSession, fs_queue: SparkQueue) -> None:
         df.withColumn("attributes", functions.lit(1)).write.format("pawnqueue").options(
             **fs_queue.options
         ).option("topic", "out").mode("append").save()
+    with pytest.raises(Exception, match="column 'priority' must be an integer type"):
+        df.withColumn("priority", functions.lit("9")).write.format("pawnqueue").options(
+            **fs_queue.options
+        ).option("topic", "out").mode("append").save()
+    # A bad value in any row: the write fails before it publishes a row of that batch.
+    priorities = functions.when(functions.col("id") == 2, 10).otherwise(functions.col("id"))
+    for column, value, error in (
+        ("priority", priorities, "row 2 of a record batch: column priority: got 10"),
+        ("expires_in", functions.lit(-1.0), "column expires_in: got -1.0"),
+    ):
+        with pytest.raises(Exception, match=error):
+            spark.range(0, 3, 1, 1).select(
+                functions.col("id").cast("string").alias("payload"), value.alias(column)
+            ).write.format("pawnqueue").options(**fs_queue.options).option("topic", "out").option(
+                "messagesPerObject", "1"
+            ).mode("append").save()
+    assert asyncio.run(_messages(fs_queue, "out")) == []
+
+
+def test_write_sets_priority_and_expiry(spark: SparkSession, fs_queue: SparkQueue) -> None:
+    """Optional columns priority (null: 0) and expires_in (null: none) set what publish's
+    arguments do; consumers and the source see them, and nothing of an expired message."""
+    asyncio.run(_create(fs_queue, "out"))
+    rows = [("1", 9, None), ("2", None, 600.0), ("3", 5, None), ("4", 5, 1e-6), ("5", 0, None)]
+    df = spark.createDataFrame(rows, "payload string, priority int, expires_in double")
+    df.repartition(2).write.format("pawnqueue").options(**fs_queue.options).option(
+        "topic", "out"
+    ).mode("append").save()
+
+    read = spark.read.format("pawnqueue").options(**fs_queue.options, topic="out").load()
+    assert sorted((r.payload, r.priority) for r in read.collect()) == [
+        ("1", 9),
+        ("2", 0),
+        ("3", 5),
+        ("5", 0),
+    ]
+
+    async def consume() -> list[tuple[int, object, str | None]]:
+        async with fs_queue.queue() as pq:
+            consumer = await pq.register_consumer("drain", topics=["out"])
+            got = []
+            while batch := await consumer.poll():
+                for message in batch:
+                    got.append((message.priority, message.payload, message.expires_at))
+                    await message.ack()
+            return got
+
+    got = asyncio.run(consume())
+    assert [(p, payload) for p, payload, _ in got][:2] == [(9, 1), (5, 3)]  # highest first
+    assert sorted((p, payload) for p, payload, _ in got[2:]) == [(0, 2), (0, 5)]
+    assert [payload for _, payload, expires_at in got if expires_at is not None] == [2]
 
 
 def _fail_midway(  # type: ignore[no-untyped-def]

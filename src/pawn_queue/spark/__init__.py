@@ -15,10 +15,11 @@ Streaming reads are exactly-once into an idempotent sink (Parquet, Delta): each 
 is a manifest of the objects it owns, leased by the query and acked once Spark committed it.
 Batch reads are snapshots (pending messages or dead letters) that claim nothing. With
 ``.option("subscription", "billing")`` a read takes that subscription of the topics instead
-of their own queues (the ``topic`` column still names the topic). Writes pack rows into
-batch objects under deterministic keys, so retries overwrite instead of adding; a topic
-with subscriptions gets them copied into each subscription whose filter matches, as a
-producer's messages are.
+of their own queues (the ``topic`` column still names the topic); the ``priority`` column
+says each message's priority. Writes pack rows into batch objects under deterministic keys,
+so retries overwrite instead of adding (optional ``priority`` and ``expires_in`` columns
+set what ``publish``'s arguments do); a topic with subscriptions gets them copied into each
+subscription whose filter matches, as a producer's messages are.
 Needs PySpark 4.2 or later (admission control) and pyarrow.
 """
 

@@ -39,30 +39,38 @@ _PLAIN_MEMBER = frozenset(("id", "payload", "attributes"))
 _SMALL_BODY = 1 << 20
 
 
+def _message_fields() -> list[StructField]:
+    return [
+        StructField("id", StringType()),
+        StructField("topic", StringType()),
+        StructField("key", StringType()),
+        StructField("producer_id", StringType()),
+        StructField("created_at", TimestampType()),
+        StructField("payload", StringType()),
+        StructField("attributes", MapType(StringType(), StringType())),
+        StructField("receive_count", IntegerType()),
+    ]
+
+
+# Last in both schemas (added after the others): every earlier column keeps its position.
+_PRIORITY = StructField("priority", IntegerType())
+
+
 def message_schema() -> StructType:
-    """``id, topic, key, producer_id, created_at, payload, attributes, receive_count``."""
-    return StructType(
-        [
-            StructField("id", StringType()),
-            StructField("topic", StringType()),
-            StructField("key", StringType()),
-            StructField("producer_id", StringType()),
-            StructField("created_at", TimestampType()),
-            StructField("payload", StringType()),
-            StructField("attributes", MapType(StringType(), StringType())),
-            StructField("receive_count", IntegerType()),
-        ]
-    )
+    """``id, topic, key, producer_id, created_at, payload, attributes, receive_count,
+    priority``."""
+    return StructType([*_message_fields(), _PRIORITY])
 
 
 def dead_letter_schema() -> StructType:
-    """The message schema plus ``reason, error, dead_lettered_at``."""
+    """The message columns, then ``reason, error, dead_lettered_at``, then ``priority``."""
     return StructType(
         [
-            *message_schema().fields,
+            *_message_fields(),
             StructField("reason", StringType()),
             StructField("error", StringType()),
             StructField("dead_lettered_at", TimestampType()),
+            _PRIORITY,
         ]
     )
 
@@ -99,6 +107,7 @@ class PlainBatch:
     topic: str
     producer_id: str
     created_at: str
+    priority: int
     ids: list[str]
     payloads: list[str]
     attributes: list[Sequence[tuple[str, str]]]
@@ -118,12 +127,15 @@ def plain_batch(data: bytes, skip: Collection[int] = ()) -> PlainBatch | None:
         return None
     members = obj.get("batch")
     topic, producer_id, created_at = obj.get("topic"), obj.get("producer_id"), obj.get("created_at")
+    priority = obj.get("priority", 0)
     if (
         type(members) is not list
         or not members
         or type(topic) is not str
         or type(producer_id) is not str
         or type(created_at) is not str
+        or type(priority) is not int
+        or not 0 <= priority <= 9  # anything else: the envelope path decides (0)
     ):
         return None
     # Whole-list operations rather than a loop over members: this runs for every row.
@@ -154,7 +166,7 @@ def plain_batch(data: bytes, skip: Collection[int] = ()) -> PlainBatch | None:
         payloads = [payloads[i] for i in kept]
         attributes = [attributes[i] for i in kept]
     texts = _payload_texts(payloads, len(data) <= _SMALL_BODY)
-    return PlainBatch(topic, producer_id, created_at, ids, texts, attributes)
+    return PlainBatch(topic, producer_id, created_at, priority, ids, texts, attributes)
 
 
 def _topic(named: str) -> str:
@@ -199,6 +211,7 @@ class RowBuffer:
             c[8] += [info.reason or None] * len(envelopes)
             c[9] += [info.error] * len(envelopes)
             c[10] += [self._time(info.dead_lettered_at)] * len(envelopes)
+        c[-1] += [e.priority for e in envelopes]
 
     def add_plain(self, batch: PlainBatch, key: str, receives: int) -> None:
         """Rows for the members of a plain batch object at ``key`` (the same rows :meth:`add`
@@ -215,6 +228,7 @@ class RowBuffer:
         c[5] += batch.payloads
         c[6] += batch.attributes
         c[7] += [receives] * n
+        c[-1] += [batch.priority] * n
 
     def take(self) -> pa.RecordBatch:
         """The buffered rows as one record batch; the buffer starts over."""

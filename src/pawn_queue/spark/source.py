@@ -58,7 +58,8 @@ class PawnQueueDataSource(DataSource):
         return PawnQueueStreamReader(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from pawn_queue.spark.writer import PawnQueueWriter, RowShape
+        from pawn_queue.spark.shape import RowShape
+        from pawn_queue.spark.writer import PawnQueueWriter
 
         if overwrite:
             raise ConfigError("pawnqueue: a topic is append-only; write with mode('append')")
@@ -67,7 +68,8 @@ class PawnQueueDataSource(DataSource):
         return PawnQueueWriter(options, RowShape.of(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from pawn_queue.spark.writer import PawnQueueStreamWriter, RowShape
+        from pawn_queue.spark.shape import RowShape
+        from pawn_queue.spark.writer import PawnQueueStreamWriter
 
         options = self._options()
         runtime.run(_check(options, options.topic))

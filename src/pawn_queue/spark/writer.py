@@ -5,7 +5,8 @@ row position), and the FIFO timestamp in the key is recorded once per write (the
 writer's creation time; for a stream, the first task of a micro-batch records it in
 ``_spark/{query}/sink/{batch}.json``). A retried task, or a micro-batch run again after a
 restart, overwrites its own objects instead of adding copies. Once a micro-batch's commit
-marked it committed, running it again writes nothing.
+marked it committed, running it again writes nothing. A task packs the rows of each
+priority into their own objects (one object, one priority band).
 
 A topic with subscriptions gets nothing in its own queue: as a producer does, each task
 copies every object into each subscription whose filter a member's attributes match (only
@@ -17,18 +18,14 @@ first object, and again whenever the copy it read is as old as a producer's may 
 
 from __future__ import annotations
 
-import base64
 import logging
-import math
 import uuid
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
-from decimal import Decimal
+from datetime import datetime, timedelta
 from itertools import chain
-from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark import TaskContext
@@ -37,7 +34,6 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import MapType, StringType, StructType
 
 from pawn_queue._internal.aio import Background
 from pawn_queue._protocol import codec, layout
@@ -46,107 +42,15 @@ from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue._protocol.retained import SWEEP_MIN_SECONDS, RetainedSweeper
 from pawn_queue._protocol.subscriptions import Destination, Subscriptions
 from pawn_queue._protocol.topics import Topics
-from pawn_queue.exceptions import AlreadyExists, ConfigError, PawnQueueError, PayloadError
+from pawn_queue.exceptions import AlreadyExists, PawnQueueError
 from pawn_queue.spark import runtime
 from pawn_queue.spark.options import SourceOptions
+from pawn_queue.spark.shape import RowShape
 
 logger = logging.getLogger(__name__)
 
 _NAMESPACE = uuid.UUID("5d0f6a3e-8c1b-4f7a-a2e9-3b6c1d4e8f20")
 _PUTS_IN_FLIGHT = 16
-
-
-@dataclass(frozen=True, slots=True)
-class RowShape:
-    """Which columns make a message.
-
-    ``payload``: the column holding it (a string is JSON text, any other type is converted
-    to JSON); None: all columns but ``attributes`` form a JSON object. ``attributes``: an
-    optional ``map<string,string>`` column.
-    """
-
-    payload: str | None
-    payload_is_text: bool
-    attributes: str | None
-
-    @classmethod
-    def of(cls, schema: StructType) -> RowShape:
-        names = schema.fieldNames()
-        attributes = None
-        if "attributes" in names:
-            kind = schema["attributes"].dataType
-            if not (
-                isinstance(kind, MapType)
-                and isinstance(kind.keyType, StringType)
-                and isinstance(kind.valueType, StringType)
-            ):
-                raise ConfigError(
-                    f"pawnqueue: column 'attributes' must be map<string,string>, "
-                    f"not {kind.simpleString()}"
-                )
-            attributes = "attributes"
-        if "payload" in names:
-            return cls("payload", isinstance(schema["payload"].dataType, StringType), attributes)
-        if all(name == "attributes" for name in names):
-            raise ConfigError("pawnqueue: nothing to publish: give a 'payload' column")
-        return cls(None, False, attributes)
-
-    def messages(self, batch: pa.RecordBatch) -> Iterator[tuple[Any, dict[str, str]]]:
-        """``(payload, attributes)`` of each row."""
-        if self.payload is None:
-            columns = [name for name in batch.schema.names if name != self.attributes]
-            rows = batch.select(columns)
-            kind = pa.struct(list(rows.schema))
-            payloads = [_jsonable(row, kind) for row in rows.to_pylist()]
-        else:
-            column = batch.column(self.payload)
-            values = column.to_pylist()
-            if self.payload_is_text:
-                payloads = [_parse(text, i) for i, text in enumerate(values)]
-            else:
-                payloads = [_jsonable(value, column.type) for value in values]
-        if self.attributes is None:
-            for payload in payloads:
-                yield payload, {}
-            return
-        for payload, pairs in zip(payloads, batch.column(self.attributes).to_pylist(), strict=True):
-            yield payload, {k: v for k, v in pairs or () if v is not None}
-
-
-def _parse(text: str | None, row: int) -> Any:
-    if text is None:
-        return None
-    try:
-        return codec.loads(text)
-    except ValueError as exc:
-        raise PayloadError(
-            f"pawnqueue: row {row} of a record batch: 'payload' is not JSON text: {exc}"
-        ) from None
-
-
-def _jsonable(value: Any, kind: pa.DataType) -> Any:
-    """A value of Arrow type ``kind`` (as ``to_pylist`` gives it) as a JSON value."""
-    if value is None or isinstance(value, (str, bool, int)):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        raise PayloadError(f"pawnqueue: {value} cannot be a JSON value")
-    if pa.types.is_map(kind):
-        return {str(k): _jsonable(v, kind.item_type) for k, v in value}
-    if pa.types.is_struct(kind):
-        return {f.name: _jsonable(value.get(f.name), f.type) for f in kind}
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return [_jsonable(v, kind.value_type) for v in value]
-    if isinstance(value, (datetime, date, time)):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    raise PayloadError(f"pawnqueue: cannot convert {type(value).__name__} to JSON")
 
 
 @dataclass
@@ -176,7 +80,7 @@ class _Publisher:
         self._created = at.isoformat()
         self._producer = str(uuid.uuid5(_NAMESPACE, f"spark-writer/{write}"))
         self._routes = _Routes(options)
-        self._pending: list[Envelope] = []
+        self._pending: dict[int, list[Envelope]] = {}  # by priority: one object, one band
         self._in_flight: deque[Future[str]] = deque()
         self.messages = 0
         self.objects = 0
@@ -185,27 +89,40 @@ class _Publisher:
     def publish(self, batches: Iterator[pa.RecordBatch]) -> None:
         per_object = self._options.messages_per_object
         for batch in batches:
-            for payload, attributes in self._shape.messages(batch):
-                message_id = self._id(f"m{self.messages}")
-                self._pending.append(
-                    Envelope(
-                        message_id, self._topic, self._producer, self._created, payload, attributes
-                    )
+            for payload, attributes, priority, expires_in in self._shape.messages(batch):
+                envelope = Envelope(
+                    self._id(f"m{self.messages}"),
+                    self._topic,
+                    self._producer,
+                    self._created,
+                    payload,
+                    attributes,
+                    expires_at=None if expires_in is None else self._deadline(expires_in),
+                    priority=priority,
                 )
+                pending = self._pending.setdefault(priority, [])
+                pending.append(envelope)
                 self.messages += 1
-                if len(self._pending) >= per_object:
-                    self._flush()
-        if self._pending:
-            self._flush()
+                if len(pending) >= per_object:
+                    self._flush(priority)
+        for priority in list(self._pending):
+            self._flush(priority)
         while self._in_flight:
             self._in_flight.popleft().result()
 
-    def _flush(self) -> None:
-        members, self._pending = self._pending, []
+    def _deadline(self, expires_in: float) -> str:
+        """A message's ``expires_at``: ``expires_in`` after the write's recorded time, so
+        a retry writes the same body."""
+        return (self._at + timedelta(seconds=expires_in)).isoformat()
+
+    def _flush(self, priority: int) -> None:
+        members = self._pending.pop(priority, [])
+        if not members:
+            return
         at = self._at + timedelta(microseconds=self.objects)  # FIFO within the partition
         single = len(members) == 1 and self._options.messages_per_object == 1
         object_id = members[0].id if single else self._id(f"o{self.objects}")
-        key = layout.message_key(self._topic, object_id, at, batch=not single)
+        key = layout.message_key(self._topic, object_id, at, batch=not single, priority=priority)
         self.objects += 1
         whole: bytes | None = None  # the body of all the members, made once
         for queue, chosen in _route(runtime.run(self._routes.destinations()), members):
