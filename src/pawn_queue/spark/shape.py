@@ -28,8 +28,9 @@ from pyspark.sql.types import (
 )
 
 from pawn_queue._protocol import codec
+from pawn_queue._protocol.envelope import priority_argument
 from pawn_queue.exceptions import ArgumentError, ConfigError, PayloadError
-from pawn_queue.producer import check_timing, priority_argument
+from pawn_queue.producer import check_timing
 
 
 @dataclass(frozen=True, slots=True)
