@@ -70,7 +70,6 @@ def pytest_configure_node(node: Any) -> None:
         node.workerinput[WORKERINPUT_KEY] = shared.workerinput()
 
 
-_SPARK_TESTS = ("tests/spark/", "tests/test_orders_pipeline.py")
 # The modules whose tests take longest (30 s to a minute each, most of it waiting): they
 # start first, so that none of them is still running alone at the end (pytest-xdist hands
 # tests out in collection order).
@@ -88,10 +87,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     csprng_verify's, which hold only while a competing write lands within ``jitter_min_ms``
     (docs/protocol.md, "Strategy csprng_verify"), and a machine saturated by other workers
     breaks that bound. Its store tests (``tests/store/``) claim nothing and run with the rest.
-
-    Spark's tests form one group, which ``make pytest`` runs in one worker from the start
-    (``--dist loadgroup``): one Spark session, its JVM's memory once, and its tests (a few
-    minutes, mostly waiting on Spark) beside the others rather than after them."""
+    """
     items.sort(key=lambda item: not item.nodeid.startswith(_LONG_FIRST))  # stable
     for item in items:
         callspec = getattr(item, "callspec", None)
@@ -101,8 +97,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             and not item.nodeid.startswith("tests/store/")
         ):
             item.add_marker(pytest.mark.alone)
-        if item.nodeid.startswith(_SPARK_TESTS):
-            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -10,7 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
+
+# Spark's tests: one group, which one worker runs one after another, a Spark session (and
+# its JVM) once (make pytest, --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("spark")
 
 
 def test_s3a_output_without_the_s3a_filesystem_fails_before_publishing(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pyarrow.dataset as ds  # type: ignore[import-untyped]
+import pytest
 
 from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout
@@ -25,6 +26,10 @@ from pawn_queue.store.s3 import S3Store
 from tests.helpers.spark_cluster import SPARK_HOME, standalone_cluster
 
 REPO = Path(__file__).resolve().parents[2]
+
+# Spark's tests: one group, which one worker runs one after another, a Spark session (and
+# its JVM) once (make pytest, --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("spark")
 PIPELINE = REPO / "examples" / "orders_pipeline.py"
 ORDERS, ROUNDS, THRESHOLD = 1000, 2, 400.0
 

@@ -15,6 +15,10 @@ from tests.helpers.spark_helpers import SparkQueue, publish, remaining
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
+# Spark's tests: one group, which one worker runs one after another, a Spark session (and
+# its JVM) once (make pytest, --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("spark")
+
 
 async def _take(sq: SparkQueue, topic: str, ack: int, nack: int) -> list[str]:
     """A consumer polls 10 messages, acks and nacks some and keeps the rest leased (it

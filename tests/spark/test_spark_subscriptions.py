@@ -33,6 +33,10 @@ from tests.helpers.spark_helpers import (
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
+# Spark's tests: one group, which one worker runs one after another, a Spark session (and
+# its JVM) once (make pytest, --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("spark")
+
 
 TOPIC = "orders"
 

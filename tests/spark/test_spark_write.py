@@ -19,6 +19,10 @@ from tests.helpers.spark_helpers import SparkQueue
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
+# Spark's tests: one group, which one worker runs one after another, a Spark session (and
+# its JVM) once (make pytest, --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("spark")
+
 
 async def _create(sq: SparkQueue, *topics: str) -> None:
     async with sq.queue() as pq:
