@@ -106,25 +106,30 @@ test-servers: ceph $(NPM_DIR)/node_modules/.installed
 
 # The suite mostly waits (servers, processes, leases): it runs in PYTEST_WORKERS processes
 # (pytest-xdist; 0 for one process), for which the controller starts the test servers once
-# (tests/servers/shared.py). Spark's tests run in one of them, one after another, from the
-# start (`--dist loadgroup`; they mostly wait on Spark); the others take the rest. A test
-# that failed there runs once more in one process, named in the output: the workers share
-# one server of each kind on 2 cores, and a lease bound a saturated server misses is the
-# machine's, not the code's; failing again fails. Then the tests marked `alone`
-# (timing-dependent: s3rver's queue tests, strict order, request counts, bounds in seconds)
-# run in one process. Every phase runs; any failing fails (docs/development/layout.md).
-PYTEST_WORKERS ?= 6
+# (tests/servers/shared.py). A test that failed there runs once more in one process, named
+# in the output: the workers share one server of each kind on 2 cores, and a lease bound a
+# saturated server misses is the machine's, not the code's; failing again fails. Then the
+# tests marked `alone` (timing-dependent: Spark, s3rver's queue tests, strict order and
+# request counts) run in two workers (they mostly wait; each worker that runs a Spark test
+# starts a Spark session of its own), and what failed there once more in one process.
+# Every phase runs; any failing fails (docs/development/layout.md).
+PYTEST_WORKERS ?= 5
 PYTEST := PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
 pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
 	rm -rf .pytest_cache; \
-	$(PYTEST) --numprocesses $(PYTEST_WORKERS) --dist loadgroup --durations=40 -m "not alone"; \
-	status=$$?; \
+	$(PYTEST) --numprocesses $(PYTEST_WORKERS) --durations=40 -m "not alone"; status=$$?; \
 	if [ $$status -eq 1 ] && [ "$(PYTEST_WORKERS)" != 0 ]; then \
 		echo "== failed beside other workers; once more in one process:"; \
 		$(PYTEST) --last-failed --last-failed-no-failures none -m "not alone" -rA; status=$$?; \
 	fi; \
-	$(PYTEST) --durations=10 -m alone || status=1; \
-	exit $$status
+	if [ "$(PYTEST_WORKERS)" = 0 ]; then $(PYTEST) --durations=10 -m alone || status=1; else \
+		$(PYTEST) --numprocesses 2 --durations=10 -m alone; alone=$$?; \
+		if [ $$alone -eq 1 ]; then \
+			echo "== failed beside the other worker; once more in one process:"; \
+			$(PYTEST) --last-failed --last-failed-no-failures none -m alone -rA; alone=$$?; \
+		fi; \
+		[ $$alone -eq 0 ] || status=1; \
+	fi; exit $$status
 
 test: lint typecheck docs-check pytest
 

@@ -86,8 +86,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """s3rver's queue tests run alone: without conditional writes its claims are
     csprng_verify's, which hold only while a competing write lands within ``jitter_min_ms``
     (docs/protocol.md, "Strategy csprng_verify"), and a machine saturated by other workers
-    breaks that bound. Its store tests (``tests/store/``) claim nothing and run with the rest.
-    """
+    breaks that bound. Its store tests (``tests/store/``) claim nothing and run with the rest."""
     items.sort(key=lambda item: not item.nodeid.startswith(_LONG_FIRST))  # stable
     for item in items:
         callspec = getattr(item, "callspec", None)

@@ -124,17 +124,3 @@ def test_make_demo_installs_what_the_demo_imports_and_no_dev_tools(tmp_path: Pat
 def test_make_test_installs_the_dev_group_besides(tmp_path: Path) -> None:
     pip = installs(dry_run(".venv/.installed", tmp_path))  # what `make test` depends on
     assert any("--group dev" in line for line in pip), pip
-
-
-def test_an_xdist_group_reaches_the_scheduler(request: pytest.FixtureRequest) -> None:
-    """``make pytest`` runs Spark's tests in one worker (``--dist loadgroup``, their modules
-    marked ``xdist_group("spark")``): pytest-xdist appends ``@spark`` to each such item's
-    ``_nodeid``, which the scheduler groups by. pytest 9.2 reads the id from elsewhere, and
-    every worker then started a Spark session of its own."""
-    item = request.node
-    nodeid = item.nodeid
-    try:
-        item._nodeid = f"{nodeid}@spark"
-        assert item.nodeid == f"{nodeid}@spark"
-    finally:
-        item._nodeid = nodeid

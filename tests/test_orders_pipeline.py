@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+# Spark in processes of their own (a standalone cluster's JVMs, a pipeline's processes), on
+# timeouts Spark sets: make pytest runs these alone, after the others.
+pytestmark = pytest.mark.alone
 
-# Spark's tests: one group, which one worker runs one after another, a Spark session (and
-# its JVM) once (make pytest, --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("spark")
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_s3a_output_without_the_s3a_filesystem_fails_before_publishing(tmp_path: Path) -> None:

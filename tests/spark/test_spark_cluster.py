@@ -25,11 +25,12 @@ from pawn_queue.config import S3Config
 from pawn_queue.store.s3 import S3Store
 from tests.helpers.spark_cluster import SPARK_HOME, standalone_cluster
 
-REPO = Path(__file__).resolve().parents[2]
+# Spark in processes of their own (a standalone cluster's JVMs, a pipeline's processes), on
+# timeouts Spark sets: make pytest runs these alone, after the others.
+pytestmark = pytest.mark.alone
 
-# Spark's tests: one group, which one worker runs one after another, a Spark session (and
-# its JVM) once (make pytest, --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("spark")
+
+REPO = Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "examples" / "orders_pipeline.py"
 ORDERS, ROUNDS, THRESHOLD = 1000, 2, 400.0
 

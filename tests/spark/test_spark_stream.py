@@ -33,9 +33,9 @@ from tests.helpers.spark_helpers import (
 
 pytest_plugins = ["tests.helpers.spark_support"]
 
-# Spark's tests: one group, which one worker runs one after another, a Spark session (and
-# its JVM) once (make pytest, --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("spark")
+# Spark runs alone, after the others (make pytest): Spark's Python workers must connect back
+# within Spark's own 10 s, which a machine saturated by pytest workers misses.
+pytestmark = pytest.mark.alone
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -240,24 +240,11 @@ class App:
         that ``@app.subscriber`` below already subscribes to ``topic`` keeps that subscriber.
         Called without decorating, it only declares the schedule.
         """
-        declared = declared_schedule(
-            self._schedules,
-            name,
-            topic,
-            {
-                "cron": cron,
-                "every": every,
-                "payload": payload,
-                "attributes": attributes,
-                "timezone": timezone,
-                "jitter_seconds": jitter_seconds,
-                "catch_up_seconds": catch_up_seconds,
-                "start": start,
-                "end": end,
-                "priority": priority,
-                "expires_in": expires_in,
-            },
-        )
+        options: dict[str, Any] = {"cron": cron, "every": every, "payload": payload}
+        options |= {"attributes": attributes, "timezone": timezone, "start": start, "end": end}
+        options |= {"jitter_seconds": jitter_seconds, "catch_up_seconds": catch_up_seconds}
+        options |= {"priority": priority, "expires_in": expires_in}
+        declared = declared_schedule(self._schedules, name, topic, options)
         self._schedules[declared.name] = declared
 
         def handle(handler: F) -> F:
