@@ -120,7 +120,10 @@ MEANINGS: dict[str, str] = {
     "notify.enabled": "Change signals: producers write `_notify/_`, idle consumers watch it "
     "([change signals](../concepts/change-signals.md)).",
     "notify.check_interval_seconds": "How often an idle process HEADs `_notify/_` (one "
-    "request, whatever the number of topics).",
+    "request, whatever the number of topics). Where other processes change it less often "
+    "than every four checks, the checks are spaced to a quarter of the shortest of its last "
+    "three gaps between changes, up to `idle_check_interval_seconds`: a message of a "
+    "trickle costs four checks, not one per interval.",
     "notify.idle_check_interval_seconds": "The check slows down to this after 10 s without a "
     "change: an idle consumer hears of a publish from another process within about this "
     "long.",

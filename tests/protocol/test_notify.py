@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -318,6 +319,46 @@ async def test_a_signal_held_back_says_busy_and_other_processes_list_without_wai
         keep_watching.cancel()
         await asyncio.gather(keep_watching, return_exceptions=True)
         await watcher.close()
+
+
+async def test_a_watch_spaces_its_looks_to_how_often_the_root_changes() -> None:
+    """Changes 1.5 s apart: about four looks each, not one every check interval (15 at
+    0.1 s), and every change still wakes the topic."""
+    from pawn_queue._protocol.notify import ChangeSignals
+    from pawn_queue.config import NotifyConfig
+    from pawn_queue.store.memory import MemoryStore
+
+    looks = 0
+
+    async def count_looks(operation: str, key: str) -> None:
+        nonlocal looks
+        if operation in ("head", "get") and key == layout.NOTIFY_ROOT:
+            looks += 1
+
+    shared = MemoryStore()
+    config = NotifyConfig(check_interval_seconds=0.1, signal_interval_seconds=0.1)
+    producer = ChangeSignals(shared, config)
+    watcher = ChangeSignals(FaultyStore(shared, hooks=[count_looks]), config)
+    watcher.watch(["t", "other"])
+    assert await watcher.refresh()  # the baseline, and the watch runs
+    keep_watching = asyncio.create_task(watcher.wait(["other"], within=60))  # for as long
+    looks_at_wake = []
+    try:
+        for n in range(6):
+            if n:
+                await asyncio.sleep(1.5)  # the workload: a change every 1.5 s
+            seen = watcher.snapshot(["t"])
+            producer.published("t")
+            assert await watcher.local.wait(["t"], within=10, since=seen)
+            looks_at_wake.append(looks)
+    finally:
+        keep_watching.cancel()
+        await asyncio.gather(keep_watching, return_exceptions=True)
+        await watcher.close()
+        await producer.close()
+    # Once three gaps are known (from the fourth change), the looks are spaced to a quarter.
+    looks_per_change = [b - a for a, b in itertools.pairwise(looks_at_wake)]
+    assert max(looks_per_change[3:]) <= 7, looks_per_change
 
 
 @contextlib.asynccontextmanager

@@ -44,6 +44,12 @@ logger = logging.getLogger(__name__)
 
 _WATCH_GRACE_CHECKS = 50  # checks the watch goes on after the last wait ended
 _BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
+# Looks between two changes of the root by others: when those come further apart than this
+# many check intervals, the looks are spaced to 1/_LOOKS_PER_CHANGE of the shortest of the
+# last _CHANGE_GAPS gaps between them. A wake-up then waits at most a quarter of that gap
+# (an eighth on average), and a message of a trickle pays four looks, not one per check.
+_LOOKS_PER_CHANGE = 4
+_CHANGE_GAPS = 3
 _CLOSE_SECONDS = 2.0
 _MAX_HINTS = 256  # keys hinted to a topic's consumers at most; past it, they list
 _HINTED_SECONDS = 30.0  # a name hinted is not hinted again for this long (entries last 10 s)
@@ -88,6 +94,8 @@ class ChangeSignals:
         self._checked = 0.0  # when the last look at the store succeeded
         self._look_began = -1.0  # when the last look that succeeded began (monotonic)
         self._moved_at = float("-inf")  # when a look last found the root changed
+        self._changed_at = float("-inf")  # when a look last found another process's change
+        self._change_gaps: list[float] = []  # the last gaps between those (seconds)
         # The topics consumed here, and when a consumer here last began to list each: the
         # sweep bumps the one looked at longest ago.
         self._watched: dict[str, float] = {}
@@ -260,6 +268,7 @@ class ChangeSignals:
             moved = etag != self._root
             if moved and not self._writer.wrote(etag):  # another process's write
                 self._moved_at = now
+                self._changed(now)
             if moved or not self._baseline_taken:
                 if not read:
                     etag, log = await self._root_log() if etag is not None else (None, None)
@@ -271,6 +280,11 @@ class ChangeSignals:
                 self._baseline_taken = True
             self._checked, self._look_began = now, began
             return moved
+
+    def _changed(self, now: float) -> None:
+        if self._changed_at > float("-inf"):
+            self._change_gaps = [*self._change_gaps[1 - _CHANGE_GAPS :], now - self._changed_at]
+        self._changed_at = now
 
     def _wake(self, log: SignalLog | None, now: float) -> None:
         """Wake the watched topics that ``log`` names since the version seen last; all of
@@ -397,15 +411,25 @@ class ChangeSignals:
                 logger.info("change-signal checks work again")
                 failing = False
             if moved:
-                gap, last_change = self._watch_gap, time.monotonic()
+                gap, last_change = self._busy_gap(), time.monotonic()
             elif time.monotonic() - last_change > _BUSY_SECONDS:
                 # Quiet: check less often, up to the idle interval (cheaper, slower).
                 gap = min(gap * 1.5, self._idle_gap())
             else:
-                gap = self._watch_gap
+                gap = self._busy_gap()
 
     def _idle_gap(self) -> float:
         return max(self._watch_gap, self._config.idle_check_interval_seconds)
+
+    def _busy_gap(self) -> float:
+        """The gap between looks while the root changes: :attr:`_watch_gap`, or, when the
+        others' changes come further apart, ``1 / _LOOKS_PER_CHANGE`` of the shortest of
+        their last gaps (one short gap, a burst beginning, is enough to look fast again),
+        up to the idle interval."""
+        if len(self._change_gaps) < _CHANGE_GAPS:
+            return self._watch_gap
+        spaced = min(self._change_gaps) / _LOOKS_PER_CHANGE
+        return max(self._watch_gap, min(spaced, self._idle_gap()))
 
     @property
     def _watch_gap(self) -> float:
