@@ -115,6 +115,19 @@ async def test_a_schedule_s_topic_must_exist_unless_the_app_creates_topics(
         assert await pq.list_schedules() == []
 
 
+async def test_a_schedule_s_topic_with_too_short_a_dedup_window_stops_the_start(
+    queue_config: dict[str, Any],
+) -> None:
+    """Refused as create_schedule refuses it: its runners could not tell a tick published
+    from a lost one (60 s of catch-up + 5 s of jitter + 20 s needed, the topic keeps 0)."""
+    app = report_app(queue_config)
+    async with await PawnQueue.from_config(queue_config) as pq:
+        await pq.create_topic("reports", dedup_window_seconds=0)
+        with pytest.raises(ArgumentError, match=r"dedup_window_seconds 0 .*under the 85"):
+            await app.start()
+        assert await pq.list_schedules() == []
+
+
 async def test_two_apps_starting_at_once_create_one_schedule(
     queue_config: dict[str, Any],
 ) -> None:

@@ -145,6 +145,45 @@ async def test_bad_arguments_raise_clear_errors(pq: PawnQueue) -> None:
     assert await pq.list_schedules() == [kept]
 
 
+async def test_a_topic_whose_dedup_window_is_too_short_for_a_schedule_is_refused(
+    pq: PawnQueue,
+) -> None:
+    """A runner that lost a tick looks whether the winner published it up to
+    catch_up_seconds + jitter_seconds + 10 s after the tick, and trusts the topic's dedup
+    marker until 10 s before its window is past: a topic whose window is shorter is refused
+    (0 is no dedup at all), naming it, its window and the minimum, and nothing is written."""
+    await pq.create_topic("nodedup", dedup_window_seconds=0)
+    await pq.create_topic("short", dedup_window_seconds=79)
+    await pq.create_topic("enough", dedup_window_seconds=80)
+    refused: list[tuple[str, dict[str, Any], str]] = [
+        ("nodedup", {}, r"topic 'nodedup' has dedup_window_seconds 0 \(no dedup\), under the 80"),
+        ("short", {}, "topic 'short' has dedup_window_seconds 79, under the 80 its runners"),
+        ("enough", {"jitter_seconds": 1}, "dedup_window_seconds 80, under the 81"),
+        ("enough", {"catch_up_seconds": 61}, "under the 81 .*catch_up_seconds 61 "),
+    ]
+    for topic, options, message in refused:
+        with pytest.raises(ArgumentError, match=message):
+            await pq.create_schedule("s", topic, every=60, **options)
+    assert await pq.list_schedules() == []
+    await pq.create_schedule("s", "enough", every=60)  # 60 + 0 + 20: just enough
+
+    # A change of the topic, or of the catch-up or jitter, is checked likewise.
+    for change in ({"topic": "short"}, {"catch_up_seconds": 61}, {"jitter_seconds": 0.5}):
+        with pytest.raises(ArgumentError, match="under the 8"):
+            await pq.update_schedule("s", **change)
+    kept = await pq.schedule("s")
+    assert (kept.topic, kept.catch_up_seconds, kept.jitter_seconds) == ("enough", 60.0, 0.0)
+    moved = await pq.update_schedule("s", topic="short", catch_up_seconds=59)
+    assert (moved.topic, moved.catch_up_seconds) == ("short", 59.0)
+
+    # A window lowered under a schedule is not refused: its runners say so (once each,
+    # tests/protocol/test_schedule_ticks.py), and pausing or changing what it publishes
+    # still works.
+    await pq.update_topic("short", dedup_window_seconds=0)
+    await pq.pause_schedule("s")
+    assert (await pq.update_schedule("s", payload={"n": 1})).paused
+
+
 def tick_of(message: Message) -> datetime:
     return datetime.fromisoformat(message.attributes["schedule_time"])
 

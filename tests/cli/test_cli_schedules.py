@@ -254,6 +254,12 @@ CREATE = ("schedules", "create", "s", "--topic", "reports")
         ),
         ([*CREATE, "--every", "60", "--jitter-seconds", "-1"], 2, "jitter_seconds: got -1.0"),
         ([*CREATE, "--every", "60", "--catch-up-seconds", "inf"], 2, "catch_up_seconds: got inf"),
+        # The topic's dedup window (300 s) is too short for 10 minutes of catch-up.
+        (
+            [*CREATE, "--every", "60", "--catch-up-seconds", "600"],
+            2,
+            "schedule 's': topic 'reports' has dedup_window_seconds 300, under the 620",
+        ),
         # As publish --priority and --expires-in refuse them.
         *(
             ([*CREATE, "--every", "60", "--priority", value], 2, "Invalid value for '--priority'")

@@ -1,9 +1,9 @@
 """The schedules on the dashboard: the schedules page lists each with its topic, its rule
-(cron and time zone, or every), whether it is paused, its last and next fire, and the ticks
-fired and missed, as ``schedule_stats`` reports them; what a read of them costs (one LIST of
-the definitions, then what ``schedule_stats`` reads); and, in a real browser (Debian's
-Chromium through Playwright), the page following a runner's ticks without a reload, with
-hostile stored strings shown as text.
+(cron and time zone, or every), its ticks' priority and expiry, whether it is paused, its
+last and next fire, and the ticks fired and missed, as ``schedule_stats`` reports them; what
+a read of them costs (one LIST of the definitions, then what ``schedule_stats`` reads); and,
+in a real browser (Debian's Chromium through Playwright), the page following a runner's
+ticks without a reload, with hostile stored strings shown as text.
 
 The app test runs first: the browser fixture keeps Playwright's event loop running in this
 thread once it is open (see tests/helpers/browser.py)."""
@@ -123,7 +123,7 @@ def test_the_schedules_page_lists_each_with_its_stats_at_a_bounded_cost(
         pq.create_topic("reports")
         pq.create_schedule("nightly", "reports", cron="0 2 * * *", timezone="Europe/Berlin")
         pq.pause_schedule("nightly")
-        pq.create_schedule("heartbeat", "reports", every=60)
+        pq.create_schedule("heartbeat", "reports", every=60, priority=9, expires_in=30)
         pq.create_schedule("fast", "reports", every=1)
         recorded = write_markers(config, "fast", [0, 3, 0])
         write_definitions(config, {"broken": b"not a definition"})
@@ -157,6 +157,13 @@ def test_the_schedules_page_lists_each_with_its_stats_at_a_bounded_cost(
             "Europe/Berlin",
         )
         assert rows["heartbeat"]["every"] == 60.0
+        ticks = {name: (row["priority"], row["expires_in"]) for name, row in rows.items()}
+        assert ticks == {
+            "broken": (None, None),
+            "fast": (0, None),
+            "heartbeat": (9, 30.0),
+            "nightly": (0, None),
+        }
 
         page = client.get("/schedules").text
         assert re.findall(r'<tr data-schedule="([^"]+)"', page) == list(rows)
@@ -167,6 +174,12 @@ def test_the_schedules_page_lists_each_with_its_stats_at_a_bounded_cost(
         assert fast and "every 1 s" in fast.group() and "active" in fast.group()
         assert re.search(r'data-col="fired">3<', fast.group())
         assert re.search(r'data-col="missed">3<', fast.group())
+        assert re.search(r'data-col="priority">0<', fast.group())
+        assert re.search(r'data-col="expires_in">-<', fast.group())  # never expires
+        heartbeat = re.search(r'<tr data-schedule="heartbeat".*?</tr>', page, re.DOTALL)
+        assert heartbeat and re.search(r'data-col="priority">9<', heartbeat.group())
+        # As the page shows durations, with the exact seconds as its tooltip.
+        assert re.search(r'data-col="expires_in" title="30 s[^"]*">30.0s<', heartbeat.group())
         assert 'href="/schedules"' in client.get("/").text  # in the navigation
 
         # A read once they are a refresh interval old: one LIST of the definitions, a GET
@@ -227,7 +240,7 @@ def wait_for_fired(page: Any, name: str, done: Callable[[int], bool], timeout: f
 def test_the_schedules_page_follows_the_ticks(config: dict[str, Any], watched: Watched) -> None:
     with PawnQueue.from_config(config) as pq:
         pq.create_topic("reports")
-        pq.create_schedule("fast", "reports", every=1)
+        pq.create_schedule("fast", "reports", every=1, priority=7, expires_in=5400)
         pq.create_schedule("nightly", "reports", cron="0 2 * * *", timezone="Europe/Berlin")
         pq.pause_schedule("nightly")
         # What another program could store: a topic name that is markup.
@@ -243,10 +256,16 @@ def test_the_schedules_page_follows_the_ticks(config: dict[str, Any], watched: W
             )
             assert names == ["fast", "hostile", "nightly"]
             nightly = page.locator('#schedules tr[data-schedule="nightly"]')
+            fast = page.locator('#schedules tr[data-schedule="fast"]')
             assert nightly.locator('td[data-col="status"]').inner_text() == "paused"
             assert nightly.locator('td[data-col="next_fire"]').inner_text() == "-"
             spec = nightly.locator('td[data-col="spec"]').inner_text()
             assert spec == "cron 0 2 * * * (Europe/Berlin)"
+            ticks = [
+                [row.locator(f'td[data-col="{col}"]').inner_text() for row in (nightly, fast)]
+                for col in ("priority", "expires_in")
+            ]
+            assert ticks == [["0", "7"], ["-", "90.0m"]]  # 5,400 s shown as the page's ages
             assert HOSTILE in page.locator("#schedules").inner_text()  # as text
             assert page.evaluate("window.__pwned") is None
             assert page.locator("main img").count() == 0

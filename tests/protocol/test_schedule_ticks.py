@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pawn_queue import PawnQueue
-from pawn_queue._protocol import layout
+from pawn_queue._protocol import layout, schedule_runner
 from pawn_queue._protocol.schedule_runner import ScheduleRunner
 from pawn_queue._protocol.schedule_ticks import TickRule, plan
 from pawn_queue._protocol.schedules import Schedule, Schedules, tick_iso
@@ -193,7 +194,8 @@ async def hosts() -> AsyncIterator[Hosts]:
 
 async def create(hosts: Hosts, **options: Any) -> Schedule:
     pq = hosts.queues[0]
-    await pq.create_topic("jobs")
+    # Long enough for the catch-up of every schedule here (create refuses a shorter one).
+    await pq.create_topic("jobs", dedup_window_seconds=600)
     schedule = Schedule(name="tick", topic="jobs", created_at=hosts.timeline.clock()(), **options)
     return await Schedules(pq.runtime).create(schedule)
 
@@ -298,6 +300,57 @@ async def test_a_runner_that_starts_covers_a_crashed_winner_whose_losers_stopped
     assert sorted(hosts.published.ids) == sorted([*published, tick_iso(tick)])
     assert all(len(ids) == 1 for ids in hosts.published.ids.values())
     assert hosts.published.calls == len(published) + 1
+
+
+async def test_a_dedup_window_lowered_under_a_schedule_is_logged_once_per_runner(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """create_schedule refuses a topic whose dedup window is too short for the schedule,
+    but the window can be lowered later: then each runner that looks at a tick another
+    runner won says so once, not an error per tick (nor one per tick of the catch-up
+    window when it starts). Ticks keep firing; one whose winner died is published for it
+    only while the window lasts, so not here; with the window raised again, it is."""
+    caplog.set_level(logging.DEBUG, logger=schedule_runner.__name__)
+    async with open_hosts(store) as hosts:
+        first = await hosts.runner()
+        await create(hosts, cron=None, every=5.0)
+        pq = hosts.queues[0]
+        await pq.update_topic("jobs", dedup_window_seconds=1)  # not refused
+        await run([first], hosts.timeline, 1, 0.5)
+        # Three ticks in a row whose winners crashed before publishing.
+        due = hosts.timeline.start + timedelta(seconds=5)
+        crashed = [due + timedelta(seconds=5 * k) for k in range(3)]
+        for tick in crashed:
+            await store.put(layout.schedule_tick_key("tick", tick), b'{"runner":"gone"}', "create")
+        await advance([first], hosts.timeline, 25, 0.5)  # each looked at, past the grace
+        # A runner that starts looks at the ticks of its catch-up window with a marker.
+        second = await hosts.runner()
+        await run([second], hosts.timeline, 5, 0.5)
+
+        records = [r for r in caplog.records if r.name == schedule_runner.__name__]
+        assert [r.levelno for r in records if r.levelno >= logging.ERROR] == []
+        warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+        assert len(warned) == 2, warned  # one per runner
+        assert all("'tick'" in m and "'jobs' (1 s)" in m for m in warned), warned
+        published = {datetime.fromisoformat(t) for t in hosts.published.ids}
+        assert published and not published & set(crashed)  # the others fired, once each
+        assert all(len(ids) == 1 for ids in hosts.published.ids.values())
+
+        # Raised again: the next crashed winner's tick is published for it, which is all
+        # that is logged at WARNING or above.
+        await pq.update_topic("jobs", dedup_window_seconds=600)
+        tick = TickRule(None, 5.0).next(hosts.timeline.clock()() + timedelta(seconds=1))
+        assert tick is not None
+        await store.put(layout.schedule_tick_key("tick", tick), b'{"runner":"gone"}', "create")
+        caplog.clear()
+        await advance([first, second], hosts.timeline, 10, 0.5)
+        assert len(hosts.published.ids[tick_iso(tick)]) == 1
+        loud = [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == schedule_runner.__name__ and r.levelno >= logging.WARNING
+        ]
+        assert len(loud) == 1 and "publishing for its winner" in loud[0], loud
 
 
 class FailingDedupReads(StoreWrapper):

@@ -5,7 +5,9 @@ A runner fires a tick by creating its marker (create-only): of all runners, exac
 create succeeds, and that runner publishes. A runner that lost (or could not tell) looks
 again ``GRACE_SECONDS`` later and publishes with the same dedup id if the winner did not.
 A runner that starts looks so at the ticks of the catch-up window that have a marker: the
-runners that lost them, which would have looked, may have stopped since.
+runners that lost them, which would have looked, may have stopped since. The topic's dedup
+window must outlast the latest of these looks (``dedup_window_needed``, which
+``create_schedule`` checks); a window lowered since is logged once per schedule.
 
 The queue's observers hear of each tick this runner published (``schedule_fired``, with how
 late) and of the missed ticks it recorded in a marker (``schedule_missed``): across runners,
@@ -26,10 +28,12 @@ from pawn_queue._protocol import layout
 from pawn_queue._protocol.dedup import decode_marker
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue._protocol.schedules import (
+    GRACE_SECONDS,
     Publish,
     Schedule,
     decode_schedule,
     dedup_id,
+    dedup_window_needed,
     marker_body,
     schedule_name_of,
     tick_attributes,
@@ -50,8 +54,6 @@ REFRESH_SECONDS = 5.0
 IDLE_REFRESH_SECONDS = 60.0
 """How often, at most, while the queue has no schedule: each empty LIST doubles the pause
 up to this (every worker runs a runner; most queues have no schedule)."""
-GRACE_SECONDS = 10.0
-"""How long after a tick a runner that lost its marker looks whether it was published."""
 SWEEP_SECONDS = 600.0
 """A runner that won a tick sweeps the schedule's old markers at most this often."""
 
@@ -70,6 +72,8 @@ class _Running:
     attempt_at: datetime | None = None
     """When this runner tries ``next_tick``: the tick plus its random jitter."""
     swept_at: datetime | None = None
+    short_window: bool = False
+    """Its topic's dedup window was found too short for it (and that was logged, once)."""
 
 
 @dataclass(order=True, frozen=True)
@@ -282,6 +286,19 @@ class ScheduleRunner:
             return  # deleted
         schedule = running.schedule
         window = (await self._runtime.topics.settings(schedule.topic)).dedup_window_seconds
+        short = window < dedup_window_needed(schedule, self._grace.total_seconds())
+        if short and not running.short_window:
+            # Lowered under the schedule (create_schedule refuses it): said once, not per tick.
+            logger.warning(
+                "schedule %r: the dedup window of topic %r (%g s) is shorter than the "
+                "schedule needs (docs/concepts/schedules.md): a tick whose winner died "
+                "before publishing it is published for it only within that window, else "
+                "lost; ticks still fire, and this is not logged again for each tick",
+                schedule.name,
+                schedule.topic,
+                window,
+            )
+        running.short_window = short
         ident = dedup_id(schedule.name, check.tick)
         try:
             marker = decode_marker(
@@ -293,7 +310,8 @@ class ScheduleRunner:
             pass
         # Sure only while the dedup marker (if the winner wrote one) cannot have been swept.
         if (now - check.tick).total_seconds() >= window - self._grace.total_seconds():
-            logger.error(
+            logger.log(
+                logging.DEBUG if short else logging.ERROR,  # a short window was said once
                 "schedule %r tick %s: its message may be missing, and the dedup window of "
                 "topic %r is past, so it is not published again",
                 schedule.name,

@@ -21,6 +21,7 @@ from pawn_queue._protocol.runtime import Runtime
 from pawn_queue._protocol.schedule_ticks import TickRule
 from pawn_queue.exceptions import (
     AlreadyExists,
+    ArgumentError,
     NotFound,
     PreconditionFailed,
     ScheduleExistsError,
@@ -34,6 +35,10 @@ SKEW_MARGIN_SECONDS = 300.0
 """How much longer than a runner could still try a tick its marker is kept (clock skew)."""
 MIN_KEEP_SECONDS = 3600.0
 """Markers are kept at least this long, for ``schedule_stats``."""
+GRACE_SECONDS = 10.0
+"""How long after a tick a runner that lost its marker looks whether the winner published
+it; the runner trusts the topic's dedup marker only until this long before the topic's
+dedup window is past (:func:`dedup_window_needed`)."""
 RESERVED_ATTRIBUTES = ("schedule", "schedule_time")
 _UPDATE_ATTEMPTS = 10
 
@@ -103,6 +108,31 @@ class ScheduleStats:
     missed: int
     """Ticks skipped (older than ``catch_up_seconds`` when runners came back), as recorded
     in the markers kept."""
+
+
+def dedup_window_needed(schedule: Schedule, grace_seconds: float = GRACE_SECONDS) -> float:
+    """The shortest ``dedup_window_seconds`` of its topic under which a runner can still
+    tell each tick it looks at published from lost: it fires a tick up to
+    ``catch_up_seconds + jitter_seconds`` after it, looks ``grace_seconds`` later whether
+    the winner published it, and trusts the dedup marker until ``grace_seconds`` before the
+    window is past."""
+    return schedule.catch_up_seconds + schedule.jitter_seconds + 2 * grace_seconds
+
+
+def check_dedup_window(schedule: Schedule, window: float) -> None:
+    """ArgumentError if ``window``, its topic's ``dedup_window_seconds``, is shorter than
+    the schedule needs (:func:`dedup_window_needed`)."""
+    needed = dedup_window_needed(schedule)
+    if window < needed:
+        late = schedule.catch_up_seconds + schedule.jitter_seconds
+        raise ArgumentError(
+            f"schedule {schedule.name!r}: topic {schedule.topic!r} has dedup_window_seconds "
+            f"{window:g}{' (no dedup)' if window == 0 else ''}, under the {needed:g} its "
+            f"runners need to tell a tick published from a lost one (catch_up_seconds "
+            f"{schedule.catch_up_seconds:g} + jitter_seconds {schedule.jitter_seconds:g} + "
+            f"{needed - late:g}): raise the topic's window (update_topic) or lower "
+            "catch_up_seconds"
+        )
 
 
 def tick_iso(tick: datetime) -> str:
@@ -205,8 +235,10 @@ class Schedules:
         self._store = runtime.store
 
     async def create(self, schedule: Schedule) -> Schedule:
-        """Store a new schedule; ScheduleExistsError if one has its name."""
-        await self._runtime.topics.settings(schedule.topic)  # TopicNotFoundError
+        """Store a new schedule; ScheduleExistsError if one has its name, TopicNotFoundError,
+        ArgumentError if its topic's dedup window is too short for it."""
+        settings = await self._runtime.topics.settings(schedule.topic)
+        check_dedup_window(schedule, settings.dedup_window_seconds)
         try:
             await self._store.put(
                 layout.schedule_key(schedule.name), encode_schedule(schedule), "create"
@@ -239,12 +271,17 @@ class Schedules:
             return None
 
     async def update(self, name: str, change: Callable[[Schedule], Schedule]) -> Schedule:
-        """Apply ``change`` to the stored schedule (if-match: read again after a race)."""
+        """Apply ``change`` to the stored schedule (if-match: read again after a race).
+        A change of its topic, or of what it needs of the topic's dedup window, is checked
+        as :meth:`create` checks it; a pause or a new payload is not (a window lowered
+        since is the runners' to report)."""
         for _ in range(_UPDATE_ATTEMPTS):
             current, etag = await self.get(name)
             new = change(current)
-            if new.topic != current.topic:
-                await self._runtime.topics.settings(new.topic)
+            needs = dedup_window_needed(new) != dedup_window_needed(current)
+            if new.topic != current.topic or needs:
+                settings = await self._runtime.topics.settings(new.topic)
+                check_dedup_window(new, settings.dedup_window_seconds)
             try:
                 await self._store.put(
                     layout.schedule_key(name), encode_schedule(new), IfMatch(etag)

@@ -76,7 +76,9 @@ class ScheduleMethods:
         tick's publish), checked as it checks them. Raises
         ScheduleExistsError if the name is taken, TopicNotFoundError, ConfigError for a bad
         name, PayloadError for a bad payload or attributes and ArgumentError for another bad
-        value (nothing written)."""
+        value, or for a topic whose ``dedup_window_seconds`` is under ``catch_up_seconds +
+        jitter_seconds + 20`` (runners could not tell a tick published from a lost one;
+        nothing written)."""
         runtime = self._ready()
         schedule = new_schedule(
             name,
@@ -125,7 +127,9 @@ class ScheduleMethods:
         """Change the options passed and keep the others; return the new schedule. Giving
         ``cron`` clears ``every`` and the other way round; ``expires_in=None`` clears the
         expiry. Runners apply the change within a few seconds. Raises ScheduleNotFoundError,
-        and ArgumentError for a bad value."""
+        and ArgumentError for a bad value or, when the topic, ``catch_up_seconds`` or
+        ``jitter_seconds`` change, for a topic whose dedup window is too short for them (as
+        ``create_schedule``)."""
         given = {
             key: value
             for key, value in {

@@ -78,6 +78,8 @@ class Api:
                     "every": row.every,
                     "timezone": row.timezone,
                     "paused": row.paused,
+                    "priority": row.priority,
+                    "expires_in": row.expires_in,
                     "last_fire_time": _iso(stats.last_fire_time) if stats else None,
                     "next_fire_time": _iso(stats.next_fire_time) if stats else None,
                     "fired": stats.fired if stats else None,

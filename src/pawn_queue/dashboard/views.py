@@ -146,8 +146,9 @@ def counts_key(stats: Counts | None) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleView:
-    """One schedule as the schedules page shows it: its definition's topic and rule, and
-    its stats (``schedule_stats``); ``error`` for a definition that cannot be read."""
+    """One schedule as the schedules page shows it: its definition's topic and rule, the
+    priority and expiry of its ticks, and its stats (``schedule_stats``); ``error`` for a
+    definition that cannot be read (``priority`` is then None)."""
 
     name: str
     topic: str = ""
@@ -155,6 +156,8 @@ class ScheduleView:
     every: float | None = None
     timezone: str = "UTC"
     paused: bool = False
+    priority: int | None = None
+    expires_in: float | None = None
     stats: ScheduleStats | None = None
     error: str | None = None
 
@@ -167,6 +170,8 @@ class ScheduleView:
             every=schedule.every,
             timezone=schedule.timezone,
             paused=schedule.paused,
+            priority=schedule.priority,
+            expires_in=schedule.expires_in,
             stats=stats,
         )
 
