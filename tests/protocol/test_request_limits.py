@@ -14,6 +14,8 @@ from pawn_queue import Message, PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.store import open_store
+from pawn_queue.store.throttling import ThrottleBackoff
+from tests.helpers.faults import FaultyStore
 from tests.helpers.limits import LimitingStore, limited
 from tests.helpers.stores import queue_config_dict
 
@@ -123,3 +125,41 @@ async def test_a_refused_signal_slows_the_signals_to_the_limit(
                     await message.ack()
     signals = {k: n for k, n in limit.refused_keys.items() if k.startswith(layout.NOTIFY)}
     assert signals == {layout.NOTIFY_ROOT: 1}
+
+
+@pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"], indirect=True)
+async def test_a_claim_refused_for_the_keys_second_reads_the_lease_instead_of_waiting(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A consumer that claims a message another claimed within the second is refused for
+    the key's write rate: it reads the lease (taken), skips the message and goes on, where
+    it sent the claim again a second later (refused with 412 then), and the messages it won
+    behind that claim waited for it."""
+    data = queue_config_dict(backend, request, tmp_path)
+    # Leases refreshed at the default pace: none within the second of its claim.
+    data["polling"] |= {"visibility_timeout_seconds": 30.0, "lease_refresh_interval_seconds": 10}
+    config = PawnQueueConfig.from_dict(data)
+    limit = LimitingStore(open_store(config))
+    sent_by_second: list[tuple[str, str]] = []
+
+    async def second_sends(operation: str, key: str) -> None:
+        sent_by_second.append((operation, key))
+
+    async with (
+        PawnQueue(config, store=ThrottleBackoff(limit)) as here,
+        PawnQueue(config, store=ThrottleBackoff(FaultyStore(limit, [second_sends]))) as there,
+    ):
+        await here.create_topic("orders")
+        sent = await (await here.register_producer("checkout")).publish("orders", {"n": 1})
+        first = await here.register_consumer("first", ["orders"])
+        second = await there.register_consumer("second", ["orders"])
+        [taken] = await first.poll(wait=5)
+        assert taken.id == sent
+        assert await second.poll(wait=0) == []
+        # Past when a claim refused for its second would have been sent again.
+        assert await second.poll(wait=2) == []
+        leases = layout.topic_prefix("orders") + layout.LEASES
+        [lease] = {key for key, _ in limit.writes if key.startswith(leases)}
+        assert limit.refused_keys[lease] == 1  # the second's claim, within the second
+        assert sent_by_second.count(("put", lease)) == 1  # and never sent again
+        await taken.ack()

@@ -29,8 +29,15 @@ from typing import Literal, TypeVar
 from pawn_queue._internal.config_sections import renew_seconds
 from pawn_queue._protocol.envelope import CorruptObject, LeaseBody
 from pawn_queue.config import ConcurrencyConfig
-from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed, StoreUnavailable
+from pawn_queue.exceptions import (
+    AlreadyExists,
+    NotFound,
+    PreconditionFailed,
+    StoreThrottledError,
+    StoreUnavailable,
+)
 from pawn_queue.store.base import IfMatch, PutMode, Store, StoredObject
+from pawn_queue.store.throttling import first_refusal_raised
 
 # The log of lease events, as before the protocols had a module of their own.
 logger = logging.getLogger("pawn_queue._protocol.leases")
@@ -238,8 +245,17 @@ async def conditional_put(
     unknown: StoreUnavailable | None = None
     try:
         put = store.put(key, body.encode(), mode, durable=False)
-        return await bounded(seconds, key, put), None
+        if mode != "create":
+            return await bounded(seconds, key, put), None
+        with first_refusal_raised():
+            return await bounded(seconds, key, put), None
     except (AlreadyExists, PreconditionFailed):
+        pass
+    except StoreThrottledError:
+        # A create refused for the store's rate was not applied: its key was written within
+        # the second (a per-key limit), as a rival's winning claim writes it. The read below
+        # tells who holds it, where waiting a second to send it again would hold the topic's
+        # next claims here (docs/protocol.md, "Request rates").
         pass
     except StoreUnavailable as exc:
         unknown = exc

@@ -16,18 +16,25 @@ for longer. The caller sees the error only once ``timeout_seconds`` have passed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from typing import TypeVar
 
 from pawn_queue.exceptions import StoreThrottledError
 from pawn_queue.store.base import Store
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 
-__all__ = ["DEFAULT_THROTTLE_TIMEOUT_SECONDS", "ThrottleBackoff", "throttle_backoff_of"]
+__all__ = [
+    "DEFAULT_THROTTLE_TIMEOUT_SECONDS",
+    "ThrottleBackoff",
+    "first_refusal_raised",
+    "throttle_backoff_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +46,21 @@ MAX_PAUSE_SECONDS = 16.0
 _LOG_EVERY_SECONDS = 60.0
 
 ThrottleListener = Callable[[StoreCall], None]
+
+_FIRST_REFUSAL_RAISED: ContextVar[bool] = ContextVar("first_refusal_raised", default=False)
+
+
+@contextlib.contextmanager
+def first_refusal_raised() -> Iterator[None]:
+    """Within it, a call refused for the store's request rate raises StoreThrottledError at
+    once (counted and logged as any refusal), for a caller that learns more from a read
+    than from waiting to send it again: a claim's create refused because its key was
+    written within the second, most likely by the claimer that won it."""
+    token = _FIRST_REFUSAL_RAISED.set(True)
+    try:
+        yield
+    finally:
+        _FIRST_REFUSAL_RAISED.reset(token)
 
 
 class ThrottleBackoff(StoreWrapper):
@@ -70,6 +92,8 @@ class ThrottleBackoff(StoreWrapper):
                 return await run()
             except StoreThrottledError as exc:
                 self._refused(call)
+                if _FIRST_REFUSAL_RAISED.get():
+                    raise
                 wait = max(pause * random.uniform(1.0, 1.5), exc.retry_after or 0.0)
                 if time.monotonic() - began + wait > self.timeout_seconds:
                     raise
