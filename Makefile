@@ -117,13 +117,13 @@ PYTEST_WORKERS ?= 5
 PYTEST := PAWNQUEUE_COMPAT_PYTHON=$(abspath $(COMPAT_VENV))/bin/python $(VENV)/bin/pytest -q
 pytest: $(STAMP) $(COMPAT_VENV)/.installed chromium systemd test-servers
 	rm -rf .pytest_cache; \
-	$(PYTEST) --numprocesses $(PYTEST_WORKERS) --durations=40 -m "not alone"; status=$$?; \
+	$(PYTEST) --numprocesses $(PYTEST_WORKERS) --durations=60 -m "not alone"; status=$$?; \
 	if [ $$status -eq 1 ] && [ "$(PYTEST_WORKERS)" != 0 ]; then \
 		echo "== failed beside other workers; once more in one process:"; \
 		$(PYTEST) --last-failed --last-failed-no-failures none -m "not alone" -rA; status=$$?; \
 	fi; \
 	if [ "$(PYTEST_WORKERS)" = 0 ]; then $(PYTEST) --durations=10 -m alone || status=1; else \
-		$(PYTEST) --numprocesses 2 --durations=10 -m alone; alone=$$?; \
+		$(PYTEST) --numprocesses 2 --durations=30 -m alone; alone=$$?; \
 		if [ $$alone -eq 1 ]; then \
 			echo "== failed beside the other worker; once more in one process:"; \
 			$(PYTEST) --last-failed --last-failed-no-failures none -m alone -rA; alone=$$?; \

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue import ArgumentError, Message, PawnQueue
+from pawn_queue import ArgumentError, Message, PawnQueue, RateLimited
 from pawn_queue.config import load_config
 from pawn_queue.observe import Observer, Outcome
 from pawn_queue.sync import PawnQueue as BlockingPawnQueue
@@ -126,6 +126,63 @@ async def test_a_retry_does_not_revive_an_expired_message(
     clock.seconds = 20
     assert await drain(consuming) == []
     assert settlements.outcomes[published] == ("expired", None)
+
+
+@pytest.mark.parametrize("batch", [None, 10])
+async def test_messages_that_expire_while_their_subscriber_is_paused_are_never_handled(
+    queue_config: dict[str, Any], batch: int | None
+) -> None:
+    """On the wall clock: a handler pauses its subscriber for 5 s (``RateLimited``, as an
+    upstream's 429 does); 20 messages with ``expires_in=1`` published meanwhile are never
+    handled and are all counted as expired, while one with no expiry published after them
+    is handled once the pause is over. The same with a batch handler."""
+    put_back, twenty = asyncio.Event(), asyncio.Event()
+
+    class Expiries(Settlements):
+        def settled(self, message: Message, outcome: Outcome, reason: str | None) -> None:
+            super().settled(message, outcome, reason)
+            if outcome == "nack_requeue":  # the paused one, once the pause is in effect
+                put_back.set()
+            if sum(o == ("expired", None) for o in self.outcomes.values()) == 20:
+                twenty.set()
+
+    settlements = Expiries()
+    handled: list[object] = []
+    last = asyncio.Event()
+
+    async def handle(message: Message) -> None:
+        if message.payload == "pause" and not put_back.is_set():
+            raise RateLimited(retry_after=5)  # comes back after the pause, uncounted
+        handled.append(message.payload)
+        await message.ack()
+        if message.payload == "last":
+            last.set()
+
+    async def handle_batch(messages: list[Message]) -> None:
+        if any(m.payload == "pause" for m in messages) and not put_back.is_set():
+            raise RateLimited(retry_after=5)
+        for message in messages:
+            await handle(message)
+
+    async with PawnQueue(load_config(queue_config), observers=[settlements]) as pq:
+        await pq.create_topic("t")
+        producer = await pq.register_producer("p")
+        await producer.publish("t", "pause")
+        consumer = await pq.register_consumer("c", ["t"])
+        listening = consumer.listen(handle_batch, batch=batch) if batch else consumer.listen(handle)
+        listener = asyncio.create_task(listening)
+        try:
+            async with asyncio.timeout(60):
+                await put_back.wait()
+                short = [await producer.publish("t", n, expires_in=1) for n in range(20)]
+                await producer.publish("t", "last")
+                await last.wait()
+                await twenty.wait()
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+    assert sorted(map(str, handled)) == ["last", "pause"]
+    assert {settlements.outcomes[mid] for mid in short} == {("expired", None)}
 
 
 async def test_expires_in_is_checked_against_the_delay() -> None:

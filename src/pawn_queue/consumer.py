@@ -22,6 +22,7 @@ from pawn_queue._protocol import layout
 from pawn_queue._protocol.acks import ack_together
 from pawn_queue._protocol.claiming import Claimer
 from pawn_queue._protocol.delivery import Message
+from pawn_queue._protocol.expiry import settled_if_expired
 from pawn_queue._protocol.handout import Handout
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
 from pawn_queue._protocol.registry import RegistryEntry
@@ -400,6 +401,8 @@ class Consumer:
     async def _dispatch(
         self, call: handlers.AsyncHandler, message: Message, retry: Retry | None, flow: Flow | None
     ) -> None:
+        if await settled_if_expired(message, self._runtime):
+            return  # it waited here past its own deadline (a pause, a limit)
         if flow is not None and not flow.open():
             async with flow.turn():
                 return await self._dispatch(call, message, retry, None)

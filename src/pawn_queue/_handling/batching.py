@@ -32,7 +32,13 @@ from pawn_queue._protocol.acks import ack_together
 from pawn_queue._protocol.delivery import Message
 from pawn_queue._protocol.handout import Handout
 from pawn_queue._protocol.observers import Observers
-from pawn_queue.exceptions import ArgumentError, BatchFailureError, PawnQueueError, StoreError
+from pawn_queue.exceptions import (
+    ArgumentError,
+    BatchFailureError,
+    PawnQueueError,
+    RateLimited,
+    StoreError,
+)
 
 logger = logging.getLogger("pawn_queue.consumer")
 
@@ -183,6 +189,8 @@ class BatchListener:
     def _failures(self, batch: list[Message], exc: Exception) -> dict[Message, Exception]:
         """The messages ``exc`` fails, with the error each is failed with: those a
         BatchFailureError names, else every one."""
+        if isinstance(exc, RateLimited):
+            return dict.fromkeys(batch, exc)  # a pause, said once by the failures
         if not isinstance(exc, BatchFailureError):
             logger.error(
                 "batch handler failed messages=%d topics=%s error=%r",

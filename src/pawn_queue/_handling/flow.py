@@ -6,7 +6,8 @@ concurrency limit, then a permit of its rate limit, all named after what it read
 per topic set or subscription, :func:`~pawn_queue._protocol.layout.subscriber_limit_name`),
 so every process that consumes the same topic or subscription shares them. The message
 waits claimed, its lease kept, and the wait is neither a receive nor a failure: a stop
-meanwhile gives it back at once (docs/concepts/flow-control.md, "A subscriber's limits").
+meanwhile gives it back at once (docs/concepts/flow-control.md, "A subscriber's limits"),
+and one past its own deadline after the wait is settled as expired, not handed out.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator
 
 from pawn_queue._handling.handlers import AsyncBatchHandler
 from pawn_queue._protocol.delivery import Message
+from pawn_queue._protocol.expiry import unexpired
 from pawn_queue._protocol.limits import conditional_writes, limit_argument
 from pawn_queue._protocol.rates import Rate, parse_rate
 from pawn_queue._protocol.runtime import Runtime
@@ -34,6 +36,7 @@ class Flow:
     def __init__(
         self, runtime: Runtime, name: str, max_in_flight: int | None, rate: Rate | None
     ) -> None:
+        self.runtime = runtime
         self._limits = runtime.limits
         self._rates = runtime.rates
         self._pauses = runtime.pauses
@@ -79,7 +82,9 @@ def gated_batch(call: AsyncBatchHandler, flow: Flow) -> AsyncBatchHandler:
             await call(messages)
             return
         async with flow.turn(len(messages)):
-            await call(messages)
+            # Those past their own deadline after the wait are settled as expired instead.
+            if left := await unexpired(messages, flow.runtime):
+                await call(left)
 
     return gated
 
