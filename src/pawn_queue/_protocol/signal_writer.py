@@ -10,9 +10,9 @@ and written over it, once it is old enough. :mod:`pawn_queue._protocol.signal_lo
 body's format.
 
 A store that refuses a signal for its request rate (429 or 503 SlowDown: Google Cloud
-Storage, Cloudflare R2 and Storj allow one write a second to a key) teaches the writer
-to write signals at most once per :data:`LIMITED_INTERVAL_SECONDS` from then on: a process pays one
-refusal, not one every second.
+Storage, Cloudflare R2 and Storj allow one write a second to a key) teaches the writer to
+write signals at most once per :data:`LIMITED_INTERVAL_SECONDS` from then on: a process
+pays one refusal, not one every second.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ WARM_CHECKS = 2
 """A busy topic's consumers list it every this many check intervals (so a signal is busy
 only where the signal interval is longer)."""
 LIMITED_INTERVAL_SECONDS = 1.0
-"""The signal interval once the store refused a signal for its write rate per key."""
+"""The signal interval once the store refused a signal for its request rate (429 or 503)."""
 
 
 @dataclass(frozen=True, slots=True)
