@@ -18,6 +18,7 @@ What a lease is for and when its holder keeps, releases or settles it is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -245,9 +246,7 @@ async def conditional_put(
     unknown: StoreUnavailable | None = None
     try:
         put = store.put(key, body.encode(), mode, durable=False)
-        if mode != "create":
-            return await bounded(seconds, key, put), None
-        with first_refusal_raised():
+        with first_refusal_raised() if mode == "create" else contextlib.nullcontext():
             return await bounded(seconds, key, put), None
     except (AlreadyExists, PreconditionFailed):
         pass
