@@ -158,6 +158,8 @@ class QueueCounts(StoreWrapper):
         if key.startswith(layout.NOTIFY):
             if key == layout.NOTIFY_ROOT:
                 return SHARED, "_notify/_"
+            if layout.is_notify_ring_key(key):
+                return SHARED, "_notify ring"
             if key in self._slots:
                 return self._slots[key], "_notify slot"
             return SHARED, "_notify/" if key == layout.NOTIFY else "_notify other slot"

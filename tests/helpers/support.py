@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 from pawn_queue import Consumer, Message, PawnQueue
+from pawn_queue._protocol.signal_log import SignalLog
+from pawn_queue._protocol.signal_ring import SignalRing
 from pawn_queue.exceptions import StoreUnavailableError
+from pawn_queue.store.base import Store
 
 ACK_ATTEMPTS = 3
 
@@ -22,6 +25,12 @@ async def settled(pq: PawnQueue) -> None:
     the change signals still to be written (a nack's dead letter signals its queue)."""
     await pq.runtime.leases.flush_tombstones()  # with the rest of the background work
     await pq.runtime.signals.marked()
+
+
+async def latest_signal_log(store: Store) -> SignalLog | None:
+    """The latest version of the signal log in the store's ring (None: none yet)."""
+    latest, _ = await SignalRing(store).discover()
+    return latest.log
 
 
 async def keys_under(pq: PawnQueue, prefix: str) -> list[str]:

@@ -19,6 +19,7 @@ from pawn_queue.exceptions import StoreError
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.helpers.faults import FaultyStore
+from tests.helpers.support import latest_signal_log
 
 
 def slow_backfill(queue_config: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +84,7 @@ async def test_idle_listener_costs_one_head_per_check(queue_config: dict[str, An
 
     async def count_heads(operation: str, key: str) -> None:
         nonlocal seen_heads
-        if operation == "head" and key == layout.NOTIFY_ROOT:
+        if operation == "head" and layout.is_notify_ring_key(key):
             seen_heads += 1
             if seen_heads >= 20:
                 heads.set()
@@ -99,15 +100,18 @@ async def test_idle_listener_costs_one_head_per_check(queue_config: dict[str, An
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         counts = counting.reset()
-    # To start: a look at the signals (a HEAD: no signal yet, so nothing to GET), then a
-    # listing of each of the 10 topics: the look came first, so nothing can land unseen in
-    # between. Then HEADs only. Besides: the process record written as the listener starts
-    # and ends (a PUT each), the change signal each writes for the other processes
-    # (`_listeners`: the root created, then replaced), seen by the watch (a GET each), and
-    # the records read for the shares (a LIST at the start, one more at that signal).
-    assert counts["HEAD"] >= 20
-    assert counts["PUT"] == 2 and counts["PUT create"] == 1 and counts["PUT if-match"] <= 1
-    assert 1 <= counts["GET"] <= 2 and 1 <= counts["LIST"] - 10 <= 2, counts
+    # To start: a look at the signals (the ring's 16 keys read at once, none there yet, and
+    # a HEAD of 0.2.0's root), then a listing of each of the 10 topics: the look came first,
+    # so nothing can land unseen in between. Then a HEAD per check: of the ring's next key,
+    # and every tenth check of the root too. Besides: the process record written as the
+    # listener starts and ends (a PUT each), the change signal each writes for the other
+    # processes (`_listeners`: versions 1 and 2, each a ring key created), seen by the watch
+    # with its HEAD alone (versions written here: their etags are known), and the records
+    # read for the shares (a LIST at the start, one more at that signal).
+    ring_heads = seen_heads
+    assert ring_heads >= 20 and counts["HEAD"] <= ring_heads + 2 + ring_heads // 10, counts
+    assert counts["PUT"] == 2 and counts["PUT create"] == 2
+    assert counts["GET"] == layout.NOTIFY_RING_SIZE and 1 <= counts["LIST"] - 10 <= 2, counts
     assert set(counts) <= {"LIST", "HEAD", "PUT", "PUT create", "PUT if-match", "GET"}, counts
 
 
@@ -139,11 +143,11 @@ async def test_signals_of_a_burst_are_coalesced(queue_config: dict[str, Any]) ->
     root_reads: list[str] = []
 
     async def on_put(operation: str, key: str) -> None:
-        if operation == "put" and key == layout.NOTIFY_ROOT:
+        if operation == "put" and layout.is_notify_ring_key(key):
             root_written.set()
 
     async def on_read(operation: str, key: str) -> None:
-        if operation != "put" and key == layout.NOTIFY_ROOT:
+        if operation != "put" and key.startswith(layout.NOTIFY):
             root_reads.append(operation)
 
     observed = FaultyStore(counting, hooks=[on_read], observers=[on_put])
@@ -154,11 +158,14 @@ async def test_signals_of_a_burst_are_coalesced(queue_config: dict[str, Any]) ->
         await asyncio.gather(*(producer.publish("t", n) for n in range(100)))
         await asyncio.wait_for(root_written.wait(), 10)
         counts = counting.reset()
-        # The messages (create-only), then the root: created, as none was there (a GET
-        # found none). No slot: only 0.2.0's consumers read them (notify.slot_signals).
-        assert counts["PUT create"] == 100 + 1 and root_reads == ["get"], (counts, root_reads)
+        # The messages (create-only), then version 1 of the signal log: its ring key
+        # created, as none was there (the ring's 16 keys read at once found none). No slot
+        # and no root: only 0.2.0's consumers read them (notify.slot_signals).
+        assert counts["PUT create"] == 100 + 1, counts
+        assert root_reads == ["get"] * layout.NOTIFY_RING_SIZE, root_reads
         assert counts["PUT"] == counts["HEAD"] == 0
-        assert await pq.store.list(layout.NOTIFY) == [await pq.store.head(layout.NOTIFY_ROOT)]
+        first = layout.notify_ring_key(1)
+        assert await pq.store.list(layout.NOTIFY) == [await pq.store.head(first)]
 
 
 async def test_signal_checks_go_on_after_store_errors(queue_config: dict[str, Any]) -> None:
@@ -170,7 +177,7 @@ async def test_signal_checks_go_on_after_store_errors(queue_config: dict[str, An
 
     async def fail_root_heads(operation: str, key: str) -> None:
         nonlocal failures
-        if operation == "head" and key == layout.NOTIFY_ROOT and failures:
+        if operation == "head" and layout.is_notify_ring_key(key) and failures:
             failures -= 1
             if not failures:
                 failed.set()
@@ -274,7 +281,6 @@ async def test_a_signal_held_back_says_busy_and_other_processes_list_without_wai
     """Messages coming faster than one signal per interval: the late signal says so, and a
     watcher elsewhere wakes its consumers every few checks with no further signal."""
     from pawn_queue._protocol.notify import ChangeSignals
-    from pawn_queue._protocol.signal_log import decode
     from pawn_queue.config import NotifyConfig
     from pawn_queue.store.memory import MemoryStore
 
@@ -288,7 +294,7 @@ async def test_a_signal_held_back_says_busy_and_other_processes_list_without_wai
             written[0 if not written[0].is_set() else 1].set()
 
     async def busy() -> bool:
-        log = decode((await store.get(layout.NOTIFY_ROOT)).data)
+        log = await latest_signal_log(store)
         assert log is not None
         [change] = [c for c in log.changes if c.seq == log.seq]
         assert change.topic == "t"
@@ -332,7 +338,7 @@ async def test_a_watch_spaces_its_looks_to_how_often_the_root_changes() -> None:
 
     async def count_looks(operation: str, key: str) -> None:
         nonlocal looks
-        if operation in ("head", "get") and key == layout.NOTIFY_ROOT:
+        if operation in ("head", "get") and key.startswith(layout.NOTIFY):
             looks += 1
 
     shared = MemoryStore()

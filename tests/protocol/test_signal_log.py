@@ -19,6 +19,7 @@ from pawn_queue.config import NotifyConfig
 from pawn_queue.store.counting import CountingStore
 from pawn_queue.store.memory import MemoryStore
 from tests.helpers.faults import FaultyStore
+from tests.helpers.support import latest_signal_log
 
 
 def test_each_version_numbers_itself_and_keeps_one_entry_per_topic() -> None:
@@ -110,7 +111,7 @@ async def test_producers_of_two_processes_each_get_their_topic_named() -> None:
         one.published("a")
         two.published("b")
         await asyncio.gather(one.close(), two.close())
-        log = decode((await store.get(layout.NOTIFY_ROOT)).data)
+        log = await latest_signal_log(store)
         assert log is not None and {c.topic for c in log.changes} == {"a", "b"}
         for topic in ("a", "b"):
             assert await watcher.local.wait([topic], within=10, since={topic: seen[topic]})
@@ -120,28 +121,32 @@ async def test_producers_of_two_processes_each_get_their_topic_named() -> None:
 
 
 async def test_a_lone_producer_signals_with_one_put_and_no_read() -> None:
-    """While no other process writes the root, each signal is a PUT over the version this
-    process wrote last: no GET, no HEAD."""
+    """While no other process writes signals, each is a PUT of the ring's next key, over
+    what this process wrote there a lap before (create-only on the first lap): no GET, no
+    HEAD after the first signal's look at the ring."""
     counting = CountingStore(MemoryStore())
     written = asyncio.Event()
 
     async def on_put(operation: str, key: str) -> None:
-        if key == layout.NOTIFY_ROOT:
+        if layout.is_notify_ring_key(key):
             written.set()
 
     config = NotifyConfig(check_interval_seconds=0.01, signal_interval_seconds=0.01)
     producer = ChangeSignals(FaultyStore(counting, observers=[on_put]), config)
     try:
-        for n in range(5):
+        laps = layout.NOTIFY_RING_SIZE + 4
+        for n in range(laps):
             written.clear()
             producer.published("t")
             await asyncio.wait_for(written.wait(), 10)
             counts = counting.reset()
-            if n == 0:  # the first: a GET finds no root, a create-only PUT writes it
-                assert counts == {"GET": 1, "PUT create": 1}, counts
-            else:
-                assert counts == {"PUT if-match": 1}, counts
-        log = decode((await counting.get(layout.NOTIFY_ROOT)).data)
-        assert log is not None and log.seq == 5
+            if n == 0:  # the first: the ring's keys read at once, none there; a create
+                assert counts == {"GET": layout.NOTIFY_RING_SIZE, "PUT create": 1}, counts
+            elif n < layout.NOTIFY_RING_SIZE:  # the rest of the first lap
+                assert counts == {"PUT create": 1}, counts
+            else:  # over the version a lap before
+                assert counts == {"PUT if-match": 1}, (n, counts)
+        log = await latest_signal_log(counting)
+        assert log is not None and log.seq == laps
     finally:
         await producer.close()

@@ -1,6 +1,7 @@
-"""How producers of several processes share the root signal (docs/protocol.md, "Request
-rates"): a writer that waited on another process's version reads the root again before it
-writes, so a version written meanwhile that signals its topics spares it a refused PUT."""
+"""How producers of several processes share the signal log (docs/protocol.md, "Request
+rates"): a writer that waited on another process's version reads on along the ring before
+it writes, so a version written meanwhile that signals its topics spares it a refused
+PUT."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from pawn_queue._protocol import layout
-from pawn_queue._protocol.signal_log import decode
+from pawn_queue._protocol.signal_ring import SignalRing
 from pawn_queue._protocol.signal_writer import SignalWriter
 from pawn_queue.store.counting import CountingStore
 from pawn_queue.store.memory import MemoryStore
 from pawn_queue.store.wrapper import StoreCall
+from tests.helpers.support import latest_signal_log
 
 T = TypeVar("T")
 INTERVAL = 0.1  # the default: not "late" (below two check intervals), no busy re-read
@@ -36,8 +38,8 @@ class Reads(CountingStore):
 async def test_a_writer_waiting_on_another_s_version_reads_before_it_writes() -> None:
     shared = MemoryStore()
     a_store, b_store = CountingStore(shared), Reads(shared)
-    a = SignalWriter(a_store, INTERVAL, 0.1, slots=False)
-    b = SignalWriter(b_store, INTERVAL, 0.1, slots=False)
+    a = SignalWriter(a_store, SignalRing(a_store), INTERVAL, 0.1, slots=False)
+    b = SignalWriter(b_store, SignalRing(b_store), INTERVAL, 0.1, slots=False)
     await a.signal({"orders": None})  # version 1, A's
     b_store.reset()
     # B's messages landed: it reads version 1 (A's, just written) and waits for it to be
@@ -47,8 +49,9 @@ async def test_a_writer_waiting_on_another_s_version_reads_before_it_writes() ->
         await b_store.read.wait()
     await a.signal({"orders": None}, at_once=True)  # version 2, written after B's read
     await waiting
-    # Version 2 signals B's topic (written after B's messages landed): B read it and wrote
-    # nothing; without the read, B's PUT over version 1 is refused, then B reads.
-    assert b_store.counts == {"GET": 2}
-    root = decode((await shared.get(layout.NOTIFY_ROOT)).data)
+    # Version 2 signals B's topic (written after B's messages landed): B read on along the
+    # ring (version 2, then nothing at the next key) and wrote nothing; without that read,
+    # B's PUT of version 2 is refused, then B reads. Before: the ring's 16 keys, at once.
+    assert b_store.counts == {"GET": layout.NOTIFY_RING_SIZE + 2}
+    root = await latest_signal_log(shared)
     assert root is not None and root.seq == 2

@@ -438,8 +438,10 @@ class RegistryConfig(Section):
 class NotifyConfig(Section):
     """Change signals: how idle consumers learn of new messages without listing.
 
-    Producers write ``_notify/_`` after publishing, its body naming the topics changed in
-    the last seconds; a process whose consumers are idle checks it with one HEAD every
+    Producers write the next version of the signal log after publishing, naming the topics
+    changed in the last seconds, to one of 16 keys (``_notify/r00`` to ``_notify/r15``, in
+    turn); a process whose consumers are idle checks the key of the next version with one
+    HEAD every
     ``check_interval_seconds`` (a quarter of the shortest of the last three gaps between
     other processes' changes, where that is longer), slowing down to
     ``idle_check_interval_seconds`` after 10 s without a change, GETs it when it changed,
@@ -450,14 +452,16 @@ class NotifyConfig(Section):
     every ``sweep_interval_seconds``, one topic at most every ``sweep_pace_seconds`` (so at
     most ``60 / sweep_pace_seconds`` sweep LISTs a minute, whatever the number of topics; a
     topic waits at most ``max(sweep_interval_seconds, topics * sweep_pace_seconds) +
-    sweep_pace_seconds``). docs/protocol.md, rule 14. The root is written at most once per
-    ``signal_interval_seconds`` by every process together (docs/protocol.md, "Request
-    rates"); a process the store refuses a signal for its request rate takes 1 s from then
-    on. Where ``n`` processes consume a queue (the registry says), each checks every ``n *
-    check_interval_seconds``, up to ``shared_check_interval_seconds``: each watches for its
-    own share of new messages (docs/protocol.md, "Strategy conditional_write").
-    ``slot_signals``: also write the topic's slot ``_notify/{slot}``, which is how 0.2.0's
-    consumers learn of new messages (while they run on the bucket)."""
+    sweep_pace_seconds``). docs/protocol.md, rule 14. A version is written at most once
+    per ``signal_interval_seconds`` by every process together, so each of the 16 keys once
+    per 16 intervals (docs/protocol.md, "Request rates"); a process the store refuses a
+    signal for its request rate takes 1 s from then on. Where ``n`` processes consume a
+    queue (the registry says), each checks every ``n * check_interval_seconds``, up to
+    ``shared_check_interval_seconds``: each watches for its own share of new messages
+    (docs/protocol.md, "Strategy conditional_write").
+    ``slot_signals``: also write the topic's slot ``_notify/{slot}`` and the root
+    ``_notify/_``, which is how 0.2.0's consumers learn of new messages (while they run on
+    the bucket)."""
 
     section_path: ClassVar[str] = "notify"
 

@@ -1,18 +1,18 @@
 """Change signals: how an idle consumer learns that a topic has new messages.
 
-After publishing, a producer writes the root signal ``_notify/_`` (coalesced per topic,
-off the publish's critical path): its body, a signal log
-(:mod:`pawn_queue._protocol.signal_log`), names the topics changed in the last seconds.
-The root is written at most once per ``notify.signal_interval_seconds`` across every
-process (if-match on the version read, once that version is that old,
-:mod:`pawn_queue._protocol.signal_writer`); a signal that had to wait for that says the
-topic is busy, and watchers elsewhere then have its consumers list it every few checks
-until it is not (docs/protocol.md, "Request rates"). A process whose consumers are idle
-HEADs ``_notify/_`` every ``notify.check_interval_seconds`` (slowing down to
-``idle_check_interval_seconds`` after 10 s without a change); only when its etag changed
-does it GET it, and wake the consumers of the topics named since the version it saw last.
-Within one process, a publish (or a lease given back) wakes the idle consumers of its topic
-at once, with no request.
+After publishing, a producer writes the next version of the signal log
+(:mod:`pawn_queue._protocol.signal_log`), which names the topics changed in the last
+seconds, to the key of the signal ring that version goes to (coalesced per topic, off the
+publish's critical path; :mod:`pawn_queue._protocol.signal_ring`). A new version is written
+at most once per ``notify.signal_interval_seconds`` across every process
+(:mod:`pawn_queue._protocol.signal_writer`), so each of the ring's 16 keys at most once per
+16 intervals; a signal that had to wait for that says the topic is busy, and watchers
+elsewhere then have its consumers list it every few checks until it is not (docs/protocol.md,
+"Request rates"). A process whose consumers are idle HEADs the key of the next version every
+``notify.check_interval_seconds`` (slowing down to ``idle_check_interval_seconds`` after 10 s
+without a change); only when it changed does it GET it, and wake the consumers of the
+topics named since the version it saw last. Within one process, a publish (or a lease given
+back) wakes the idle consumers of its topic at once, with no request.
 
 Each topic has a generation here that every change bumps; a consumer lists a topic only
 when its generation moved since the consumer's last listing, or when that listing said
@@ -35,6 +35,7 @@ from pawn_queue._protocol import layout
 from pawn_queue._protocol.local_signals import LocalSignals
 from pawn_queue._protocol.shares import Shares
 from pawn_queue._protocol.signal_log import SignalLog, decode, merge_names
+from pawn_queue._protocol.signal_ring import RingReader, SignalRing
 from pawn_queue._protocol.signal_writer import LIMITED_INTERVAL_SECONDS, WARM_CHECKS, SignalWriter
 from pawn_queue.config import NotifyConfig
 from pawn_queue.exceptions import NotFound, StoreError
@@ -50,6 +51,7 @@ _BUSY_SECONDS = 10.0  # after a change, check at the fast interval this long
 # (an eighth on average), and a message of a trickle pays four looks, not one per check.
 _LOOKS_PER_CHANGE = 4
 _CHANGE_GAPS = 3
+_ROOT_LOOKS = 10  # every this many looks, one at 0.2.0's root (its producers write there)
 _CLOSE_SECONDS = 2.0
 _MAX_HINTS = 256  # keys hinted to a topic's consumers at most; past it, they list
 _HINTED_SECONDS = 30.0  # a name hinted is not hinted again for this long (entries last 10 s)
@@ -70,8 +72,10 @@ class ChangeSignals:
         # topic -> the names of the objects to signal (None: unknown, "list it")
         self._to_mark: dict[str, frozenset[str] | None] = {}
         self._last_marked: dict[str, float] = {}
+        self._ring = SignalRing(store)
         self._writer = SignalWriter(
             store,
+            self._ring,
             config.signal_interval_seconds,
             config.check_interval_seconds,
             slots=config.slot_signals,
@@ -79,9 +83,10 @@ class ChangeSignals:
         self._marker: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._look_lock = asyncio.Lock()
-        self._baseline_taken = False
-        self._root: str | None = None  # last seen etag of _notify/_ (None: absent)
-        self._seq: int | None = None  # the seq of that version's signal log (None: none)
+        self._reader = RingReader(self._ring)
+        self._seq: int | None = None  # the version of the signal log seen last (0: none yet)
+        self._looks = 0
+        self._root: str | None = None  # last seen etag of 0.2.0's root _notify/_
         self._hints: dict[str, set[str]] = {}  # topic -> object keys named, not yet taken
         # topic -> how many messages of each priority (1-9) were published or named here: a
         # consumer drops what its last listing left once one of a higher priority came.
@@ -243,43 +248,54 @@ class ChangeSignals:
             self._watcher = asyncio.create_task(self._watch())
 
     async def _look(self, since: float | None = None) -> bool:
-        """HEAD the root (GET it, if another process changed it in the last
-        ``_BUSY_SECONDS``); if it changed,
-        GET it and wake the topics its signal log names
-        since the version seen last (every watched topic if it cannot tell). True if the
-        root changed. With ``since``, a look that began after that time (polls asking
-        together) is enough."""
+        """Read the ring's key of the next version of the signal log (a HEAD, and a GET if
+        it changed; a GET alone if another process wrote in the last ``_BUSY_SECONDS``);
+        wake the topics a new version names since the version seen last (every watched
+        topic if it cannot tell). Every ``_ROOT_LOOKS``-th look also HEADs 0.2.0's root.
+        True if another process wrote a version. With ``since``, a look that began after
+        that time (polls asking together) is enough."""
         async with self._look_lock:
             if since is not None and self._look_began >= since:
                 return False
             began = time.monotonic()
-            log: SignalLog | None = None
-            if self._writer.wrote(self._root):
-                # The version seen last is this process's own (maybe seen before the write
-                # returned): not a sign that others write.
-                self._moved_at = float("-inf")
-            if self._baseline_taken and began - self._moved_at < _BUSY_SECONDS:
-                # It moved lately, so it likely has again: one GET, not a HEAD and a GET.
-                etag, log = await self._root_log()
-                read = True
-            else:
-                etag, read = await self._root_etag(), False
+            if self._reader.version is None:
+                # The first look only learns where things stand.
+                self._seq = (await self._reader.start()).seq
+                self._root = await self._root_etag()
+                self._checked = self._look_began = began
+                return False
+            self._looks += 1
+            moved = self._looks % _ROOT_LOOKS == 0 and await self._look_at_root()
+            found, restarted = await self._reader.next(busy=began - self._moved_at < _BUSY_SECONDS)
             now = time.monotonic()
-            moved = etag != self._root
-            if moved and not self._writer.wrote(etag):  # another process's write
-                self._moved_at = now
-                self._changed(now)
-            if moved or not self._baseline_taken:
-                if not read:
-                    etag, log = await self._root_log() if etag is not None else (None, None)
-                if self._baseline_taken:  # the first look only learns where things stand
-                    self._wake(log, now)
-                # No root yet is version 0: the first written is 1, its changes all new.
-                self._root = etag
-                self._seq = 0 if etag is None else None if log is None else log.seq
-                self._baseline_taken = True
+            if restarted:
+                logger.info("the change-signal ring was begun again; every topic is looked at")
+                self._wake(None, now)
+            elif found is not None:
+                if not self._ring.is_mine(found):  # not a sign that others write
+                    self._moved_at = now
+                    self._changed(now)
+                    moved = True
+                self._wake(found.log, now)
+            self._seq = self._reader.seen
             self._checked, self._look_began = now, began
             return moved
+
+    async def _look_at_root(self) -> bool:
+        """HEAD 0.2.0's root, and GET it if it changed: a 0.2.0 producer's signal (a token:
+        every watched topic is woken), or a copy of a version (``notify.slot_signals``),
+        whose changes are woken if the ring has not shown them yet. True if it moved."""
+        etag = await self._root_etag()
+        if etag == self._root:
+            return False
+        self._root = etag
+        if etag is None or self._writer.wrote_root(etag):
+            return False
+        _, log = await self._root_log()
+        if log is not None and self._seq is not None and log.seq <= self._seq:
+            return False
+        self._wake(log, time.monotonic())
+        return True
 
     def _changed(self, now: float) -> None:
         if self._changed_at > float("-inf"):

@@ -3,9 +3,9 @@ at little cost.
 
 A :class:`Monitor` reads every topic once at start, then:
 
-- waits on the change signals (:class:`~pawn_queue._protocol.notify.ChangeSignals`, checked with one
-  HEAD of ``_notify/_`` every ``refresh`` seconds while nothing changes) and re-reads only
-  the topics a producer signalled;
+- waits on the change signals (:class:`~pawn_queue._protocol.notify.ChangeSignals`,
+  checked with one HEAD of the signal ring's next key every ``refresh`` seconds while
+  nothing changes) and re-reads only the topics a producer signalled;
 - re-reads, every ``refresh`` seconds, the topics whose state moves without a signal: those
   with messages in flight (their consumers ack, which signals nothing) and those whose
   delayed messages came due;

@@ -382,8 +382,8 @@ class StreamDriver:
     # -- background -------------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
-        """Note change signals of the queues read (one HEAD of ``_notify/_`` per check):
-        a producer signals each subscription it copies a message into."""
+        """Note change signals of the queues read (one HEAD of the signal ring's next key
+        per check): a producer signals each subscription it copies a message into."""
         topics = list(self._options.queues)
         while True:
             seen = self._signals.snapshot(topics)
