@@ -72,10 +72,11 @@ class ChangeSignals:
         # topic -> the names of the objects to signal (None: unknown, "list it")
         self._to_mark: dict[str, frozenset[str] | None] = {}
         self._last_marked: dict[str, float] = {}
-        self._ring = SignalRing(store)
+        # The writer and the watch share what they know of the signal ring.
+        ring = SignalRing(store)
         self._writer = SignalWriter(
             store,
-            self._ring,
+            ring,
             config.signal_interval_seconds,
             config.check_interval_seconds,
             slots=config.slot_signals,
@@ -83,7 +84,7 @@ class ChangeSignals:
         self._marker: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._look_lock = asyncio.Lock()
-        self._reader = RingReader(self._ring)
+        self._reader = RingReader(ring)
         self._seq: int | None = None  # the version of the signal log seen last (0: none yet)
         self._looks = 0
         self._root: str | None = None  # last seen etag of 0.2.0's root _notify/_
@@ -272,7 +273,7 @@ class ChangeSignals:
                 logger.info("the change-signal ring was begun again; every topic is looked at")
                 self._wake(None, now)
             elif found is not None:
-                if not self._ring.is_mine(found):  # not a sign that others write
+                if not found.mine:  # not a sign that others write
                     self._moved_at = now
                     self._changed(now)
                     moved = True

@@ -35,13 +35,15 @@ from pawn_queue.store.base import ObjectMeta, Store
 class RingVersion:
     """What one ring key held when read (or written) here: its etag (None: missing), its
     signal log (None: missing or unreadable), when this process first saw it (monotonic),
-    and how old its ``Last-Modified`` said it was then (seconds; 0 when written here)."""
+    how old its ``Last-Modified`` said it was then (seconds; 0 when written here), and
+    whether this process wrote it."""
 
     key: str
     etag: str | None
     log: SignalLog | None
     seen_at: float
     age: float = 0.0
+    mine: bool = False
 
     @property
     def seq(self) -> int:
@@ -59,7 +61,6 @@ class SignalRing:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._known: dict[str, RingVersion] = {}  # key -> last read or written here
-        self._mine: set[str] = set()  # etags of versions written here
         self.latest: RingVersion | None = None  # the highest version known here
         self._discovering = asyncio.Lock()
 
@@ -67,14 +68,9 @@ class SignalRing:
         """What the key held when last read or written here (None: never)."""
         return self._known.get(key)
 
-    def is_mine(self, version: RingVersion) -> bool:
-        """Whether this process wrote ``version``."""
-        return version.etag is not None and version.etag in self._mine
-
     def wrote(self, key: str, etag: str, log: SignalLog) -> RingVersion:
         """Note a version written here."""
-        self._mine.add(etag)
-        return self._note(RingVersion(key, etag, log, time.monotonic()))
+        return self._note(RingVersion(key, etag, log, time.monotonic(), mine=True))
 
     def forget(self, key: str) -> None:
         """The key changed since it was read here (a write over it was refused)."""

@@ -59,7 +59,7 @@ class SignalWriter:
         self._check_gap = check_gap
         self._slots = slots
         self._first_seen: dict[str, tuple[str, float]] = {}  # slot key -> (etag, monotonic)
-        self._root_etags: set[str] = set()  # versions of _notify/_ written here (slots)
+        self._root_etag: str | None = None  # _notify/_ as this process wrote it last (slots)
         self._limited = False  # the store refused a signal for its request rate
         backoff = throttle_backoff_of(store)
         if backoff is not None:
@@ -80,8 +80,9 @@ class SignalWriter:
             self._interval = max(self._interval, LIMITED_INTERVAL_SECONDS)
 
     def wrote_root(self, etag: str | None) -> bool:
-        """Whether the root version ``etag`` is one this process wrote (slot signals)."""
-        return etag is not None and etag in self._root_etags
+        """Whether the root version ``etag`` is the one this process wrote last (slot
+        signals)."""
+        return etag is not None and etag == self._root_etag
 
     async def signal(
         self, topics: dict[str, frozenset[str] | None], *, at_once: bool = False
@@ -95,8 +96,7 @@ class SignalWriter:
         log = await self._signal_ring(topics, at_once)
         if self._slots and log is not None:
             # What 0.2.0's consumers look at to learn that a slot changed.
-            etag = await self._store.put(layout.NOTIFY_ROOT, log.encode(), durable=False)
-            self._root_etags.add(etag)
+            self._root_etag = await self._store.put(layout.NOTIFY_ROOT, log.encode(), durable=False)
 
     async def _signal_ring(
         self, topics: dict[str, frozenset[str] | None], at_once: bool
@@ -116,7 +116,7 @@ class SignalWriter:
             late = pause > self._interval / 4 and self._interval > WARM_CHECKS * self._check_gap
             # Another process's version: others wait on it too, and the first of them to
             # write may signal this process's topics as well.
-            contended = not self._ring.is_mine(version)
+            contended = not version.mine
             if pause > 0:
                 # Jitter, wider where others wait: processes waiting on one version do not
                 # all write at once, and those that come later read first.
