@@ -30,6 +30,7 @@ EXAMPLES = {
     "registry_name_key": layout.registry_name_key("producers", "order-service"),
     "instance_key": layout.instance_key(ID),
     "probe_key": layout.probe_key(ID),
+    "notify_ring_key": layout.notify_ring_key(19),
     "notify_slot_key": layout.notify_slot_key("orders"),
     "notify_slot_key root": layout.NOTIFY_ROOT,
     "spark_manifest_key": layout.spark_manifest_key("revenue", 7),

@@ -24,8 +24,7 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
     _registry/instances/{uuid}.json             a process: host, pid, heartbeat, members
     _probe/{uuid}.probe                         strategy probe, deleted at once
     _probe/result.json                          the last probe's answer, kept a day
-    _notify/r00 .. _notify/r15                  change signals: the signal log's ring
-    _notify/000 .. _notify/999, _notify/_       0.2.0's change signals (notify.slot_signals)
+    _notify/r00 .. r15; 000 .. 999, _          change signals: the ring; 0.2.0's slots, root
     _spark/{query}/batches/{n}.json             a streaming query's micro-batch manifest
     _spark/{query}/sink/{n}.json                a streaming write's micro-batch marker
     _schedules/{name}.json                      a schedule's definition (JSON)
@@ -346,12 +345,8 @@ def instance_key(instance_id: str) -> str:
 
 
 NOTIFY = "_notify/"
-NOTIFY_ROOT = "_notify/_"
-"""0.2.0's root signal; this version writes it only with ``notify.slot_signals``, and
-looks at it now and then for 0.2.0's producers (docs/protocol.md, "Change signals")."""
-NOTIFY_RING_SIZE = 16
-"""Keys of the signal ring, fixed by the protocol: each is written once every this many
-versions of the signal log (:mod:`pawn_queue._protocol.signal_ring`)."""
+NOTIFY_ROOT = "_notify/_"  # 0.2.0's root signal (written with notify.slot_signals only)
+NOTIFY_RING_SIZE = 16  # keys of the signal ring (signal_ring.py), fixed by the protocol
 
 
 def notify_ring_key(seq: int) -> str:
@@ -360,7 +355,6 @@ def notify_ring_key(seq: int) -> str:
 
 
 def is_notify_ring_key(key: str) -> bool:
-    """Whether ``key`` is one of the signal ring's."""
     return key.startswith(f"{NOTIFY}r") and key[len(NOTIFY) + 1 :].isdigit()
 
 
