@@ -109,7 +109,8 @@ async def test_signals_at_the_default_interval_stay_within_one_write_a_second_pe
     """At the default signal interval (0.1 s), under one write a second per key (Google
     Cloud Storage, Cloudflare R2): the signal log's versions go round the ring of 16 keys,
     so no signal is refused, each key is written at most once in any second, and the
-    versions come as often as the interval allows (more than one a second)."""
+    versions come as often as the interval allows (more than one a second). (Delivery
+    under the limit: the tests below.)"""
     config = PawnQueueConfig.from_dict(queue_config_dict(backend, request, tmp_path))
     assert config.notify.signal_interval_seconds < 1
     store, limit = limited(open_store(config))
@@ -120,13 +121,6 @@ async def test_signals_at_the_default_interval_stay_within_one_write_a_second_pe
         for n in range(40):  # about 4 s at 10 messages a second, each awaited
             await producer.publish("orders", {"n": n})
             await asyncio.sleep(0.1)
-        consumer = await pq.register_consumer("billing", ["orders"])
-        received: set[int] = set()
-        async with asyncio.timeout(60):
-            while len(received) < 40:
-                for message in await consumer.poll(wait=1):
-                    received.add(message.payload["n"])
-                    await message.ack()
         await pq.runtime.signals.marked()
         elapsed = time.monotonic() - started
         log = await latest_signal_log(pq.store)
