@@ -31,14 +31,9 @@ import time
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.signal_log import SignalLog, next_version
 from pawn_queue._protocol.signal_ring import RingVersion, SignalRing
-from pawn_queue.exceptions import (
-    AlreadyExists,
-    NotFound,
-    PreconditionFailed,
-    StoreThrottledError,
-)
+from pawn_queue.exceptions import AlreadyExists, NotFound, PreconditionFailed
 from pawn_queue.store.base import IfMatch, PutMode, Store
-from pawn_queue.store.throttling import first_refusal_raised, throttle_backoff_of
+from pawn_queue.store.throttling import throttle_backoff_of
 from pawn_queue.store.wrapper import StoreCall
 
 logger = logging.getLogger(__name__)
@@ -72,10 +67,8 @@ class SignalWriter:
 
     def _refused(self, call: StoreCall) -> None:
         """A request the store refused for its rate (it is sent again after a pause)."""
-        # A ring key refused was written within the second: a rival's version, as a rule
-        # (each key is written once per 16 intervals), which the writer reads on to.
         signal = call.operation == "put" and call.key.startswith(layout.NOTIFY)
-        if signal and not layout.is_notify_ring_key(call.key) and not self._limited:
+        if signal and not self._limited:
             self._limited = True
             logger.info(
                 "the store refused a change signal for its request rate: signals are "
@@ -115,7 +108,6 @@ class SignalWriter:
         # The seq of the latest version read after the messages landed: an entry of a later
         # version was written after them, so it signals them.
         landed_seq = version.seq if read else None
-        patient = False  # send the next write again when refused for the rate (backoff)
         for _ in range(_ROUNDS):
             # Not early where the store refused a signal: it would refuse this one too.
             early = at_once and not self._limited
@@ -151,19 +143,12 @@ class SignalWriter:
             log = next_version(version.log, pending, time.time(), busy=late)
             mode: PutMode = "create" if over.etag is None else IfMatch(over.etag)
             try:
-                with contextlib.nullcontext() if patient else first_refusal_raised():
-                    etag = await self._store.put(key, log.encode(), mode, durable=False)
-            except (AlreadyExists, PreconditionFailed, StoreThrottledError) as exc:
-                # Another process wrote version n + 1 first. Refused for the store's rate
-                # (under a per-key limit, the rival's write within the second), likewise,
-                # unless reading on finds no later version: then the store's rate it was, and
-                # the write goes again through the backoff.
+                etag = await self._store.put(key, log.encode(), mode, durable=False)
+            except (AlreadyExists, PreconditionFailed):
                 self._ring.forget(key)
-                latest, landed_seq = await self._read_after(version, pending, landed_seq)
+                version, landed_seq = await self._read_after(version, pending, landed_seq)
                 if not pending:
                     return None
-                patient = isinstance(exc, StoreThrottledError) and latest.seq == version.seq
-                version = latest
                 continue
             self._ring.wrote(key, etag, log)
             return log
