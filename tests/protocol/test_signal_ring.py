@@ -11,6 +11,7 @@ from pawn_queue._protocol.notify import ChangeSignals
 from pawn_queue.config import NotifyConfig
 from pawn_queue.store.memory import MemoryStore
 from tests.helpers.faults import FaultyStore
+from tests.helpers.limits import limited
 from tests.helpers.support import latest_signal_log
 
 FAST = NotifyConfig(check_interval_seconds=0.01, signal_interval_seconds=0.01)
@@ -142,3 +143,30 @@ async def test_a_ring_emptied_and_begun_again_is_followed() -> None:
         assert now == {"a": seen["a"], "b": seen["b"] + 1}
     finally:
         await asyncio.gather(second.close(), watcher.close())
+
+
+async def test_writers_racing_for_a_version_under_a_per_key_limit_both_get_signalled() -> None:
+    """Two processes write the same version at once where the store allows one write a
+    second per key: the loser's write is refused for the rate (the winner wrote that key
+    within the second); it backs off, reads the winner's version and writes the next one
+    over it, and from then on writes at most a version a second (racing producers settle
+    so: every version names every change, so nothing is signalled later for it)."""
+    store, limit = limited(MemoryStore())
+    one, two = ChangeSignals(store, NotifyConfig()), ChangeSignals(store, NotifyConfig())
+    first = ChangeSignals(store, NotifyConfig())
+    try:
+        first.published("before")
+        await first.marked()
+        await asyncio.sleep(1.2)  # version 1 is over a second old: both may write over it
+        assert await one.refresh() and await two.refresh()  # both know version 1
+        one.published("a")
+        two.published("b")
+        await asyncio.gather(one.marked(), two.marked())
+        assert limit.refused["key"] == 1  # they raced: one write refused
+        log = await latest_signal_log(store)
+        assert log is not None and log.seq == 3
+        assert {c.topic for c in log.changes} == {"before", "a", "b"}
+        # A refusal teaches every writer on the store refused (all three, here: one store).
+        assert one._writer._limited and two._writer._limited and first._writer._limited
+    finally:
+        await asyncio.gather(first.close(), one.close(), two.close())
