@@ -10,9 +10,11 @@ that a version written since a read made after the messages landed names are sig
 already; the rest are merged in and written as the version after, once it is old enough.
 :mod:`pawn_queue._protocol.signal_log` is the body's format.
 
-A store that refuses a signal for its request rate (429 or 503 SlowDown) teaches the writer
-to write signals at most once per :data:`LIMITED_INTERVAL_SECONDS` from then on: a process
-pays one refusal, not one every second.
+A store that refuses a signal for its request rate (429 or 503 SlowDown; under a per-key
+limit, producers racing for a version: the loser's write comes within the second of the
+winner's) teaches the writer to write signals at most once per
+:data:`LIMITED_INTERVAL_SECONDS` from then on: a process pays one refusal, not one every
+second, and every version names every change, so racing producers lose no latency by it.
 
 With ``notify.slot_signals`` it also writes what 0.2.0's consumers watch: the topic's slot,
 and the root ``_notify/_`` (a copy of the version written, which this version's watches
