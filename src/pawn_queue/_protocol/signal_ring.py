@@ -104,14 +104,17 @@ class SignalRing:
             self.latest = self.latest or NOTHING
             return self.latest, True
 
-    async def after(self, version: RingVersion, *, head_first: bool = False) -> RingVersion:
+    async def after(self, version: RingVersion, *, first: bool = False) -> RingVersion:
         """The latest version from ``version`` on: the keys after it, read one by one while
-        each holds a later version (at most a lap). ``version`` itself if none does."""
+        each holds a later version (at most a lap). ``version`` itself if none does.
+        ``first``: the first later version found, without reading on."""
         for _ in range(layout.NOTIFY_RING_SIZE):
-            found = await self.read(layout.notify_ring_key(version.seq + 1), head_first=head_first)
+            found = await self.read(layout.notify_ring_key(version.seq + 1))
             if found.seq <= version.seq:
                 break
             version = found
+            if first:
+                break
         return version
 
     def restarted(self, seq: int, found: RingVersion) -> bool:

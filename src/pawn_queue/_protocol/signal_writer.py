@@ -165,10 +165,12 @@ class SignalWriter:
         pending: dict[str, frozenset[str] | None],
         landed_seq: int | None,
     ) -> tuple[RingVersion, int | None]:
-        """Read on along the ring from ``version`` (after the messages landed, so the
-        latest is ``landed_seq`` if none was read before), and drop from ``pending`` what
-        the latest version signals already."""
-        latest = await self._ring.after(version)
+        """Read on along the ring from ``version`` after the messages landed, and drop from
+        ``pending`` what the version found signals already. The first time, to the latest
+        version (its seq is ``landed_seq``: any later one was written after the messages
+        landed); after that, to the first later one alone (a wait for its interval, and a
+        read on from it, come next anyway), a read less each round."""
+        latest = await self._ring.after(version, first=landed_seq is not None)
         landed_seq = latest.seq if landed_seq is None else landed_seq
         _drop_signalled(pending, latest, landed_seq)
         return latest, landed_seq
