@@ -110,6 +110,7 @@ class SignalWriter:
         # The seq of the latest version read after the messages landed: an entry of a later
         # version was written after them, so it signals them.
         landed_seq = version.seq if read else None
+        unsure = False  # the version was read as the first later one: more may follow it
         for _ in range(_ROUNDS):
             # Not early where the store refused a signal: it would refuse this one too.
             early = at_once and not self._limited
@@ -124,10 +125,10 @@ class SignalWriter:
                 # all write at once, and those that come later read first.
                 spread = self._interval / (2 if contended else 4)
                 await asyncio.sleep(pause + random.uniform(0, spread))
-            if late or (pause > 0 and contended):
+            if late or (pause > 0 and contended) or unsure:
                 # Written meanwhile by another process? A read (a GET), where a losing write
                 # would be a PUT refused, and count against the key's limit.
-                latest, landed_seq = await self._read_after(version, pending, landed_seq)
+                latest, landed_seq, unsure = await self._read_after(version, pending, landed_seq)
                 if not pending:
                     return None
                 if latest.seq != version.seq:
@@ -138,7 +139,9 @@ class SignalWriter:
             if over is None or over.seq > version.seq:
                 over = await self._ring.read(key)
                 if over.seq > version.seq:  # written since: go on from there
-                    version, landed_seq = await self._read_after(version, pending, landed_seq)
+                    version, landed_seq, unsure = await self._read_after(
+                        version, pending, landed_seq
+                    )
                     if not pending:
                         return None
                     continue
@@ -148,7 +151,7 @@ class SignalWriter:
                 etag = await self._store.put(key, log.encode(), mode, durable=False)
             except (AlreadyExists, PreconditionFailed):
                 self._ring.forget(key)
-                version, landed_seq = await self._read_after(version, pending, landed_seq)
+                version, landed_seq, unsure = await self._read_after(version, pending, landed_seq)
                 if not pending:
                     return None
                 continue
@@ -164,16 +167,18 @@ class SignalWriter:
         version: RingVersion,
         pending: dict[str, frozenset[str] | None],
         landed_seq: int | None,
-    ) -> tuple[RingVersion, int | None]:
+    ) -> tuple[RingVersion, int | None, bool]:
         """Read on along the ring from ``version`` after the messages landed, and drop from
-        ``pending`` what the version found signals already. The first time, to the latest
+        ``pending`` what the version found signals already; whether a later one may follow
+        it (then the writer reads on before it writes). The first time, to the latest
         version (its seq is ``landed_seq``: any later one was written after the messages
-        landed); after that, to the first later one alone (a wait for its interval, and a
-        read on from it, come next anyway), a read less each round."""
-        latest = await self._ring.after(version, first=landed_seq is not None)
+        landed); after that, to the first later one alone: a writer that then waits for its
+        interval reads on after the wait anyway, which spares a read each round."""
+        first = landed_seq is not None
+        latest = await self._ring.after(version, first=first)
         landed_seq = latest.seq if landed_seq is None else landed_seq
         _drop_signalled(pending, latest, landed_seq)
-        return latest, landed_seq
+        return latest, landed_seq, first and latest.seq > version.seq
 
     def _replaceable_at(self, version: RingVersion) -> float:
         """When the version after ``version`` may be written (monotonic): ``interval``
