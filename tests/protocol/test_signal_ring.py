@@ -103,7 +103,7 @@ async def test_a_watch_that_looks_seldom_reads_near_the_latest_version() -> None
             assert log is not None and watcher._seq is not None
             behind.append(log.seq - watcher._seq)
         # After the first looks taught it the rate: a few versions behind at most.
-        assert max(behind[4:]) <= 3, behind
+        assert max(behind[4:]) <= 6, behind  # the next key alone: 4, 8, 12, then a lap
         assert reads["ring"] <= 2 * 12, reads
     finally:
         await asyncio.gather(producer.close(), watcher.close())
@@ -162,7 +162,8 @@ async def test_writers_racing_for_a_version_under_a_per_key_limit_both_get_signa
         one.published("a")
         two.published("b")
         await asyncio.gather(one.marked(), two.marked())
-        assert limit.refused["key"] == 1  # they raced: one write refused
+        # They raced: a write refused (twice, if the backoff's jitter came under a second).
+        assert limit.refused["key"] >= 1
         log = await latest_signal_log(store)
         assert log is not None and log.seq == 3
         assert {c.topic for c in log.changes} == {"before", "a", "b"}
