@@ -265,6 +265,8 @@ class ChangeSignals:
                 self._root = await self._root_etag()
                 self._checked = self._look_began = began
                 return False
+            if self._reader.saw_own():  # not a sign that others write
+                self._moved_at = float("-inf")
             self._looks += 1
             moved = self._looks % _ROOT_LOOKS == 0 and await self._look_at_root()
             found, restarted = await self._reader.next(busy=began - self._moved_at < _BUSY_SECONDS)

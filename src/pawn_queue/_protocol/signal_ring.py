@@ -156,6 +156,14 @@ class RingReader:
         """The seq of the version seen last (0: none)."""
         return 0 if self.version is None else self.version.seq
 
+    def saw_own(self) -> bool:
+        """Whether the version seen last is one this process wrote (maybe read before the
+        write returned, and so not known as its own then)."""
+        if self.version is None:
+            return False
+        known = self._ring.known(self.version.key)
+        return known is not None and known.mine and known.etag == self.version.etag
+
     async def start(self) -> RingVersion:
         """Where things stand: the latest version (the ring's keys read, if not known)."""
         self.version, _ = await self._ring.discover()
