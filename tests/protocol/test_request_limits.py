@@ -168,3 +168,35 @@ async def test_a_claim_refused_for_the_keys_second_reads_the_lease_instead_of_wa
         assert limit.refused_keys[lease] == 1  # the second's claim, within the second
         assert sent_by_second.count(("put", lease)) == 1  # and never sent again
         await taken.ack()
+
+
+@pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"], indirect=True)
+async def test_an_ack_whose_lease_was_written_within_the_second_waits_for_its_refresh(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """With a short visibility timeout (3 s here), each ack refreshes its lease first (a
+    safety window is 1.5 s: less than two are left), within the second of the lease's last
+    write: under one write a second per key the refresh is refused. It is sent again after
+    the store's pause, past the lease request's bound (which is for a stalled request, not
+    a refused one): each ack returns, none raises, nothing is delivered twice."""
+    data = queue_config_dict(backend, request, tmp_path)
+    data["concurrency"] = {}  # the default clock-skew margin: a quarter of the 3 s
+    config = PawnQueueConfig.from_dict(data)
+    assert config.polling.visibility_timeout_seconds == 3
+    store, limit = limited(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("orders")
+        producer = await pq.register_producer("checkout")
+        consumer = await pq.register_consumer("billing", ["orders"])
+        sent = [await producer.publish("orders", {"n": n}) for n in range(3)]
+        acked: list[str] = []
+        async with asyncio.timeout(60):
+            while len(acked) < len(sent):
+                for message in await consumer.poll(wait=2):
+                    await asyncio.sleep(0.3)  # the handler's work
+                    await message.ack()
+                    acked.append(message.id)
+        assert sorted(acked) == sorted(sent)
+        assert (await pq.topic_stats("orders")).pending == 0
+    leases = layout.topic_prefix("orders") + layout.LEASES
+    assert any(k.startswith(leases) for k in limit.refused_keys), limit.refused_keys

@@ -38,7 +38,14 @@ from pawn_queue.exceptions import (
     StoreUnavailable,
 )
 from pawn_queue.store.base import IfMatch, PutMode, Store, StoredObject
-from pawn_queue.store.throttling import first_refusal_raised
+from pawn_queue.store.throttling import (
+    DEFAULT_THROTTLE_TIMEOUT_SECONDS,
+    FIRST_PAUSE_SECONDS,
+    MAX_PAUSE_SECONDS,
+    first_refusal_raised,
+    pause_after,
+    throttle_backoff_of,
+)
 
 # The log of lease events, as before the protocols had a module of their own.
 logger = logging.getLogger("pawn_queue._protocol.leases")
@@ -200,15 +207,11 @@ class LeaseProtocol:
     async def write_over(self, lease: Lease, body: LeaseBody) -> str | None:
         """Write ``body`` over our lease (if-match its etag, within rule 11's bound); None if
         the lease is no longer ours. Raises StoreUnavailable when the outcome is unknown."""
-        window = self.margin.total_seconds() + min(1.0, lease.visibility / 4)
-        safe = (lease.expires - self.clock()).total_seconds() - window
-        seconds = renew_seconds(lease.visibility, safe)
+        seconds = self._renew_seconds(lease)
         if self.strategy == "conditional_write":
             give_up = time.monotonic() + seconds
             for attempt in range(1, _REFUSED_UNCHANGED_WRITES + 1):
-                etag, current = await conditional_put(
-                    self._store, lease.key, body, IfMatch(lease.etag), seconds
-                )
+                etag, current = await self._write_over_throttled(lease, body)
                 # Refused while the lease is still as we last wrote it: no takeover, but a
                 # store that refused a write it did not apply (AWS's 409 to conditional
                 # writes it deems concurrent, docs/protocol.md "Stores"). Write again.
@@ -222,6 +225,42 @@ class LeaseProtocol:
             return None
         put = self._store.put(lease.key, body.encode(), "overwrite", durable=False)
         return await bounded(seconds, lease.key, put)
+
+    def _renew_seconds(self, lease: Lease) -> float:
+        """Rule 11's bound on a request that writes over our lease, as of now."""
+        window = self.margin.total_seconds() + min(1.0, lease.visibility / 4)
+        safe = (lease.expires - self.clock()).total_seconds() - window
+        return renew_seconds(lease.visibility, safe)
+
+    async def _write_over_throttled(
+        self, lease: Lease, body: LeaseBody
+    ) -> tuple[str | None, StoredObject | None]:
+        """:func:`conditional_put` with if-match on our etag, sent again while the store
+        refuses it for its request rate (the key was written within its second, most often
+        by this holder). Such a write was not applied, so it is no stall of rule 11: the
+        pauses between the sends are not counted in its bound, each send is (bounded as of
+        when it is sent). A write that lands after the lease expired is as safe as one
+        before: if-match fails if anyone took the lease over meanwhile. The refusal is
+        raised once the store's throttle timeout would pass, or once a taker may take the
+        lease over (a refresh in the background holds a stop that long at most)."""
+        backoff = throttle_backoff_of(self._store)
+        timeout = backoff.timeout_seconds if backoff else DEFAULT_THROTTLE_TIMEOUT_SECONDS
+        takeover = (lease.expires + self.margin - self.clock()).total_seconds()
+        give_up = time.monotonic() + min(timeout, max(takeover, 0.0))
+        pause = FIRST_PAUSE_SECONDS
+        while True:
+            seconds = self._renew_seconds(lease)
+            try:
+                with first_refusal_raised():
+                    return await conditional_put(
+                        self._store, lease.key, body, IfMatch(lease.etag), seconds
+                    )
+            except StoreThrottledError as refusal:
+                wait = pause_after(refusal, pause)
+                if time.monotonic() + wait > give_up:
+                    raise
+            await asyncio.sleep(wait)
+            pause = min(pause * 2, MAX_PAUSE_SECONDS)
 
     async def _etag_is(self, key: str, etag: str, seconds: float) -> bool:
         try:
@@ -251,11 +290,14 @@ async def conditional_put(
     except (AlreadyExists, PreconditionFailed):
         pass
     except StoreThrottledError:
-        # A create refused for the store's rate was not applied: its key was written within
-        # the second (a per-key limit), as a rival's winning claim writes it. The read below
+        # Refused for the store's rate, so not applied. A create's key was written within
+        # the second (a per-key limit), as a rival's winning claim writes it: the read below
         # tells who holds it, where waiting a second to send it again would hold the topic's
-        # next claims here (docs/protocol.md, "Request rates").
-        pass
+        # next claims here (docs/protocol.md, "Request rates"). A write over our own lease
+        # raises it at once only where its caller sends it again (after a pause its bound
+        # does not count).
+        if mode != "create":
+            raise
     except StoreUnavailable as exc:
         unknown = exc
     try:

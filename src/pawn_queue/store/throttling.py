@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_THROTTLE_TIMEOUT_SECONDS",
     "ThrottleBackoff",
     "first_refusal_raised",
+    "pause_after",
     "throttle_backoff_of",
 ]
 
@@ -94,7 +95,7 @@ class ThrottleBackoff(StoreWrapper):
                 self._refused(call)
                 if _FIRST_REFUSAL_RAISED.get():
                     raise
-                wait = max(pause * random.uniform(1.0, 1.5), exc.retry_after or 0.0)
+                wait = pause_after(exc, pause)
                 if time.monotonic() - began + wait > self.timeout_seconds:
                     raise
             await self._sleep(wait)
@@ -121,6 +122,12 @@ class ThrottleBackoff(StoreWrapper):
             )
             self._unlogged.clear()
             self._logged_at = now
+
+
+def pause_after(refusal: StoreThrottledError, pause: float) -> float:
+    """How long to wait before sending again a request refused for the store's rate, at the
+    backoff's step ``pause``: the step with jitter, or the store's Retry-After if longer."""
+    return max(pause * random.uniform(1.0, 1.5), refusal.retry_after or 0.0)
 
 
 def throttle_backoff_of(store: Store) -> ThrottleBackoff | None:
