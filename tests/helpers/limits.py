@@ -42,7 +42,8 @@ class LimitingStore(StoreWrapper):
         self.refused: Counter[str] = Counter()
         """Refusals by kind: ``key`` (the per-key limit), ``rate`` (the request rate)."""
         self.refused_keys: Counter[str] = Counter()
-        """Refusals by the key (list: prefix) of the call refused."""
+        """Refusals by the key (list: prefix) of the call refused; a ``delete_many``
+        counts for each of its keys."""
         self.writes: Counter[tuple[str, int]] = Counter()
         """Writes sent on to the store, by key and wall-clock second."""
         self._last_write: dict[str, float] = {}
@@ -87,7 +88,7 @@ class LimitingStore(StoreWrapper):
 
     def _refuse(self, kind: str, call: StoreCall) -> None:
         self.refused[kind] += 1
-        self.refused_keys[call.key] += 1
+        self.refused_keys.update(call.keys if call.operation == "delete_many" else (call.key,))
         what = "per-key write limit" if kind == "key" else "request rate"
         raise StoreThrottledError(
             f"{call.operation} {call.key!r} refused: {what} (test limit)",

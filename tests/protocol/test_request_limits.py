@@ -6,12 +6,14 @@ goes through without an error reaching the caller and nothing is lost (docs/prot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from pawn_queue import Message, PawnQueue
+from pawn_queue import Consumer, Message, PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue.config import PawnQueueConfig
 from pawn_queue.store import open_store
@@ -29,8 +31,6 @@ def limited_store_config(
     # The default visibility timeout: a lease request's time bound follows it, and a write
     # refused for the key's second must fit in it with its pause.
     data["polling"] = {**data["polling"], "visibility_timeout_seconds": 30.0}
-    # What docs/protocol.md, "Request rates", says to set on a store with a per-key limit.
-    data["notify"] = {**data.get("notify", {}), "signal_interval_seconds": 1.0}
     return PawnQueueConfig.from_dict(data)
 
 
@@ -71,6 +71,25 @@ async def test_every_operation_goes_through_under_one_write_a_second_per_key(
     assert (probe_writes(limit) > 0, probe_writes(again)) == (backend == "s3", 0)
 
 
+@contextlib.asynccontextmanager
+async def acking(consumer: Consumer) -> AsyncIterator[asyncio.Queue[str]]:
+    """``consumer`` listening, its handler acking each message: the ids acked, in order.
+    The listener must still run at the end (it raised nothing)."""
+    acked: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handler(message: Message) -> None:
+        await message.ack()
+        await acked.put(message.id)
+
+    listening = asyncio.create_task(consumer.listen(handler))
+    try:
+        yield acked
+        assert not listening.done()
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+
+
 def probe_writes(limit: LimitingStore) -> int:
     return sum(n for (key, _), n in limit.writes.items() if key.startswith(layout.PROBE))
 
@@ -85,21 +104,14 @@ async def test_twenty_seconds_of_refusals_lose_nothing_and_raise_nothing(
         await pq.create_topic("orders")
         producer = await pq.register_producer("checkout")
         consumer = await pq.register_consumer("billing", ["orders"])
-        received: asyncio.Queue[str] = asyncio.Queue()
-
-        async def handler(message: Message) -> None:
-            await message.ack()
-            await received.put(message.id)
-
-        listening = asyncio.create_task(consumer.listen(handler))
-        limit.refuse_everything(20)
-        # Each publish waits out the refusals (backing off up to the 60 s throttle timeout).
-        sent = await asyncio.gather(*(producer.publish("orders", {"n": n}) for n in range(3)))
-        assert limit.refused["rate"] > 0
-        got = [await asyncio.wait_for(received.get(), 60) for _ in sent]
-        assert sorted(got) == sorted(sent) and not listening.done()
-        listening.cancel()
-        await asyncio.gather(listening, return_exceptions=True)
+        async with acking(consumer) as received:
+            limit.refuse_everything(20)
+            # Each publish waits out the refusals (backing off up to the 60 s throttle timeout).
+            publishes = (producer.publish("orders", {"n": n}) for n in range(3))
+            sent = await asyncio.gather(*publishes)
+            assert limit.refused["rate"] > 0
+            got = [await asyncio.wait_for(received.get(), 60) for _ in sent]
+        assert sorted(got) == sorted(sent)
 
 
 @pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"], indirect=True)
@@ -200,3 +212,37 @@ async def test_an_ack_whose_lease_was_written_within_the_second_waits_for_its_re
         assert (await pq.topic_stats("orders")).pending == 0
     leases = layout.topic_prefix("orders") + layout.LEASES
     assert any(k.startswith(leases) for k in limit.refused_keys), limit.refused_keys
+
+
+@pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"], indirect=True)
+async def test_once_a_young_messages_delete_was_refused_acks_wait_for_the_keys_second(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Under one write a second per key, a message acked within a second of its publish has
+    its delete refused. The process learns it from the first such refusal: later acks send
+    the delete once the message's second is over, and it is not refused."""
+    config = limited_store_config(backend, request, tmp_path)
+    store, limit = limited(open_store(config))
+    messages = layout.messages_prefix("orders")
+
+    def refused_deletes() -> int:
+        return sum(n for key, n in limit.refused_keys.items() if key.startswith(messages))
+
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("orders")
+        producer = await pq.register_producer("checkout")
+        consumer = await pq.register_consumer("billing", ["orders"])
+        async with acking(consumer) as acked:
+            for n in range(5):  # until one is acked within its second (the listener is warm)
+                first = await producer.publish("orders", {"n": n})
+                assert await asyncio.wait_for(acked.get(), 30) == first
+                if learned := refused_deletes():
+                    break
+            assert learned == 1, limit.refused_keys  # refused, learned
+            sent = []
+            for n in range(8):
+                sent.append(await producer.publish("orders", {"n": n}))
+                await asyncio.sleep(0.2)
+            got = [await asyncio.wait_for(acked.get(), 30) for _ in sent]
+    assert sorted(got) == sorted(sent)
+    assert refused_deletes() == learned, limit.refused_keys

@@ -28,6 +28,7 @@ from pawn_queue._internal.aio import IO_CONCURRENCY, Background, gather_limited
 from pawn_queue._internal.config_sections import claim_seconds
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import CorruptObject, LeaseBody, now_utc
+from pawn_queue._protocol.key_writes import KeyWriteLimit
 from pawn_queue._protocol.lease_protocol import RELEASED, Lease, LeaseProtocol, ResolvedStrategy
 from pawn_queue._protocol.shares import Shares
 from pawn_queue._protocol.tombstones import TOMBSTONE_SECONDS, Tombstones
@@ -35,6 +36,7 @@ from pawn_queue.config import ConcurrencyConfig
 from pawn_queue.exceptions import LeaseLostError, NotFound, StoreError
 from pawn_queue.store.base import Store
 from pawn_queue.store.coalesce import DeleteCoalescer
+from pawn_queue.store.throttling import throttle_backoff_of
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,9 @@ class LeaseManager(LeaseProtocol):
         self._background = background or Background()
         self._tombstones = Tombstones(self.release_gone, self._background)
         self._keep_tombstones = keep_tombstones
+        self.key_writes = KeyWriteLimit(clock)
+        if (backoff := throttle_backoff_of(store)) is not None:
+            backoff.listeners.append(self.key_writes.refused)
         # What this process knows without asking the store: lease keys held here or being
         # claimed here, lease keys seen live elsewhere (until when: the protocol's
         # _busy_until), and message keys settled here a moment ago.
@@ -322,6 +327,7 @@ class LeaseManager(LeaseProtocol):
         blocks nothing, and :meth:`sweep_orphans` deletes it) and, with ``lease_later``, runs
         in the background (the queue's teardown waits for it), after a while if ``acked``
         (:meth:`release_gone_later`)."""
+        await self.key_writes.before_delete((object_key,))
         with contextlib.suppress(NotFound):
             await self._deleter.delete(object_key)
         if lease_later:
@@ -331,7 +337,9 @@ class LeaseManager(LeaseProtocol):
 
     async def settle_many(self, settled: Sequence[tuple[str, Lease]]) -> None:
         """:meth:`settle` for many objects: one ``delete_many``, then their leases."""
-        await self._store.delete_many([key for key, _ in settled])
+        keys = [key for key, _ in settled]
+        await self.key_writes.before_delete(keys)
+        await self._store.delete_many(keys)
         await gather_limited(IO_CONCURRENCY, (self.release_gone(lease) for _, lease in settled))
 
     async def adopt(
