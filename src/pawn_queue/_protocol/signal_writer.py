@@ -186,9 +186,7 @@ class SignalWriter:
         than that."""
         if version.etag is None:
             return 0.0
-        # Last-modified has whole seconds (S3): a second more than the gap ago is over the
-        # gap for sure, clocks agreeing; a fast clock here costs a write refused and resent.
-        return 0.0 if version.age >= self._interval + 1.0 else version.seen_at + self._interval
+        return _replaceable_at(version.seen_at, version.age, self._interval)
 
     async def _signal_slot(self, key: str, at_once: bool) -> None:
         """0.2.0's signal: a new token in the topic's slot (``notify.slot_signals``)."""
@@ -198,8 +196,8 @@ class SignalWriter:
             first = self._first_seen.get(key)
             seen = first[1] if first is not None and first[0] == etag else time.monotonic()
             self._first_seen[key] = (meta.etag, seen)
-            old = (time.time() - meta.last_modified.timestamp()) >= self._interval + 1.0
-            replaceable_at = 0.0 if old else seen + self._interval
+            age = time.time() - meta.last_modified.timestamp()
+            replaceable_at = _replaceable_at(seen, age, self._interval)
         except NotFound:
             etag, replaceable_at = None, 0.0
         early = at_once and not self._limited
@@ -211,6 +209,15 @@ class SignalWriter:
         with contextlib.suppress(AlreadyExists, PreconditionFailed):
             etag = await self._store.put(key, secrets.token_hex(8).encode(), mode, durable=False)
             self._first_seen[key] = (etag, time.monotonic())
+
+
+def _replaceable_at(seen_at: float, age: float, interval: float) -> float:
+    """When what a key holds may be written over (monotonic): ``interval`` after it was
+    first seen here (``seen_at``), or now if its ``Last-Modified`` is ``age`` seconds ago and
+    that is older than the interval."""
+    # Last-modified has whole seconds (S3): a second more than the gap ago is over the gap
+    # for sure, clocks agreeing; a fast clock here costs a write refused and resent.
+    return 0.0 if age >= interval + 1.0 else seen_at + interval
 
 
 def _drop_signalled(
