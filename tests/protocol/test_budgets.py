@@ -434,20 +434,20 @@ class ListCounter:
 
     def __init__(self) -> None:
         self.lists: Counter[str] = Counter()
-        self.root_gets = 0
+        self.ring_gets = 0
         self._look = asyncio.Event()  # set, and replaced, at each look
 
     async def hook(self, operation: str, key: str) -> None:
         if operation == "list":
             self.lists[key] += 1
         if operation == "get" and layout.is_notify_ring_key(key):
-            self.root_gets += 1
+            self.ring_gets += 1
         if operation in ("list", "head", "get") and key.startswith(layout.NOTIFY):
             look, self._look = self._look, asyncio.Event()
             look.set()
 
     async def next_look(self) -> None:
-        """Wait for the next look at the signals (HEAD or GET of the root, LIST of slots)."""
+        """Wait for the next look at the signals (a HEAD or GET under ``_notify/``)."""
         await asyncio.wait_for(self._look.wait(), 10)
 
 
@@ -510,9 +510,9 @@ async def test_poll_of_an_idle_topic_lists_nothing_between_sweeps(
 async def test_idle_listeners_cost_a_head_per_check_and_a_signal_needs_no_list(
     queue_config: dict[str, Any],
 ) -> None:
-    """Five idle listeners of five topics: the process's checks are HEADs of the root, with
-    no LIST at all; another process's publish to one topic costs one GET of the root, which
-    names the message, and its claim: no LIST of any topic."""
+    """Five idle listeners of five topics: the process's checks are HEADs of the signal
+    ring, with no LIST at all; another process's publish to one topic costs a GET of the
+    ring's next version, which names the message, and its claim: no LIST of any topic."""
     async with watched_queue(queue_config, 5) as (pq, store, counter):
         consumers = [await pq.register_consumer(f"c{n}", topics=[f"t{n}"]) for n in range(5)]
         store.reset()
@@ -533,7 +533,7 @@ async def test_idle_listeners_cost_a_head_per_check_and_a_signal_needs_no_list(
             await counter.next_look()
             counter.lists.clear()
             store.reset()
-            # 60 checks of at least 0.02 s: the root is then over a second old, so the
+            # 60 checks of at least 0.02 s: the ring is then over a second old, so the
             # publish below is signalled at once (not as busy, which has topics listed).
             for _ in range(60):
                 await counter.next_look()
@@ -543,16 +543,16 @@ async def test_idle_listeners_cost_a_head_per_check_and_a_signal_needs_no_list(
             assert set(idle) <= {"HEAD", "LIST"} and idle["HEAD"] >= 60, idle
             assert set(counter.lists) <= {layout.INSTANCES}, counter.lists
             counter.lists.clear()
-            gets_before = counter.root_gets
+            gets_before = counter.ring_gets
             async with await PawnQueue.from_config(queue_config) as elsewhere:
                 mid = await (await elsewhere.register_producer("p")).publish("t2", {"n": 1})
             assert await asyncio.wait_for(received.get(), 10) == mid
             assert topic_lists(counter) == 0, counter.lists
             spent = store.reset()
-            # The root's signal log (a GET per look for 10 s after it changed: it likely
-            # changes again) and the message; the claim; the ack's deletes.
-            root_gets = counter.root_gets - gets_before
-            assert root_gets >= 1 and spent["GET"] == root_gets + 1, spent
+            # The ring's keys (a GET per look for 10 s after a version came: more are
+            # likely to come) and the message; the claim; the ack's deletes.
+            ring_gets = counter.ring_gets - gets_before
+            assert ring_gets >= 1 and spent["GET"] == ring_gets + 1, spent
             assert spent["PUT create"] == 1, spent
         finally:
             for task in tasks:

@@ -24,7 +24,7 @@ from tests.helpers.support import latest_signal_log
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Kills its own process with SIGKILL just before it writes its change signal (the root): the
+# Kills its own process with SIGKILL just before it writes its change signal (a ring key): the
 # message is durable, its signal is not, as when a producer dies between the two writes.
 _PUBLISH_AND_DIE = """
 import asyncio, json, os, signal, sys

@@ -103,7 +103,7 @@ async def test_idle_listener_costs_one_head_per_check(queue_config: dict[str, An
     # To start: a look at the signals (the ring's 16 keys read at once, none there yet, and
     # a HEAD of 0.2.0's root), then a listing of each of the 10 topics: the look came first,
     # so nothing can land unseen in between. Then a HEAD per check: of the ring's next key,
-    # and every tenth check of the root too. Besides: the process record written as the
+    # and every tenth check of 0.2.0's root too. Besides: the process record written as the
     # listener starts and ends (a PUT each), the change signal each writes for the other
     # processes (`_listeners`: versions 1 and 2, each a ring key created), seen by the watch
     # with its HEAD alone (versions written here: their etags are known), and the records
@@ -169,7 +169,7 @@ async def test_signals_of_a_burst_are_coalesced(queue_config: dict[str, Any]) ->
 
 
 async def test_signal_checks_go_on_after_store_errors(queue_config: dict[str, Any]) -> None:
-    """A failing HEAD of the signal root does not stop the watch until the next backfill:
+    """A failing HEAD of the signal ring does not stop the watch until the next backfill:
     once the store answers again, a publish still wakes the listener at once."""
     config = load_config(slow_backfill(queue_config))
     store = FaultyStore(open_store(config))

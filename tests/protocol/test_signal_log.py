@@ -1,4 +1,4 @@
-"""The root signal's body (docs/protocol.md, "Request rates"): a chain of versions naming
+"""The signal log's body (docs/protocol.md, "Request rates"): a chain of versions naming
 the topics changed lately, and what a watcher can tell from it; and how producers of several
 processes write it."""
 
@@ -74,7 +74,7 @@ def test_a_watcher_that_cannot_tell_is_told_so() -> None:
     assert later.after(0) is None
     assert [c.topic for c in later.after(1) or []] == ["b"]
     assert later.after(None) is None  # saw nothing readable before
-    assert old.after(5) is None  # the chain restarted (the root deleted and written again)
+    assert old.after(5) is None  # the chain restarted (the ring deleted and written again)
 
 
 def test_entries_past_the_cap_drop_the_oldest() -> None:
