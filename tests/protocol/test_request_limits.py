@@ -8,15 +8,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from pawn_queue import Consumer, Message, PawnQueue
 from pawn_queue._protocol import layout
-from pawn_queue.config import PawnQueueConfig
+from pawn_queue._protocol.lease_keeper import LeaseKeeper
+from pawn_queue._protocol.leases import LeaseManager
+from pawn_queue.config import ConcurrencyConfig, PawnQueueConfig
 from pawn_queue.store import open_store
+from pawn_queue.store.memory import MemoryStore
 from pawn_queue.store.throttling import ThrottleBackoff
 from tests.helpers.faults import FaultyStore
 from tests.helpers.limits import LimitingStore, limited
@@ -246,3 +251,26 @@ async def test_once_a_young_messages_delete_was_refused_acks_wait_for_the_keys_s
             got = [await asyncio.wait_for(acked.get(), 30) for _ in sent]
     assert sorted(got) == sorted(sent)
     assert refused_deletes() == learned, limit.refused_keys
+
+
+async def test_a_lease_claimed_just_before_a_refresh_round_waits_for_the_next_one() -> None:
+    """A consumer refreshes all its leases every ``lease_refresh_interval_seconds`` at once:
+    one claimed a moment before a round was refreshed within the second of its claim,
+    which one write a second per key refuses. It is left for the next round; a lease
+    written longer ago is refreshed."""
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    limit = LimitingStore(MemoryStore(), per_key_seconds=None)  # counting writes only
+    leases = LeaseManager(limit, "conditional_write", ConcurrencyConfig(), clock=lambda: now[0])
+    keeper = LeaseKeeper(leases, interval=0.05)
+    old = await leases.claim("t", "a", "t/messages/a.json", "c", 30)
+    now[0] += timedelta(seconds=10)
+    young = await leases.claim("t", "b", "t/messages/b.json", "c", 30)
+    assert old is not None and young is not None
+    keeper.hold(old)
+    keeper.hold(young)
+    for _ in range(3):
+        await keeper.next_round()
+    await keeper.stop()
+    writes = Counter(key for (key, _), n in limit.writes.items() for _ in range(n))
+    # The old one once more (then it is as young, the clock standing still); not the other.
+    assert (writes[old.key], writes[young.key]) == (2, 1), writes

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
+from datetime import timedelta
 
 from pawn_queue._internal.aio import IO_CONCURRENCY, gather_limited
 from pawn_queue._protocol.lease_protocol import Lease
@@ -34,6 +35,7 @@ class LeaseKeeper:
         self._loop: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.paused = False  # no refreshes while set: stands in for a stalled process
+        self._round = asyncio.Event()  # set, and replaced, as each round has started its refreshes
 
     def hold(self, lease: Lease) -> None:
         """Keep ``lease`` refreshed until it is forgotten or released."""
@@ -100,11 +102,27 @@ class LeaseKeeper:
                 for key in [k for k in running if running[k].done()]:
                     del running[key]
                 for lease in list(self._held.values()):
-                    if lease.key not in running:
+                    if lease.key not in running and self._due(lease):
                         running[lease.key] = asyncio.create_task(self._refresh(lease, slots))
+                done, self._round = self._round, asyncio.Event()
+                done.set()
         finally:
             # Never stop mid-write: a cancelled request can still land after the release.
             await asyncio.gather(*running.values(), return_exceptions=True)
+
+    async def next_round(self) -> None:
+        """Wait until the next round of refreshes has started."""
+        await self._round.wait()
+
+    def _due(self, lease: Lease) -> bool:
+        """Whether ``lease`` is refreshed this round: not if it was written a moment ago (a
+        claim just before the round). The next round then comes at most that much later in
+        its life than a refresh's usually does, and a store that limits writes per key
+        would refuse a write within the second of the last (docs/protocol.md, "Request
+        rates")."""
+        moment = min(1.0, self._interval / 4, max(0.0, lease.visibility - self._interval) / 4)
+        written = lease.expires - timedelta(seconds=lease.visibility)
+        return (self._leases.clock() - written).total_seconds() >= moment
 
     async def _refresh(self, lease: Lease, slots: asyncio.Semaphore) -> None:
         async with slots:
