@@ -21,7 +21,7 @@ from pawn_queue.store.wrapper import StoreCall
 
 __all__ = ["KeyWriteLimit"]
 
-KEY_WRITE_SECONDS = 1.0
+_KEY_WRITE_SECONDS = 1.0
 """The per-key write window of the providers that have one."""
 
 _LANDING_SECONDS = 0.25
@@ -45,7 +45,8 @@ class KeyWriteLimit:
 
     def refused(self, call: StoreCall) -> None:
         """A request the store refused for its rate: a delete of a message written less than
-        a second ago shows a per-key limit (a bucket's limit refuses any request alike)."""
+        a second ago shows a per-key limit (or a bucket's rate limit, under which waiting for
+        the second costs little)."""
         if call.operation == "delete":
             keys: Iterable[str] = (call.key,)
         elif call.operation == "delete_many":
@@ -68,4 +69,4 @@ class KeyWriteLimit:
         if written is None or layout.is_delayed_key(key):
             return 0.0
         age = (self._clock() - written).total_seconds()
-        return max(0.0, KEY_WRITE_SECONDS + _LANDING_SECONDS - age)
+        return max(0.0, _KEY_WRITE_SECONDS + _LANDING_SECONDS - age)
