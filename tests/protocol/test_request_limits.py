@@ -205,7 +205,7 @@ async def test_an_ack_whose_lease_was_written_within_the_second_waits_for_its_re
         await pq.create_topic("orders")
         producer = await pq.register_producer("checkout")
         consumer = await pq.register_consumer("billing", ["orders"])
-        sent = [await producer.publish("orders", {"n": n}) for n in range(3)]
+        sent = [await producer.publish("orders", {"n": n}) for n in range(2)]
         acked: list[str] = []
         async with asyncio.timeout(60):
             while len(acked) < len(sent):
@@ -245,7 +245,7 @@ async def test_once_a_young_messages_delete_was_refused_acks_wait_for_the_keys_s
                     break
             assert learned == 1, limit.refused_keys  # refused, learned
             sent = []
-            for n in range(8):
+            for n in range(4):
                 sent.append(await producer.publish("orders", {"n": n}))
                 await asyncio.sleep(0.2)
             got = [await asyncio.wait_for(acked.get(), 30) for _ in sent]
