@@ -471,3 +471,33 @@ async def test_a_root_written_by_0_2_0_wakes_every_topic_and_slots_are_written_w
             [message] = await consumer.poll(wait=10)
         assert message.id == mid
         await message.ack()
+
+
+async def test_a_message_named_later_does_not_overtake_one_named_before_and_left(
+    queue_config: dict[str, Any],
+) -> None:
+    """A signal names two priority-9 messages to a consumer that takes one a poll: it claims
+    the first by name and leaves the other (the topic is to be listed). A later signal names
+    a priority-0 message: the next poll lists the topic and gives the priority-9 one first,
+    where it claimed the newly named message ahead of it (once in CI, under load)."""
+    queue_config["polling"]["max_messages_per_poll"] = 1
+    queue_config["producer"] = {"group_commit": False}
+    async with watching_consumer(queue_config) as (here, consumer, producer):
+        signals = here.runtime.signals
+
+        async def named(count: int) -> None:  # the watch here has seen them named
+            async with asyncio.timeout(10):
+                while True:
+                    seen = signals.snapshot(["t"])  # a hint moves it, and wakes the wait
+                    if len(signals._hints.get("t", ())) >= count:
+                        return
+                    await signals.local.wait(["t"], within=10, since=seen)
+
+        urgent = [await producer.publish("t", n, priority=9) for n in range(2)]
+        await named(2)
+        [first] = await consumer.poll(wait=10)
+        await producer.publish("t", "later")
+        await named(1)
+        [second] = await consumer.poll(wait=10)
+        assert [first.id, second.id] == urgent
+        await consumer.ack_all([first, second])

@@ -190,8 +190,9 @@ class Claimer:
                 return claimed
         hinted = self._runtime.signals.take_hints(topic)
         # Unwatched, the listing below finds them; so it does once a delayed message the
-        # last one saw came due (it may outrank them, or be older).
-        if hinted and watched and not self.memory.came_due(topic):
+        # last one saw came due (it may outrank them, or be older), and whenever a listing
+        # is due anyway: what it left (older, or of a higher priority) comes first.
+        if hinted and watched and self.memory.may_skip(topic):
             self.memory.named(topic)
             claimed += await self._claim_hinted(topic, hinted, wanted - len(claimed))
             if len(claimed) >= wanted or topic in self._stalled:
