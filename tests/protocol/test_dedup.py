@@ -94,8 +94,10 @@ async def test_markers_past_their_window_are_swept(
     pq: PawnQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A topic that deduplicates every message kept one marker per message forever."""
-    monkeypatch.setattr(dedup, "SWEEP_MIN_SECONDS", 0.0)  # a sweep per window (1 s)
-    await pq.create_topic("t", dedup_window_seconds=1)
+    monkeypatch.setattr(dedup, "SWEEP_MIN_SECONDS", 0.0)  # a sweep per window (3 s)
+    # 3 s: the 20 publishes and the drain fit in it (1 s did not once, on a loaded machine:
+    # the first markers were swept before they were counted).
+    await pq.create_topic("t", dedup_window_seconds=3)
     producer = await pq.register_producer("p")
     for n in range(20):
         await producer.publish("t", {"n": n}, dedup_id=f"order-{n}")
@@ -107,7 +109,7 @@ async def test_markers_past_their_window_are_swept(
     prefix = layout.dedup_prefix("t")
     assert len(await pq.store.list(prefix)) == 20
     # The window (and the clock-skew margin) passes: nothing but time can tell it did.
-    await asyncio.sleep(1.0 + FAST_CONCURRENCY["clock_skew_margin_seconds"] + 0.3)
+    await asyncio.sleep(3.0 + FAST_CONCURRENCY["clock_skew_margin_seconds"] + 0.3)
     fresh = await producer.publish("t", {"n": 20}, dedup_id="order-20")
     await pq.runtime.background.done()
     assert [m.key for m in await pq.store.list(prefix)] == [layout.dedup_key("t", "order-20")]
