@@ -40,10 +40,8 @@ from pawn_queue.exceptions import (
 from pawn_queue.store.base import IfMatch, PutMode, Store, StoredObject
 from pawn_queue.store.throttling import (
     DEFAULT_THROTTLE_TIMEOUT_SECONDS,
-    FIRST_PAUSE_SECONDS,
-    MAX_PAUSE_SECONDS,
+    ThrottlePauses,
     first_refusal_raised,
-    pause_after,
     throttle_backoff_of,
 )
 
@@ -247,7 +245,7 @@ class LeaseProtocol:
         timeout = backoff.timeout_seconds if backoff else DEFAULT_THROTTLE_TIMEOUT_SECONDS
         takeover = (lease.expires + self.margin - self.clock()).total_seconds()
         give_up = time.monotonic() + min(timeout, max(takeover, 0.0))
-        pause = FIRST_PAUSE_SECONDS
+        pauses = ThrottlePauses()
         while True:
             seconds = self._renew_seconds(lease)
             try:
@@ -256,11 +254,10 @@ class LeaseProtocol:
                         self._store, lease.key, body, IfMatch(lease.etag), seconds
                     )
             except StoreThrottledError as refusal:
-                wait = pause_after(refusal, pause)
+                wait = pauses.next(refusal)
                 if time.monotonic() + wait > give_up:
                     raise
             await asyncio.sleep(wait)
-            pause = min(pause * 2, MAX_PAUSE_SECONDS)
 
     async def _etag_is(self, key: str, etag: str, seconds: float) -> bool:
         try:

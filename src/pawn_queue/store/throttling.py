@@ -32,8 +32,8 @@ from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 __all__ = [
     "DEFAULT_THROTTLE_TIMEOUT_SECONDS",
     "ThrottleBackoff",
+    "ThrottlePauses",
     "first_refusal_raised",
-    "pause_after",
     "throttle_backoff_of",
 ]
 
@@ -87,7 +87,7 @@ class ThrottleBackoff(StoreWrapper):
 
     async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
         began = time.monotonic()
-        pause = FIRST_PAUSE_SECONDS
+        pauses = ThrottlePauses()
         while True:
             try:
                 return await run()
@@ -95,11 +95,10 @@ class ThrottleBackoff(StoreWrapper):
                 self._refused(call)
                 if _FIRST_REFUSAL_RAISED.get():
                     raise
-                wait = pause_after(exc, pause)
+                wait = pauses.next(exc)
                 if time.monotonic() - began + wait > self.timeout_seconds:
                     raise
             await self._sleep(wait)
-            pause = min(pause * 2, MAX_PAUSE_SECONDS)
 
     def __repr__(self) -> str:
         return repr(self.inner)  # a part of every store opened from a config, not a layer
@@ -124,10 +123,18 @@ class ThrottleBackoff(StoreWrapper):
             self._logged_at = now
 
 
-def pause_after(refusal: StoreThrottledError, pause: float) -> float:
-    """How long to wait before sending again a request refused for the store's rate, at the
-    backoff's step ``pause``: the step with jitter, or the store's Retry-After if longer."""
-    return max(pause * random.uniform(1.0, 1.5), refusal.retry_after or 0.0)
+class ThrottlePauses:
+    """The pauses between the sends of one request the store refuses for its rate: 1 s,
+    doubling to 16 s, each with up to 50 % jitter, or the store's Retry-After if longer."""
+
+    def __init__(self) -> None:
+        self._step = FIRST_PAUSE_SECONDS
+
+    def next(self, refusal: StoreThrottledError) -> float:
+        """The pause before the next send, after ``refusal``."""
+        wait = max(self._step * random.uniform(1.0, 1.5), refusal.retry_after or 0.0)
+        self._step = min(self._step * 2, MAX_PAUSE_SECONDS)
+        return wait
 
 
 def throttle_backoff_of(store: Store) -> ThrottleBackoff | None:
