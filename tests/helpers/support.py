@@ -8,6 +8,7 @@ import os
 import signal
 import stat
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from pawn_queue import Consumer, Message, PawnQueue
@@ -25,6 +26,26 @@ async def settled(pq: PawnQueue) -> None:
     the change signals still to be written (a nack's dead letter signals its queue)."""
     await pq.runtime.leases.flush_tombstones()  # with the rest of the background work
     await pq.runtime.signals.marked()
+
+
+@contextlib.asynccontextmanager
+async def acking(*consumers: Consumer) -> AsyncIterator[asyncio.Queue[str]]:
+    """``consumers`` listening, their handler acking each message: the ids acked, in order.
+    The listeners must still run at the end (they raised nothing)."""
+    acked: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handler(message: Message) -> None:
+        await message.ack()
+        await acked.put(message.id)
+
+    listening = [asyncio.create_task(c.listen(handler)) for c in consumers]
+    try:
+        yield acked
+        assert not any(task.done() for task in listening)
+    finally:
+        for task in listening:
+            task.cancel()
+        await asyncio.gather(*listening, return_exceptions=True)
 
 
 async def latest_signal_log(store: Store) -> SignalLog | None:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from pawn_queue import Message, PawnQueue
+from pawn_queue import PawnQueue
 from pawn_queue._protocol import layout, subscriptions
 from pawn_queue._protocol.envelope import LeaseBody
 from pawn_queue.config import load_config
@@ -22,7 +22,7 @@ from pawn_queue.store.base import Store
 from pawn_queue.store.counting import CountingStore
 from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 from tests.helpers.faults import FaultyStore
-from tests.helpers.support import settled
+from tests.helpers.support import acking, settled
 
 T = TypeVar("T")
 
@@ -516,14 +516,7 @@ async def test_idle_listeners_cost_a_head_per_check_and_a_signal_needs_no_list(
     async with watched_queue(queue_config, 5) as (pq, store, counter):
         consumers = [await pq.register_consumer(f"c{n}", topics=[f"t{n}"]) for n in range(5)]
         store.reset()
-        received: asyncio.Queue[str] = asyncio.Queue()
-
-        async def handle(message: Message) -> None:
-            await message.ack()
-            await received.put(message.id)
-
-        tasks = [asyncio.create_task(c.listen(handle)) for c in consumers]
-        try:
+        async with acking(*consumers) as received:
             # The listeners' first listings, done (the hook sees a LIST begin, the count
             # its end).
             while topic_lists(counter) < 5 or store.counts["LIST"] < 5:
@@ -554,10 +547,6 @@ async def test_idle_listeners_cost_a_head_per_check_and_a_signal_needs_no_list(
             ring_gets = counter.ring_gets - gets_before
             assert ring_gets >= 1 and spent["GET"] == ring_gets + 1, spent
             assert spent["PUT create"] == 1, spent
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_the_sweep_lists_one_topic_per_pace_whatever_the_number_of_topics(

@@ -19,7 +19,7 @@ from pawn_queue.exceptions import StoreError
 from pawn_queue.store import open_store
 from pawn_queue.store.counting import CountingStore
 from tests.helpers.faults import FaultyStore
-from tests.helpers.support import latest_signal_log
+from tests.helpers.support import acking, latest_signal_log
 
 
 def slow_backfill(queue_config: dict[str, Any]) -> dict[str, Any]:
@@ -44,20 +44,10 @@ async def test_listener_wakes_on_publish_from_another_instance(
         await producer_side.create_topic("t")
         producer = await producer_side.register_producer("p")
         consumer = await consumer_side.register_consumer("c", topics=["t"])
-        received: asyncio.Queue[str] = asyncio.Queue()
-
-        async def handler(message: Message) -> None:
-            await message.ack()
-            await received.put(message.id)
-
-        task = asyncio.create_task(consumer.listen(handler))
-        try:
+        async with acking(consumer) as received:
             for _ in range(3):
                 mid = await producer.publish("t", {"x": 1})
                 assert await asyncio.wait_for(received.get(), 10) == mid
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_poll_wait_returns_when_a_message_arrives(queue_config: dict[str, Any]) -> None:
@@ -212,21 +202,11 @@ async def test_idle_listener_hears_another_instance_however_long_it_waited(
         await producer_side.create_topic("t")
         producer = await producer_side.register_producer("p")
         consumer = await consumer_side.register_consumer("c", topics=["t"])
-        received: asyncio.Queue[str] = asyncio.Queue()
-
-        async def handler(message: Message) -> None:
-            await message.ack()
-            await received.put(message.id)
-
-        task = asyncio.create_task(consumer.listen(handler))
-        try:
+        async with acking(consumer) as received:
             for idle in (0.5, 3 * 50 * 0.05):  # the second gap outlasts the grace three times
                 await asyncio.sleep(idle)  # the idle gap under test, not a synchronisation
                 mid = await producer.publish("t", {"idle": idle})
                 assert await asyncio.wait_for(received.get(), 10) == mid
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
 
 _PUBLISH_ONE = """
@@ -252,14 +232,7 @@ async def test_idle_listener_hears_a_publish_from_another_process(
     async with await PawnQueue.from_config(config) as pq:
         await pq.create_topic("t")
         consumer = await pq.register_consumer("c", topics=["t"])
-        received: asyncio.Queue[str] = asyncio.Queue()
-
-        async def handler(message: Message) -> None:
-            await message.ack()
-            await received.put(message.id)
-
-        task = asyncio.create_task(consumer.listen(handler))
-        try:
+        async with acking(consumer) as received:
             await asyncio.sleep(3 * 50 * 0.05)  # the idle gap under test
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -272,9 +245,6 @@ async def test_idle_listener_hears_a_publish_from_another_process(
             assert process.returncode == 0
             # The other process's start-up is not counted: the wait starts once it published.
             assert await asyncio.wait_for(received.get(), 10) == out.decode().strip()
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_signal_held_back_says_busy_and_other_processes_list_without_waiting() -> None:

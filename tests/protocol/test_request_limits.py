@@ -6,16 +6,14 @@ goes through without an error reaching the caller and nothing is lost (docs/prot
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from pawn_queue import Consumer, Message, PawnQueue
+from pawn_queue import Message, PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
 from pawn_queue._protocol.leases import LeaseManager
@@ -26,7 +24,7 @@ from pawn_queue.store.throttling import ThrottleBackoff
 from tests.helpers.faults import FaultyStore
 from tests.helpers.limits import LimitingStore, limited
 from tests.helpers.stores import queue_config_dict
-from tests.helpers.support import latest_signal_log
+from tests.helpers.support import acking, latest_signal_log
 
 
 def limited_store_config(
@@ -74,25 +72,6 @@ async def test_every_operation_goes_through_under_one_write_a_second_per_key(
     async with PawnQueue(config, store=store) as pq:
         await pq.topic_stats("orders")
     assert (probe_writes(limit) > 0, probe_writes(again)) == (backend == "s3", 0)
-
-
-@contextlib.asynccontextmanager
-async def acking(consumer: Consumer) -> AsyncIterator[asyncio.Queue[str]]:
-    """``consumer`` listening, its handler acking each message: the ids acked, in order.
-    The listener must still run at the end (it raised nothing)."""
-    acked: asyncio.Queue[str] = asyncio.Queue()
-
-    async def handler(message: Message) -> None:
-        await message.ack()
-        await acked.put(message.id)
-
-    listening = asyncio.create_task(consumer.listen(handler))
-    try:
-        yield acked
-        assert not listening.done()
-    finally:
-        listening.cancel()
-        await asyncio.gather(listening, return_exceptions=True)
 
 
 def probe_writes(limit: LimitingStore) -> int:
