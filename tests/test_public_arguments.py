@@ -78,6 +78,7 @@ WRONG: dict[str, tuple[type[Exception], list[object]]] = {
     "dedup_window_seconds": (ConfigError, SECONDS_OR_ZERO),
     "replay_window_seconds": (ConfigError, SECONDS_OR_ZERO),
     "retention_action": (ConfigError, [Unrelated(), 42, "keep"]),
+    "claims": (ConfigError, [Unrelated(), 42, None, "minute", "Second"]),
     "filter": (ArgumentError, [Unrelated(), 42, {"source": 42}]),
     "start": (ArgumentError, [Unrelated(), 42, "now", datetime(2024, 1, 1)]),
     "linger_seconds": (ArgumentError, [Unrelated(), "0.5", True, math.nan, -1, 2]),

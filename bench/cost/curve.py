@@ -321,6 +321,7 @@ class Point:
     drain_seconds: float = 120.0  # after the last publish, at most
     on_go: Callable[[], None] | None = None  # just before the first publish
     on_end: Callable[[], None] | None = None  # at the end of the count
+    claims: str = "message"  # the topic's setting: "second" for runs
 
 
 async def run_point(point: Point, logs: Path) -> dict[str, Any]:
@@ -330,7 +331,7 @@ async def run_point(point: Point, logs: Path) -> dict[str, Any]:
     from pawn_queue import PawnQueue
 
     async with await PawnQueue.from_config(point.queue) as pq:
-        await pq.create_topic(TOPIC)
+        await pq.create_topic(TOPIC, claims=point.claims)
     tally = Tally()
     common = {"queue": point.queue, "topic": TOPIC}
     async with children(logs) as started:
@@ -427,6 +428,7 @@ async def run_all(server: SeaweedFS, args: argparse.Namespace, logs: Path) -> li
                 [{"rate": rate, "count": count}],
                 consumers=1,
                 count=server_counts(server, bucket),
+                claims=args.claims,
             )
             row = {"run": run, "rate": rate, **await run_point(point, logs)}
             logger.info("run %d, %g msg/s: %s", run, rate, {k: row[k] for k in SHOWN})
@@ -440,6 +442,7 @@ SHOWN = ("messages", "per_message", "usd_per_million", "p50_ms", "p99_ms", "lost
 def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     runs = f"median of {args.runs} run{'s' * (args.runs != 1)}"
     sets = f", set: {' '.join(args.set)}" if args.set else ", defaults"
+    sets += f", claims={args.claims}" if args.claims != "message" else ""
     lines = [
         f"1 producer process (awaited publish) -> 1 listen() process, SeaweedFS, "
         f"{args.seconds:g} s a point, {runs}{sets} ({git_state()['commit']})",
@@ -484,6 +487,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="publishing, per point")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument(
+        "--claims", choices=("message", "second"), default="message", help="the topic's setting"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "cost_curve.json")
     parser.add_argument("--child", choices=("producer", "consumer"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -80,6 +80,7 @@ async def fleet_point(
         drain_seconds=args.drain_seconds,
         on_go=proxy.reset_counts,
         on_end=lambda: reports.append(proxy.report(hottest=5)),
+        claims=args.claims,
     )
     row = await run_point(point, logs)
     report = reports[-1]
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
         "--limits", action="store_true", help="enforce 1 write/s per key, 750 req/s per bucket"
     )
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument(
+        "--claims", choices=("message", "second"), default="message", help="the topic's setting"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "fleet.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -189,7 +189,10 @@ class Producer:
         due = _due(now, delay)
         delayed = due > now  # never delivered before it is due, whatever the skew margin
         if group is None:
-            key = layout.message_key(topic, envelope.id, due, delayed=delayed, priority=priority)
+            run = settings.claims == "second"
+            key = layout.message_key(
+                topic, envelope.id, due, delayed=delayed, priority=priority, run=run
+            )
         else:
             key = layout.group_message_key(topic, envelope.id, due, group, delayed=delayed)
         routes = await self._routes(topic, settings, attributes)

@@ -195,6 +195,10 @@ def test_topics_create_never_changes_settings_update_does(url: str) -> None:
     for command in (["update", "nope", "--max-pending", "1"], ["show", "nope"]):
         missing = cli(url, "topics", *command, code=1)
         assert missing.stderr == "error: topic 'nope' does not exist\n"
+    runs = json.loads(cli(url, "topics", "update", "orders", "--claims", "second", "--json").stdout)
+    assert runs["settings"]["claims"] == "second"
+    wrong = cli(url, "topics", "create", "events", "--claims", "minute", code=2)
+    assert wrong.stderr.startswith("error: claims: got 'minute'")
 
 
 def test_topics_purge(url: str) -> None:

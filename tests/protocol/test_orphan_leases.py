@@ -65,7 +65,7 @@ async def test_sweep_deletes_only_leases_without_a_message(queue_config: dict[st
 async def test_consumers_sweep_now_and_then(
     queue_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("pawn_queue._protocol.claiming._SWEEP_SECONDS", 0.0)
+    monkeypatch.setattr("pawn_queue._protocol.orphan_sweeps.SWEEP_SECONDS", 0.0)
     config = load_config(queue_config)
     store = FaultyStore(open_store(config))
     async with PawnQueue(config, store=store) as pq:

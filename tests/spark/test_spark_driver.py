@@ -24,9 +24,11 @@ def _options(root: Path, **extra: str) -> SourceOptions:
     return SourceOptions.parse({"url": f"file://{root}", "topic": "jobs", **extra})
 
 
-async def _publish(root: Path, singles: int, batches: tuple[int, ...] = ()) -> list[str]:
+async def _publish(
+    root: Path, singles: int, batches: tuple[int, ...] = (), claims: str = "message"
+) -> list[str]:
     async with PawnQueue.from_url(f"file://{root}") as pq:
-        await pq.create_topic("jobs")
+        await pq.create_topic("jobs", claims=claims)
         producer = await pq.register_producer("p")
         ids = [await producer.publish("jobs", {"n": i}) for i in range(singles)]
         for size in batches:
@@ -89,6 +91,43 @@ async def test_priorities_first_and_a_band_past_every_due_time_is_skipped(
         ]
     finally:
         await driver.stop()
+
+
+async def test_a_micro_batch_takes_a_whole_run_under_one_claim(tmp_path: Path) -> None:
+    """A topic with claims="second": the messages of one second share one lease, which the
+    query claims once and takes the rest in under; the ack deletes each, then the lease."""
+    ids = await _publish(tmp_path, 12, claims="second")
+    store = CountingStore(FilesystemStore(tmp_path))
+    driver = await StreamDriver.open(_options(tmp_path), "q5", store=store)
+    try:
+        assert await driver.latest(-1, Limit()) == 0
+        (manifest,) = await driver.plan(-1, 0)
+        planned = [ref.key.rsplit("-", 5)[-5:] for ref in manifest.refs]
+        assert ["-".join(p).removesuffix(".run") for p in planned] == ids
+        runs = {key.rsplit("/", 1)[-1] for key in await _keys(tmp_path, "jobs/leases/")}
+        assert runs and all(name.startswith("s") for name in runs)
+        assert len(runs) <= 2  # twelve publishes span at most two seconds here
+        await driver.ack_through(0)
+        await driver.stop()
+        assert await _keys(tmp_path, "jobs/messages/") == []
+        assert await _keys(tmp_path, "jobs/leases/") == []
+    finally:
+        await store.close()
+
+
+async def test_a_run_is_taken_back_whole_after_a_restart(tmp_path: Path) -> None:
+    await _publish(tmp_path, 8, claims="second")
+    first = await StreamDriver.open(_options(tmp_path), "q6")
+    assert await first.latest(-1, Limit()) == 0
+    planned = [ref.key for m in await first.plan(-1, 0) for ref in m.refs]
+    await first.stop()  # the process dies: its run's leases stay live
+    second = await StreamDriver.open(_options(tmp_path), "q6")
+    replayed = [ref.key for m in await second.plan(-1, 0) for ref in m.refs]
+    assert replayed == planned and len(planned) == 8
+    await second.ack_through(0)  # every message of each run: none was left unadopted
+    await second.stop()
+    assert await _keys(tmp_path, "jobs/messages/") == []
+    assert await _keys(tmp_path, "jobs/leases/") == []
 
 
 async def test_unlogged_manifest_is_rebuilt(tmp_path: Path) -> None:

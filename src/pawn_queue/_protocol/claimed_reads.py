@@ -45,7 +45,7 @@ class ClaimedReader:
         """Read a claimed object into messages; None if another consumer just settled it."""
         is_batch = pending.kind == "batch"
         object_id = pending.object_id
-        obj = await self._leases.read_claimed(lease, lambda: self._store.get(key))
+        obj = await self._leases.read_claimed(lease, lambda: self._store.get(key), key)
         if obj is None:
             return None  # acked by another consumer while we claimed
         try:

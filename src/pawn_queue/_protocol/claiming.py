@@ -33,6 +33,7 @@ from pawn_queue._protocol.lanes import LANE_WIDTH, LANES, Candidates, Lanes, cla
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
 from pawn_queue._protocol.lease_protocol import Lease
 from pawn_queue._protocol.notify import outranks
+from pawn_queue._protocol.orphan_sweeps import OrphanSweeps
 from pawn_queue._protocol.runtime import Runtime
 from pawn_queue._protocol.scanning import scan_page
 from pawn_queue.exceptions import StoreError
@@ -44,7 +45,6 @@ logger = logging.getLogger(__name__)
 _MIN_PAGE = 100
 _MIN_PATIENCE_SECONDS = 0.05
 _REMEMBER_SECONDS = 1.0
-_SWEEP_SECONDS = 600.0  # how often a consumer looks for orphan leases in each topic
 
 
 class _Late:
@@ -54,6 +54,8 @@ class _Late:
 _LATE = _Late()
 # What a claim gave: its messages (None if another consumer won it), its error, or _LATE.
 _Claimed = list[Message] | BaseException | None | _Late
+# A run's other messages in a chunk, and those of them its claim took in once won.
+_RunFollowers = tuple[list[str], set[str]]
 
 
 def _in_listing_order(message: Message) -> tuple[str, int]:
@@ -98,13 +100,13 @@ class Claimer:
         self._stalled: set[str] = set()
         self._late: dict[str, int] = {}  # topic -> its claims still in flight after their poll
         self._background: set[asyncio.Task[Any]] = set()  # late claims, orphan-lease sweeps
+        self._sweeps = OrphanSweeps(runtime.leases, consumer_id, visibility, self._background)
         self.lanes = Lanes(runtime, visibility)
         self.memory = ListingMemory(runtime.signals, runtime.leases, runtime.clock)
         # topic -> candidates left by the last listing, and until when to trust them
         self._remembered: dict[str, tuple[list[tuple[layout.PendingKey, str]], float]] = {}
         # topic -> the signals' priority counts as its last listing began
         self._listed_counts: dict[str, tuple[int, ...]] = {}
-        self._sweep_after: dict[str, float] = {}
         self._with_messages: set[str] = set()  # topics whose last listing found any
         self._flowing: set[str] = set()  # topics whose last listing found candidates
         self._io_slots = asyncio.Semaphore(IO_CONCURRENCY)
@@ -199,7 +201,7 @@ class Claimer:
                 return claimed
         if watched and self.memory.may_skip(topic):
             if topic in self._with_messages:
-                self._maybe_sweep(topic)  # orphan leases go on being swept, listed or not
+                self._sweeps.maybe(topic)  # orphan leases go on being swept, listed or not
             return claimed
         return claimed + await self._list_and_claim(topic, wanted - len(claimed), shared, watched)
 
@@ -266,7 +268,7 @@ class Claimer:
             pages.append(page)
             if page:
                 self._with_messages.add(topic)
-                self._maybe_sweep(topic)  # orphan leases: a topic without messages has none
+                self._sweeps.maybe(topic)  # orphan leases: a topic without messages has none
             elif start_after is None:
                 self._with_messages.discard(topic)
             scanned = scan_page(page, self._clock(), self._leases.margin, groups_seen)
@@ -364,33 +366,52 @@ class Claimer:
         some stores answer the losers of a claim race only after a second or two. A
         straggler that wins later is read in the background into the buffer (next poll),
         where it goes before what was won behind it (:meth:`keep`)."""
-        # A candidate another consumer of this process took since the listing is skipped:
-        # it is no lost race.
-        chunk = [(p, k) for p, k in chunk if self._leases.reserve(topic, p.lease_id(), k)]
-        if not chunk:
-            return []
-        claims = {
-            asyncio.create_task(self._claim_lease(topic, pending, key)): (pending, key)
-            for pending, key in chunk
-        }
-        for claim, (pending, _) in claims.items():
-            claim.add_done_callback(partial(self._unreserve, topic, pending.lease_id()))
-        started = time.monotonic()
+        # A candidate another consumer of this process took since the listing is skipped (no
+        # lost race). A run's message: taken in if held here, else after its run's claim.
+        joined: dict[str, Lease] = {}
+        claims: dict[asyncio.Task[Lease | None], tuple[layout.PendingKey, str]] = {}
+        runs: dict[str, tuple[asyncio.Task[Lease | None], list[str], set[str]]] = {}
+        for pending, key in chunk:
+            lease_id = pending.lease_id()
+            if pending.kind == "run":
+                held = self._leases.join_run(topic, lease_id, key, self._consumer_id)
+                if held is not None:
+                    joined[key] = held
+                    continue
+                if lease_id in runs:
+                    run, followers, taken = runs[lease_id]
+                    followers.append(key)
+                    claims[asyncio.create_task(self._follow(run, key, taken))] = (pending, key)
+                    continue
+            if not self._leases.reserve(topic, lease_id, key):
+                if pending.kind == "run" and self._leases.claiming(topic, lease_id):
+                    # Its run's claim (an earlier poll's) is in flight: the next listing.
+                    self.memory.forget(topic)
+                    self.candidates_left = True
+                continue
+            run_of: _RunFollowers | None = ([], set()) if pending.kind == "run" else None
+            claim = asyncio.create_task(self._claim_lease(topic, pending, key, run_of))
+            if run_of is not None:
+                runs[lease_id] = (claim, *run_of)
+            claim.add_done_callback(partial(self._unreserve, topic, lease_id))
+            claims[claim] = (pending, key)
         done: set[asyncio.Task[Lease | None]] = set()
+        started = time.monotonic()
         try:
-            # Patience follows what claims usually take here, so a slow store is not cut off.
-            done, waiting = await asyncio.wait(
-                claims,
-                timeout=max(_MIN_PATIENCE_SECONDS * 5, 5 * self._claim_seconds),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if done:
-                first = time.monotonic() - started
-                self._claim_seconds = 0.8 * self._claim_seconds + 0.2 * first
-            if waiting and done:
-                patience = max(_MIN_PATIENCE_SECONDS, 3 * (time.monotonic() - started))
-                more, waiting = await asyncio.wait(waiting, timeout=patience)
-                done |= more
+            if claims:
+                # Patience follows what claims usually take here: a slow store is not cut off.
+                done, waiting = await asyncio.wait(
+                    claims,
+                    timeout=max(_MIN_PATIENCE_SECONDS * 5, 5 * self._claim_seconds),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if done:
+                    first = time.monotonic() - started
+                    self._claim_seconds = 0.8 * self._claim_seconds + 0.2 * first
+                if waiting and done:
+                    patience = max(_MIN_PATIENCE_SECONDS, 3 * (time.monotonic() - started))
+                    more, waiting = await asyncio.wait(waiting, timeout=patience)
+                    done |= more
         finally:
             for claim, (pending, key) in claims.items():
                 if not claim.done():
@@ -400,12 +421,18 @@ class Claimer:
                     late.add_done_callback(self._background.discard)
         # In listing order (FIFO); a claim not answered yet is _LATE, read in the background.
         outcomes: list[_Claimed | Coroutine[Any, Any, list[Message] | None]] = []
-        for claim, (pending, key) in claims.items():
-            if claim not in done:
+        in_order = {key: claim for claim, (_, key) in claims.items()}
+        for pending, key in chunk:
+            task = in_order.get(key)
+            if key in joined:
+                outcomes.append(self._reader.read(topic, pending, key, joined[key]))
+            elif task is None:
+                continue  # taken by another consumer here since the listing
+            elif task not in done:
                 outcomes.append(_LATE)
-            elif claim.exception() is not None:
-                outcomes.append(claim.exception())
-            elif (lease := claim.result()) is None:
+            elif task.exception() is not None:
+                outcomes.append(task.exception())
+            elif (lease := task.result()) is None:
                 outcomes.append(None)
             else:
                 outcomes.append(self._reader.read(topic, pending, key, lease))
@@ -413,11 +440,23 @@ class Claimer:
         read = iter(await asyncio.gather(*reads, return_exceptions=True))
         return [next(read) if asyncio.iscoroutine(o) else o for o in outcomes]
 
-    async def _claim_lease(self, topic: str, pending: layout.PendingKey, key: str) -> Lease | None:
-        """The lease on a message, batch or group message; None if someone else has it."""
+    async def _follow(
+        self, run: asyncio.Task[Lease | None], key: str, taken: set[str]
+    ) -> Lease | None:
+        """The lease of a run claimed here (:meth:`_claim_run`) if it took the message at
+        ``key`` in; None if another consumer won the run."""
+        lease = await asyncio.shield(run)
+        return lease if key in taken else None
+
+    async def _claim_lease(
+        self, topic: str, pending: layout.PendingKey, key: str, run: _RunFollowers | None = None
+    ) -> Lease | None:
+        """The lease on a message, batch, group or run message; None if someone else has it.
+        A run's, once won, takes the run's other messages of the chunk (``run[0]``) in at once,
+        before another poll could, and puts them in ``run[1]`` (:meth:`_follow`)."""
         lease_id = pending.lease_id()
         async with self._io_slots:
-            return await self._leases.claim(
+            lease = await self._leases.claim(
                 topic,
                 pending.object_id,
                 key,
@@ -425,6 +464,11 @@ class Claimer:
                 self._visibility,
                 lease_id=lease_id,
             )
+            followers, taken = run if run is not None and lease is not None else ([], set())
+            for follower in followers:
+                if self._leases.join_run(topic, lease_id, follower, self._consumer_id):
+                    taken.add(follower)
+            return lease
 
     def _unreserve(self, topic: str, lease_id: str, _: object) -> None:
         self._leases.unreserve(topic, lease_id)
@@ -447,23 +491,6 @@ class Claimer:
                 del self._late[topic]
                 if topic in self._buffer:  # what was won behind it: the next poll, at once
                     self.arrived.set()
-
-    def _maybe_sweep(self, topic: str) -> None:
-        """Now and then, delete orphan leases of ``topic`` in the background."""
-        now = time.monotonic()
-        due = self._sweep_after.setdefault(topic, now + _SWEEP_SECONDS)
-        if now < due:
-            return
-        self._sweep_after[topic] = now + _SWEEP_SECONDS
-        sweep = asyncio.create_task(self._sweep(topic))
-        self._background.add(sweep)
-        sweep.add_done_callback(self._background.discard)
-
-    async def _sweep(self, topic: str) -> None:
-        try:
-            await self._leases.sweep_orphans(topic, self._consumer_id, self._visibility)
-        except StoreError as exc:
-            logger.warning("orphan lease sweep failed topic=%s error=%s", topic, exc)
 
     def _met_competitor(self, topic: str) -> None:
         """Another consumer won a claim here: move lanes, forget the listing, and have the

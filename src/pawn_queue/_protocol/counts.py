@@ -119,7 +119,7 @@ async def read_topic(
         objects[item.state] += 1
         held[item.state] += size
         if item.pending.kind == "group":
-            groups[item.pending.group_hash] += size
+            groups[item.pending.shared_id] += size
         if item.state == "pending":
             oldest = item.due if oldest is None else min(oldest, item.due)
         elif item.state == "delayed":

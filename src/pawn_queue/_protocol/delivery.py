@@ -58,6 +58,8 @@ class ClaimedObject:
         self._signals = runtime.signals
         self._clock = runtime.clock
         self.observers = runtime.observers
+        # A run's lease covers other messages too: refreshed until the run is over.
+        self._run = lease.members is not None
         self._on_done = keeper.forget  # the lease needs no more refreshes
         self._abandoned: set[int] = set()
         # Member settlements made durable in the lease: one write carries all those made
@@ -97,7 +99,9 @@ class ClaimedObject:
         """Message ``index`` was left unsettled: once nothing else is pending here, stop
         refreshing the lease so the object is redelivered after the visibility timeout."""
         self._abandoned.add(index)
-        if not self._members_pending():
+        if self._run:
+            self._leases.member_done(self.lease, self.key, unsettled=True)
+        elif not self._members_pending():
             self._on_done(self.lease)
             self._leases.let_expire(self.lease)
 
@@ -110,18 +114,23 @@ class ClaimedObject:
     ) -> None:
         """Make message ``index`` visible again after ``delay`` seconds; ``counted=False``
         takes this delivery off its receive count."""
-        if self.size == 1:
+        if self.size == 1 and not self._run:
             # The lease itself holds the message back, and keeps its receive count.
             self._on_done(self.lease)
             await self._leases.release(self.lease, requeue_delay=delay, counted=counted)
             return
-        # One member of a batch cannot be shown again alone: it moves to its own object
-        # (durable first), then counts as settled here.
+        # One member of a batch or a run cannot be shown again alone: it moves to its own
+        # object (durable first), then counts as settled here.
         receives = self.receive_count(envelope) - (0 if counted else 1)
         moved = replace(envelope, prior_receives=receives)
         due = self._clock() + timedelta(seconds=delay)
         key = layout.message_key(
-            envelope.topic, envelope.id, due, delayed=delay > 0, priority=envelope.priority
+            envelope.topic,
+            envelope.id,
+            due,
+            delayed=delay > 0,
+            priority=envelope.priority,
+            run=self._run,
         )
         await write_message(self._runtime, moved, key)
         await self.settle(index)
@@ -146,7 +155,8 @@ class ClaimedObject:
                 return
         # A group's next message waits for its lease: that release is not left for later.
         await self._leases.settle(self.lease, self.key, lease_later=self._own_lease, acked=acked)
-        self._on_done(self.lease)
+        if not self._run:
+            self._on_done(self.lease)
 
     async def settle_acked(self, indices: list[int]) -> None:
         """Members ``indices`` (distinct, unsettled) are acked together: one lease write

@@ -9,8 +9,11 @@ Every storage key is built here. The layout is compatible with pawn-queue 0.1.x:
                                                 priority 0, highest first (any kind but a
                                                 group's; :mod:`.message_names`)
     {topic}/messages/{ts}-{uuid}.batch          batch object: many messages, one lease
+    {topic}/messages/{ts}-{uuid}.run            message of a run: one lease for its second
     {topic}/messages/{ts}-{uuid}.{g}.group      message of group g (sha256 of its name)
     {topic}/leases/g{g}.lease                   the lease of group g: one message at a time
+    {topic}/leases/s{second}.lease              the lease of a run: the .run messages of a
+                                                second (band and delay mark included)
     {topic}/leases/{uuid}.lease                 claim of the message {uuid}
     {topic}/dead-letter/{uuid}.json             dead letter
     {topic}/dedup/{sha256(dedup_id)}.json       a dedup_id seen recently, and its message
@@ -44,18 +47,29 @@ subscription's, named ``{topic}/subscriptions/{name}`` (:func:`subscription_queu
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pawn_queue._protocol.message_names import DELAYED_MARK, STAMP_LENGTH, band, stamp, unbanded
+from pawn_queue._protocol.message_names import BATCH_SUFFIX as BATCH_SUFFIX
+from pawn_queue._protocol.message_names import (
+    DELAYED_MARK,
+    STAMP_LENGTH,
+    band,
+    pending_of_name,
+    stamp,
+    unbanded,
+)
+from pawn_queue._protocol.message_names import GROUP_SUFFIX as GROUP_SUFFIX
+from pawn_queue._protocol.message_names import MESSAGE_SUFFIX as MESSAGE_SUFFIX
 from pawn_queue._protocol.message_names import PRIORITIES as PRIORITIES
+from pawn_queue._protocol.message_names import RUN_SUFFIX as RUN_SUFFIX
+from pawn_queue._protocol.message_names import PendingKey as PendingKey
 from pawn_queue._protocol.message_names import band_of as band_of
 from pawn_queue._protocol.message_names import due_from_key as due_from_key
 from pawn_queue._protocol.message_names import is_delayed_key as is_delayed_key
 from pawn_queue._protocol.message_names import priority_of as priority_of
+from pawn_queue._protocol.message_names import run_end as run_end
 from pawn_queue._protocol.names import RESERVED_PREFIXES as RESERVED_PREFIXES
 from pawn_queue._protocol.names import is_uuid as is_uuid
 from pawn_queue._protocol.names import validate_name as validate_name
@@ -72,10 +86,6 @@ DEAD_LETTER = "dead-letter/"
 DEDUP = "dedup/"
 REGISTRY = "_registry/"
 PROBE = "_probe/"
-MESSAGE_SUFFIX = ".json"
-BATCH_SUFFIX = ".batch"
-GROUP_SUFFIX = ".group"
-_GROUP_HASH_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
 def topic_prefix(topic: str) -> str:
@@ -219,14 +229,16 @@ def message_key(
     batch: bool = False,
     delayed: bool = False,
     priority: int = 0,
+    run: bool = False,
 ) -> str:
     """The key of a message (or of a batch object); the UTC timestamp first makes listing
     order FIFO, and a ``priority`` (1 to 9) puts it in its band, listed first. ``at`` is
     when the message becomes visible: publish time, or its due time for a ``delayed`` one,
     whose timestamp is marked so that no consumer takes it early (see
-    :func:`visible_from`). Batch objects end in ``.batch``, which pawn-queue 0.1.x skips.
-    The replay log's keys have no band (:func:`in_queue`)."""
-    suffix = BATCH_SUFFIX if batch else MESSAGE_SUFFIX
+    :func:`visible_from`). Batch objects end in ``.batch``, messages of a ``run`` in
+    ``.run``: pawn-queue 0.1.x and 0.2.0 skip both. The replay log's keys have no band
+    (:func:`in_queue`)."""
+    suffix = BATCH_SUFFIX if batch else RUN_SUFFIX if run else MESSAGE_SUFFIX
     mark = "" if is_retained_log(topic) else band(priority)
     return f"{topic}/{MESSAGES}{mark}{stamp(at, delayed)}-{message_id}{suffix}"
 
@@ -241,40 +253,13 @@ def visible_from(key: str, skew_margin: timedelta) -> datetime | None:
     return due - skew_margin
 
 
-@dataclass(frozen=True, slots=True)
-class PendingKey:
-    """What a key under ``{topic}/messages/`` holds."""
-
-    object_id: str
-    kind: Literal["message", "batch", "group"]
-    group_hash: str = ""
-
-    def lease_id(self) -> str:
-        """The lease that covers it: its own, or its group's (one message of a group at a time)."""
-        return f"g{self.group_hash}" if self.kind == "group" else self.object_id
-
-
 def parse_pending_key(key: str) -> PendingKey | None:
-    """The message, batch or group message at ``key``; None for anything else (including
-    keys nested deeper than ``{topic}/messages/``, which listings also return)."""
+    """The message, batch, run or group message at ``key``; None for anything else
+    (including keys nested deeper than ``{topic}/messages/``, which listings also return)."""
     parent, _, name = key.rpartition("/")
     if f"{parent}/" != messages_prefix(queue_of(key)) or not parent.partition("/")[0]:
         return None
-    if name.endswith(MESSAGE_SUFFIX):
-        kind, stem, group_hash = "message", name[: -len(MESSAGE_SUFFIX)], ""
-    elif name.endswith(BATCH_SUFFIX):
-        kind, stem, group_hash = "batch", name[: -len(BATCH_SUFFIX)], ""
-    elif name.endswith(GROUP_SUFFIX):
-        stem, _, group_hash = name[: -len(GROUP_SUFFIX)].rpartition(".")
-        kind = "group"
-        if not _GROUP_HASH_RE.match(group_hash):
-            return None
-    else:
-        return None
-    candidate = stem[-36:]
-    if not is_uuid(candidate):
-        return None
-    return PendingKey(candidate, kind, group_hash)  # type: ignore[arg-type]
+    return pending_of_name(name)
 
 
 def group_hash(group: str) -> str:

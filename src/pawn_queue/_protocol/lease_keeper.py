@@ -102,7 +102,9 @@ class LeaseKeeper:
                 for key in [k for k in running if running[k].done()]:
                     del running[key]
                 for lease in list(self._held.values()):
-                    if lease.key not in running and self._due(lease):
+                    if lease.released or lease.lost or lease.expiring:  # a run's, done
+                        self.forget(lease)
+                    elif lease.key not in running and self._due(lease):
                         running[lease.key] = asyncio.create_task(self._refresh(lease, slots))
                 done, self._round = self._round, asyncio.Event()
                 done.set()

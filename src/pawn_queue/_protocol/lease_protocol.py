@@ -76,6 +76,11 @@ class Lease:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     # Batch members settled so far; written with every refresh so a takeover skips them.
     settled: set[int] = field(default_factory=set)
+    # A run's lease (docs/protocol.md, "Runs"): the keys of its messages handed out here and
+    # not settled yet (None: any other lease), and whether one was left unsettled.
+    members: set[str] | None = None
+    left_unsettled: bool = False
+    expiring: bool = False  # no longer refreshed: left to expire (rule 10)
 
     def __post_init__(self) -> None:
         self.settled.update(self.body.settled)
@@ -226,9 +231,24 @@ class LeaseProtocol:
 
     def _renew_seconds(self, lease: Lease) -> float:
         """Rule 11's bound on a request that writes over our lease, as of now."""
-        window = self.margin.total_seconds() + min(1.0, lease.visibility / 4)
-        safe = (lease.expires - self.clock()).total_seconds() - window
+        safe = (lease.expires - self.clock()).total_seconds() - self._window(lease)
         return renew_seconds(lease.visibility, safe)
+
+    def comfortably_held(self, lease: Lease) -> bool:
+        """Whether the lease stays ours for two safety windows, with no request (then
+        :meth:`~pawn_queue._protocol.leases.LeaseManager.ensure_held` sends none)."""
+        return not (lease.lost or lease.released) and self._safe_for(lease, windows=2)
+
+    def _safe_for(self, lease: Lease, windows: int) -> bool:
+        """Whether the lease stays ours for ``windows`` safety windows on every clock.
+
+        A window is the skew margin plus time for a request to land (at most 1 s).
+        """
+        return (lease.expires - self.clock()).total_seconds() > windows * self._window(lease)
+
+    def _window(self, lease: Lease) -> float:
+        """One safety window, in seconds: see :meth:`_safe_for`."""
+        return self.margin.total_seconds() + min(1.0, lease.visibility / 4)
 
     async def _write_over_throttled(
         self, lease: Lease, body: LeaseBody

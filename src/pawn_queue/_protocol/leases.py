@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -29,7 +28,8 @@ from pawn_queue._internal.config_sections import claim_seconds
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.envelope import CorruptObject, LeaseBody, now_utc
 from pawn_queue._protocol.key_writes import KeyWriteLimit
-from pawn_queue._protocol.lease_protocol import RELEASED, Lease, LeaseProtocol, ResolvedStrategy
+from pawn_queue._protocol.lease_protocol import RELEASED, Lease, ResolvedStrategy
+from pawn_queue._protocol.runs import SETTLED_MEMORY, SETTLED_SECONDS, RunLeases
 from pawn_queue._protocol.shares import Shares
 from pawn_queue._protocol.tombstones import TOMBSTONE_SECONDS, Tombstones
 from pawn_queue.config import ConcurrencyConfig
@@ -42,11 +42,8 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-_SETTLED_SECONDS = 60.0  # longer than any listing stays in use
-_SETTLED_MEMORY = 10_000
 
-
-class LeaseManager(LeaseProtocol):
+class LeaseManager(RunLeases):
     """Claims and keeps leases for one store with one resolved strategy."""
 
     def __init__(
@@ -63,20 +60,17 @@ class LeaseManager(LeaseProtocol):
         """``deleter`` and ``background``: the queue's own (its runtime's), shared with the
         other code that deletes or works in the background there. ``keep_tombstones``: keep
         the leases of acked messages a while (:mod:`pawn_queue._protocol.tombstones`)."""
-        super().__init__(store, strategy, concurrency, clock)
-        self._deleter = deleter or DeleteCoalescer(store)
         self._background = background or Background()
+        super().__init__(store, strategy, concurrency, clock, self._background)
+        self._deleter = deleter or DeleteCoalescer(store)
         self._tombstones = Tombstones(self.release_gone, self._background)
         self._keep_tombstones = keep_tombstones
         self.key_writes = KeyWriteLimit(clock)
         if (backoff := throttle_backoff_of(store)) is not None:
             backoff.listeners.append(self.key_writes.refused)
-        # What this process knows without asking the store: lease keys held here or being
-        # claimed here, lease keys seen live elsewhere (until when: the protocol's
-        # _busy_until), and message keys settled here a moment ago.
-        self._held_here: dict[str, Lease] = {}
-        self._claiming_here: set[str] = set()
-        self._settled_here: dict[str, float] = {}
+        # What this process knows without asking the store: lease keys held or claimed
+        # here, and message keys settled here a moment ago (RunLeases'); lease keys seen
+        # live elsewhere, and until when (the protocol's _busy_until).
         # The consumer processes' shares of each queue, and per queue when to look for
         # messages of another's share that this process may take then.
         self.shares: Shares | None = None
@@ -90,11 +84,6 @@ class LeaseManager(LeaseProtocol):
             self.on_freed(topic)
 
     # -- claiming ---------------------------------------------------------------------------
-
-    def _let_go(self, lease: Lease) -> None:
-        """Forget that ``lease`` is held here (not another lease of that key held since)."""
-        if self._held_here.get(lease.key) is lease:
-            del self._held_here[lease.key]
 
     def forget_queue(self, topic: str) -> None:
         """Every lease of ``topic`` is gone (a seek purged them): those held here are lost,
@@ -115,14 +104,11 @@ class LeaseManager(LeaseProtocol):
     def worth_claiming(self, topic: str, lease_id: str, message_key: str) -> bool:
         """False if this process knows the message is leased or gone (saves requests)."""
         key = layout.lease_key(topic, lease_id)
-        return (
-            not self._leased_here(key)
-            and self._not_known_busy(key, message_key)
-            and self._in_share(topic, lease_id, message_key)
+        if self._leased_here(key):
+            return self._taken_in_here(key, message_key)
+        return self._not_known_busy(key, message_key) and self._in_share(
+            topic, lease_id, message_key
         )
-
-    def _leased_here(self, key: str) -> bool:
-        return key in self._held_here or key in self._claiming_here
 
     def _not_known_busy(self, key: str, message_key: str) -> bool:
         """Not settled here, and not known to be leased elsewhere."""
@@ -141,7 +127,8 @@ class LeaseManager(LeaseProtocol):
             lease = self._tombstones.take_superseded(key, message_key)
             if lease is not None:
                 self._background.start(self._release_superseded(lease))
-            return False
+                return False
+            return self._taken_in_here(key, message_key)
         return self._not_known_busy(key, message_key) and self._in_share(
             topic, lease_id, message_key
         )
@@ -167,7 +154,10 @@ class LeaseManager(LeaseProtocol):
     def reserve(self, topic: str, lease_id: str, message_key: str) -> bool:
         """Whether the message is worth claiming; if so, it is marked as claimed here until
         :meth:`unreserve`, so the other consumers of this process skip it rather than lose
-        a race for it."""
+        a race for it. Not a run held here: its holder takes the message in
+        (:meth:`join_run`)."""
+        if self._leased_here(layout.lease_key(topic, lease_id)):
+            return False
         if not self.worth_claiming(topic, lease_id, message_key):
             return False
         self._claiming_here.add(layout.lease_key(topic, lease_id))
@@ -186,19 +176,13 @@ class LeaseManager(LeaseProtocol):
         """The earliest time a lease known to be held elsewhere (of ``topic``, if given) may
         be taken over, or a message of another process's share may be taken here."""
         now = self.clock()
-        if len(self._busy_until) > _SETTLED_MEMORY:
-            stale = now - timedelta(seconds=_SETTLED_SECONDS)
+        if len(self._busy_until) > SETTLED_MEMORY:
+            stale = now - timedelta(seconds=SETTLED_SECONDS)
             self._busy_until = {k: t for k, t in self._busy_until.items() if t > stale}
         prefix = layout.leases_prefix(topic) if topic is not None else ""
         busy = (t for k, t in self._busy_until.items() if t > now and k.startswith(prefix))
         shared = (t for q, t in self._share_due.items() if t > now and topic in (None, q))
         return min((*busy, *shared), default=None)
-
-    def _note_settled(self, message_key: str) -> None:
-        now = time.monotonic()
-        if len(self._settled_here) >= _SETTLED_MEMORY:
-            self._settled_here = {k: t for k, t in self._settled_here.items() if t > now}
-        self._settled_here[message_key] = now + _SETTLED_SECONDS
 
     async def claim(
         self,
@@ -228,6 +212,8 @@ class LeaseManager(LeaseProtocol):
         etag, body = won
         self._busy_until.pop(key, None)
         lease = Lease(topic, message_id, message_key, key, etag, body, visibility)
+        if layout.run_end(layout.lease_id_of(key)) is not None:
+            lease.members = {message_key}
         self._held_here[key] = lease
         return lease
 
@@ -240,29 +226,35 @@ class LeaseManager(LeaseProtocol):
                 return
             await self._renew(lease, lease.visibility if visibility is None else visibility)
 
-    async def read_claimed(self, lease: Lease, read: Callable[[], Awaitable[_T]]) -> _T | None:
-        """Rule 4: read the claimed object (``read``: its GET or HEAD) only after the claim.
-        None if it is gone (acked meanwhile): the lease is given back. If the read fails, the
-        lease is given back too and the error raised."""
+    async def read_claimed(
+        self, lease: Lease, read: Callable[[], Awaitable[_T]], key: str = ""
+    ) -> _T | None:
+        """Rule 4: read the claimed object at ``key`` (``read``: its GET or HEAD) only after
+        the claim. None if it is gone (acked meanwhile): the lease is given back. If the read
+        fails, the lease is given back too and the error raised. A run's lease only lets the
+        message go: the run's other messages stay covered."""
         try:
             return await read()
         except NotFound:
-            await self.release(lease, message_gone=True)
+            if lease.members is not None:
+                self.member_done(lease, key)
+            else:
+                await self.release(lease, message_gone=True)
             return None
         except BaseException:
-            await self.release(lease)
+            if lease.members is not None:
+                self.member_done(lease, key)
+            else:
+                await self.release(lease)
             raise
 
     def let_expire(self, lease: Lease) -> None:
         """The lease is no longer refreshed (its holder could not settle the message): this
         process's consumers may take it over once it expired, as any other may (rule 10)."""
         self._let_go(lease)
+        lease.expiring = True
         self._busy_until[lease.key] = lease.expires + self.margin
         self._freed(lease.topic)  # consumers here and elsewhere learn when it frees up
-
-    def comfortably_held(self, lease: Lease) -> bool:
-        """Whether :meth:`ensure_held` would pass without a request."""
-        return not (lease.lost or lease.released) and self._safe_for(lease, windows=2)
 
     async def ensure_held(self, lease: Lease) -> None:
         """Make sure the lease stays ours for a while; raise LeaseLostError if it is not ours."""
@@ -330,7 +322,9 @@ class LeaseManager(LeaseProtocol):
         await self.key_writes.before_delete((object_key,))
         with contextlib.suppress(NotFound):
             await self._deleter.delete(object_key)
-        if lease_later:
+        if lease.members is not None:
+            self.member_done(lease, object_key)
+        elif lease_later:
             self.release_gone_later(lease, acked=acked)
         else:
             await self.release_gone(lease)
@@ -340,7 +334,10 @@ class LeaseManager(LeaseProtocol):
         keys = [key for key, _ in settled]
         await self.key_writes.before_delete(keys)
         await self._store.delete_many(keys)
-        await gather_limited(IO_CONCURRENCY, (self.release_gone(lease) for _, lease in settled))
+        for key, lease in settled:
+            self.member_done(lease, key)
+        gone = (self.release_gone(lease) for _, lease in settled if lease.members is None)
+        await gather_limited(IO_CONCURRENCY, gone)
 
     async def adopt(
         self,
@@ -371,9 +368,13 @@ class LeaseManager(LeaseProtocol):
                 visibility,
                 lease_id=pending.lease_id(),
             )
-        if body.message_key not in ("", object_key):
+        run = pending.kind == "run"
+        if body.message_key not in ("", object_key) and not run:
             return None  # a group's lease, on a later message of the group
+        if run and (held := self.join_run(topic, pending.lease_id(), object_key, consumer_id)):
+            return held  # adopted already, for another message of its second
         lease = Lease(topic, pending.object_id, object_key, key, current.meta.etag, body, 0.0)
+        lease.members = {object_key} if run else None
         try:
             await self.refresh(lease, visibility)
         except LeaseLostError:
@@ -407,8 +408,9 @@ class LeaseManager(LeaseProtocol):
         that and the rest of the background work (which may keep more: a batch's last ack)."""
         while True:
             self._tombstones.flush()
+            self._closing_runs.flush()
             await self._background.done()
-            if not self._tombstones:
+            if not self._tombstones and not self._closing_runs:
                 return
 
     async def sweep_orphans(self, topic: str, consumer_id: str, older_than: float) -> int:
@@ -450,17 +452,6 @@ class LeaseManager(LeaseProtocol):
         if swept:
             logger.info("deleted orphan leases topic=%s count=%d", topic, swept)
         return swept
-
-    def _safe_for(self, lease: Lease, windows: int) -> bool:
-        """Whether the lease stays ours for ``windows`` safety windows on every clock.
-
-        A window is the skew margin plus time for a request to land (at most 1 s).
-        """
-        return (lease.expires - self.clock()).total_seconds() > windows * self._window(lease)
-
-    def _window(self, lease: Lease) -> float:
-        """One safety window, in seconds: see :meth:`_safe_for`."""
-        return self.margin.total_seconds() + min(1.0, lease.visibility / 4)
 
     async def _renew(
         self, lease: Lease, seconds: float, *, released: bool = False, receives: int | None = None

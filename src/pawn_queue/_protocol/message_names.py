@@ -11,7 +11,11 @@ writes them), each band in timestamp order (FIFO).
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from pawn_queue._protocol.names import is_uuid
 
 # Follows the timestamp of a delayed message. 0.1.x reads the id from the name's end only.
 DELAYED_MARK = "d"
@@ -20,6 +24,13 @@ _BAND_DIGITS = "012345678"  # 9 - priority, for priorities 9 to 1
 PRIORITIES = range(10)  # 0 (the default, the lowest) to 9 (the highest)
 _STAMP_RE = re.compile(r"[0-9]{8}T[0-9]{6}_[0-9]{6}")  # the timestamp, UTC
 STAMP_LENGTH = 22
+_SECOND_LENGTH = 15  # of a timestamp: YYYYMMDDTHHMMSS
+RUN_MARK = "s"  # starts the id of a run's lease: the messages of one second
+MESSAGE_SUFFIX = ".json"
+BATCH_SUFFIX = ".batch"
+GROUP_SUFFIX = ".group"
+RUN_SUFFIX = ".run"
+_GROUP_HASH_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
 def stamp(at: datetime, delayed: bool) -> str:
@@ -80,3 +91,59 @@ def due_from_key(key: str) -> datetime | None:
         )
     except ValueError:
         return None
+
+
+def run_id(name: str) -> str:
+    """The lease id of the run the message named ``name`` (a ``.run`` object) belongs to:
+    its band, the second of its timestamp, and its delay mark (docs/protocol.md, "Runs")."""
+    rest = unbanded(name)
+    delayed = rest[STAMP_LENGTH : STAMP_LENGTH + len(DELAYED_MARK)] == DELAYED_MARK
+    return f"{RUN_MARK}{band_of_name(name)}{rest[:_SECOND_LENGTH]}{DELAYED_MARK if delayed else ''}"
+
+
+def run_end(lease_id: str) -> datetime | None:
+    """When the second of the run ``lease_id`` ends (its last message's timestamp is before
+    it); None if ``lease_id`` is no run's."""
+    if not lease_id.startswith(RUN_MARK):
+        return None
+    second = unbanded(lease_id[len(RUN_MARK) :])[:_SECOND_LENGTH]
+    due = due_from_key(f"{second}_000000")
+    return None if due is None else due + timedelta(seconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingKey:
+    """What a key under ``{topic}/messages/`` holds."""
+
+    object_id: str
+    kind: Literal["message", "batch", "group", "run"]
+    shared_id: str = ""  # a group's hash, or a run's lease id
+
+    def lease_id(self) -> str:
+        """The lease that covers it: its own, its group's (one message of a group at a
+        time) or its run's (every message of its second)."""
+        if self.kind == "group":
+            return f"g{self.shared_id}"
+        return self.shared_id if self.kind == "run" else self.object_id
+
+
+def pending_of_name(name: str) -> PendingKey | None:
+    """What the object named ``name`` under ``{topic}/messages/`` holds; None if no message."""
+    shared = ""
+    if name.endswith(MESSAGE_SUFFIX):
+        kind, stem = "message", name[: -len(MESSAGE_SUFFIX)]
+    elif name.endswith(BATCH_SUFFIX):
+        kind, stem = "batch", name[: -len(BATCH_SUFFIX)]
+    elif name.endswith(RUN_SUFFIX):
+        kind, stem, shared = "run", name[: -len(RUN_SUFFIX)], run_id(name)
+    elif name.endswith(GROUP_SUFFIX):
+        kind = "group"
+        stem, _, shared = name[: -len(GROUP_SUFFIX)].rpartition(".")
+        if not _GROUP_HASH_RE.match(shared):
+            return None
+    else:
+        return None
+    candidate = stem[-36:]
+    if not is_uuid(candidate):
+        return None
+    return PendingKey(candidate, kind, shared)  # type: ignore[arg-type]

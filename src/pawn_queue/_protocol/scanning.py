@@ -55,8 +55,8 @@ def scan_page(
                 if not ended:
                     return ScannedPage(found, next_due, ends=True)
                 continue
-        group_head = pending.kind != "group" or pending.group_hash not in groups_seen
-        groups_seen.add(pending.group_hash)
+        group_head = pending.kind != "group" or pending.shared_id not in groups_seen
+        groups_seen.add(pending.shared_id)
         if group_head and (visible is None or visible <= now):
             found.append((pending, meta))
     resume = None

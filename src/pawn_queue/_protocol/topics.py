@@ -56,6 +56,7 @@ NO_LIMIT = NotGiven(None)
 DEFAULT_DEDUP_WINDOW = NotGiven(300.0)
 DEFAULT_RETENTION_ACTION = NotGiven("delete")
 DEFAULT_REPLAY_WINDOW = NotGiven(0.0)
+DEFAULT_CLAIMS = NotGiven("message")
 
 
 def given_settings(**values: object) -> dict[str, Any]:
@@ -73,12 +74,16 @@ class TopicSettings:
     dedup_window_seconds: float = 300.0
     retention_action: str = "delete"  # or "dead_letter": what happens past retention
     replay_window_seconds: float = 0.0  # keep every message this long after publish, for seek
+    # "second": one claim covers a second of messages (runs, docs/protocol.md "Runs")
+    claims: str = "message"
 
     def __post_init__(self) -> None:
         if self.retention_action not in ("delete", "dead_letter"):
             raise ConfigError(
                 f"retention_action: got {self.retention_action!r}, allowed: 'delete', 'dead_letter'"
             )
+        if self.claims not in ("message", "second"):
+            raise ConfigError(f"claims: got {self.claims!r}, allowed: 'message', 'second'")
         for name in ("max_receive_count", "max_pending"):
             value = getattr(self, name)
             if value is not None and not (_is_number(value, whole=True) and value > 0):
@@ -368,8 +373,8 @@ def classify(
         if pending is None:
             continue
         due = layout.due_from_key(meta.key) or meta.last_modified
-        head = pending.kind != "group" or pending.group_hash not in groups_seen
-        groups_seen.add(pending.group_hash)
+        head = pending.kind != "group" or pending.shared_id not in groups_seen
+        groups_seen.add(pending.shared_id)
         state: MessageState
         if due > now:
             state = "delayed"

@@ -76,6 +76,16 @@ def _conflict(exc: TopicSettingsConflictError) -> CliError:
     )
 
 
+ClaimsOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="message|second",
+        help="'second': one claim covers a second of messages (pawn-queue 0.2.0 and older "
+        "do not read them).",
+    ),
+]
+
+
 @topics_app.command("create")
 def topics_create(
     ctx: typer.Context,
@@ -92,6 +102,7 @@ def topics_create(
     replay_window_seconds: Annotated[
         float | None, typer.Option(help="Keep every message this long, for 'subscriptions seek'.")
     ] = None,
+    claims: ClaimsOption = None,
 ) -> None:
     """Create a topic, or check that it exists; never changes its settings.
 
@@ -106,6 +117,7 @@ def topics_create(
         "dedup_window_seconds": dedup_window_seconds,
         "retention_action": retention_action,
         "replay_window_seconds": replay_window_seconds,
+        "claims": claims,
     }
     given = {key: value for key, value in options_given.items() if value is not None}
 
@@ -136,6 +148,7 @@ def topics_update(
     replay_window_seconds: Annotated[
         float | None, typer.Option(help="Keep every message this long (0: not at all).")
     ] = None,
+    claims: ClaimsOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Change the settings given ('none' clears a limit) and keep the others.
@@ -150,12 +163,13 @@ def topics_update(
         max_pending,
         dedup_window_seconds,
         replay_window_seconds,
+        claims,
     )
     if all(value is None for value in options_given):
         fail(
             "nothing to update: give at least one of --max-receive-count, "
             "--retention-seconds, --retention-action, --max-pending, --dedup-window-seconds, "
-            "--replay-window-seconds",
+            "--replay-window-seconds, --claims",
             EXIT_USAGE,
         )
     given = given_settings(
@@ -165,6 +179,7 @@ def topics_update(
         dedup_window_seconds=NOT_GIVEN if dedup_window_seconds is None else dedup_window_seconds,
         retention_action=NOT_GIVEN if retention_action is None else retention_action,
         replay_window_seconds=NOT_GIVEN if replay_window_seconds is None else replay_window_seconds,
+        claims=NOT_GIVEN if claims is None else claims,
     )
 
     async def main() -> TopicSettings:

@@ -114,11 +114,13 @@ class StreamDriver:
         return driver
 
     async def stop(self) -> None:
-        """Stop background work. Leases stay until they expire: a restart takes them back."""
+        """Stop background work. Leases stay until they expire: a restart takes them back.
+        Those of acked messages (a run's whose messages are all acked) are deleted now."""
         await self._keeper.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._leases.flush_tombstones()
 
     # -- Spark's calls ----------------------------------------------------------------------
 
@@ -237,6 +239,9 @@ class StreamDriver:
                             budget.take(ref.size, rows)
                             refs.append(ref)
                             self._keeper.hold(lease)
+                        elif lease.members is not None and lease.members != {ref.key}:
+                            # A run's lease: the messages of it taken already keep it.
+                            self._leases.member_done(lease, ref.key)
                         else:
                             excess.append(lease)
             if excess or candidates:
@@ -255,9 +260,14 @@ class StreamDriver:
         batch = candidates[0][0].kind == "batch"
         size = budget.chunk(self._rows_per_batch_object if batch else 1.0)
         count = 0
+        runs: set[str] = set()  # a run's next message is taken in once its lease is won
         while (
-            count < min(size, len(candidates)) and (candidates[count][0].kind == "batch") == batch
+            count < min(size, len(candidates))
+            and (candidates[count][0].kind == "batch") == batch
+            and candidates[count][0].lease_id() not in runs
         ):
+            if candidates[count][0].kind == "run":
+                runs.add(candidates[count][0].lease_id())
             count += 1
         return candidates[:count], candidates[count:]
 
@@ -270,7 +280,10 @@ class StreamDriver:
         claimable = [
             (pending, meta)
             for pending, meta in scanned.found
-            if layout.lease_key(queue, pending.lease_id()) not in self._keeper
+            if (
+                pending.kind == "run"  # a run held here takes it in (worth_claiming_listed)
+                or layout.lease_key(queue, pending.lease_id()) not in self._keeper
+            )
             and self._leases.worth_claiming_listed(queue, pending.lease_id(), meta.key)
         ]
         finished = scanned.ends or len(page) < layout.LIST_PAGE
@@ -281,14 +294,16 @@ class StreamDriver:
     ) -> tuple[ObjectRef, Lease, int] | None:
         """Claim one object and check that it is still there (rule 4); count its messages
         when the limit is in rows."""
-        lease = await self._leases.claim(
-            queue,
-            pending.object_id,
-            meta.key,
-            self.consumer_id,
-            self._timeout,
-            lease_id=pending.lease_id(),
-        )
+        lease = self._leases.join_run(queue, pending.lease_id(), meta.key, self.consumer_id)
+        if lease is None:
+            lease = await self._leases.claim(
+                queue,
+                pending.object_id,
+                meta.key,
+                self.consumer_id,
+                self._timeout,
+                lease_id=pending.lease_id(),
+            )
         if lease is None:
             return None
         rows = 1
@@ -299,7 +314,10 @@ class StreamDriver:
             with contextlib.suppress(CorruptObject):
                 rows = max(len(decode_batch(obj.data)) - len(lease.settled), 1)
             self._rows_per_batch_object = 0.8 * self._rows_per_batch_object + 0.2 * rows
-        elif await self._leases.read_claimed(lease, lambda: self._store.head(meta.key)) is None:
+        elif (
+            await self._leases.read_claimed(lease, lambda: self._store.head(meta.key), meta.key)
+            is None
+        ):
             return None
         ref = ObjectRef(meta.key, meta.size, tuple(sorted(lease.settled)), lease.body.receive_count)
         return ref, lease, rows
@@ -333,14 +351,21 @@ class StreamDriver:
         """Our lease of each ref (taken back from an earlier run where needed); refs whose
         lease is someone else's are left out."""
         refs = list(refs)
-        results = await gather_limited(_IO_CONCURRENCY, (self._lease_for(ref) for ref in refs))
-        out = []
-        for ref, result in zip(refs, results, strict=True):
+        # The refs of one lease (a run's) one after the other: the first takes it back.
+        shared: dict[str, list[ObjectRef]] = {}
+        for ref in refs:
+            shared.setdefault(_lease_key(ref), []).append(ref)
+        found: dict[str, Lease | None] = {}
+
+        async def take_back(group: list[ObjectRef]) -> None:
+            for ref in group:
+                found[ref.key] = await self._lease_for(ref)
+
+        results = await gather_limited(_IO_CONCURRENCY, map(take_back, shared.values()))
+        for result in results:
             if isinstance(result, BaseException):
                 raise result
-            if result is not None:
-                out.append((ref, result))
-        return out
+        return [(ref, lease) for ref in refs if (lease := found[ref.key]) is not None]
 
     async def _lease_for(self, ref: ObjectRef) -> Lease | None:
         lease = self._keeper.get(_lease_key(ref))

@@ -19,6 +19,7 @@ from pawn_queue._protocol.lease_protocol import ResolvedStrategy
 from pawn_queue._protocol.registry import Liveness, RegistryEntry
 from pawn_queue._protocol.subscriptions import Subscription
 from pawn_queue._protocol.topics import (
+    DEFAULT_CLAIMS,
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_REPLAY_WINDOW,
     DEFAULT_RETENTION_ACTION,
@@ -134,6 +135,7 @@ class PawnQueue:
         dedup_window_seconds: float | NotGiven = DEFAULT_DEDUP_WINDOW,
         retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
         replay_window_seconds: float | NotGiven = DEFAULT_REPLAY_WINDOW,
+        claims: str | NotGiven = DEFAULT_CLAIMS,
     ) -> None:
         """Create a topic, or make sure it exists; never changes stored settings (settings
         passed that differ from the stored ones raise TopicSettingsConflictError)."""
@@ -144,6 +146,7 @@ class PawnQueue:
             dedup_window_seconds=dedup_window_seconds,
             retention_action=retention_action,
             replay_window_seconds=replay_window_seconds,
+            claims=claims,
         )
         self._runner.call(self._ready_queue().create_topic(name, **given))
 
@@ -157,6 +160,7 @@ class PawnQueue:
         dedup_window_seconds: float | NotGiven = DEFAULT_DEDUP_WINDOW,
         retention_action: str | NotGiven = DEFAULT_RETENTION_ACTION,
         replay_window_seconds: float | NotGiven = DEFAULT_REPLAY_WINDOW,
+        claims: str | NotGiven = DEFAULT_CLAIMS,
     ) -> TopicSettings:
         """Change the settings passed (None clears a limit), keep the others; return the new
         settings. Raises TopicNotFoundError for a missing topic."""
@@ -167,6 +171,7 @@ class PawnQueue:
             dedup_window_seconds=dedup_window_seconds,
             retention_action=retention_action,
             replay_window_seconds=replay_window_seconds,
+            claims=claims,
         )
         return self._runner.call(self._ready_queue().update_topic(name, **given))
 

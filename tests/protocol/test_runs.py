@@ -1,0 +1,233 @@
+"""Runs: in a topic created with ``claims="second"``, one lease covers the messages of one
+second (docs/protocol.md, "Runs"). One claim a second, not one a message; every message
+delivered once, in order; what a stalled holder left is taken over; a message requeued or
+left unsettled comes back alone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pawn_queue import ConfigError, PawnQueue
+from pawn_queue._protocol import layout
+from pawn_queue.config import PawnQueueConfig
+from pawn_queue.exceptions import LeaseLostError
+from pawn_queue.store import open_store
+from tests.helpers.limits import LimitingStore, limited
+from tests.helpers.stores import queue_config_dict
+from tests.helpers.support import acking, keys_under, poll_count, settled
+
+
+def run_config(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, visibility: float = 30.0
+) -> PawnQueueConfig:
+    data = queue_config_dict(backend, request, tmp_path)
+    data["polling"] = {
+        **data["polling"],  # type: ignore[dict-item]
+        "visibility_timeout_seconds": visibility,
+        "lease_refresh_interval_seconds": visibility / 3,
+    }
+    return PawnQueueConfig.from_dict(data)
+
+
+def lease_writes(limit: LimitingStore, topic: str) -> Counter[str]:
+    """Writes (puts and deletes) sent to each lease key of ``topic``."""
+    written: Counter[str] = Counter()
+    for (key, _), count in limit.writes.items():
+        if key.startswith(layout.leases_prefix(topic)):
+            written[key] += count
+    return written
+
+
+@pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"], indirect=True)
+async def test_one_claim_covers_the_messages_of_a_second(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    config = run_config(backend, request, tmp_path)
+    store, limit = limited(open_store(config), per_key_seconds=None)
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("orders", claims="second")
+        producer = await pq.register_producer("checkout")
+        sent = [await producer.publish("orders", {"n": n}) for n in range(20)]
+        consumer = await pq.register_consumer("billing", ["orders"])
+        messages = await poll_count(consumer, 20)
+        assert [m.id for m in messages] == sent  # FIFO, each once
+        for message in messages:
+            await message.ack()
+        await settled(pq)
+        assert await keys_under(pq, "orders/leases/") == []
+        assert await keys_under(pq, "orders/messages/") == []
+    published = {key for key, _ in limit.writes if key.startswith("orders/messages/")}
+    assert len(published) == 20 and all(k.endswith(layout.RUN_SUFFIX) for k in published)
+    runs = {layout.parse_pending_key(k).lease_id() for k in published}  # type: ignore[union-attr]
+    written = lease_writes(limit, "orders")
+    # One lease a second of messages, written when claimed and deleted once done: not the
+    # claim and delete of a lease a message (40 writes).
+    assert set(written) == {layout.lease_key("orders", run) for run in runs}
+    assert all(count == 2 for count in written.values()), written
+
+
+async def test_a_message_of_a_run_landing_while_it_is_held_needs_no_claim(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    config = run_config("memory", request, tmp_path)
+    store, limit = limited(open_store(config), per_key_seconds=None)
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("orders", claims="second")
+        producer = await pq.register_producer("checkout")
+        consumer = await pq.register_consumer("billing", ["orders"])
+        first = await producer.publish("orders", "first")
+        [message] = await poll_count(consumer, 1)
+        assert message.id == first
+        claims = sum(lease_writes(limit, "orders").values())
+        later = await producer.publish("orders", "later")
+        run = {layout.parse_pending_key(k).lease_id() for k, _ in limit.writes if ".run" in k}  # type: ignore[union-attr]
+        [again] = await poll_count(consumer, 1)
+        assert again.id == later
+        if len(run) == 1:  # published within the same second: taken in by the run's lease
+            assert sum(lease_writes(limit, "orders").values()) == claims
+        await message.ack()
+        await again.ack()
+        await settled(pq)
+        assert await keys_under(pq, "orders/leases/") == []
+
+
+@pytest.mark.parametrize("backend", ["memory", "filesystem"], indirect=True)
+async def test_what_a_stalled_holder_left_is_taken_over_with_one_receive_more(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    config = run_config(backend, request, tmp_path, visibility=2.0)
+    async with PawnQueue(config) as qa, PawnQueue(config) as qb:
+        await qa.create_topic("orders", claims="second")
+        producer = await qa.register_producer("checkout")
+        sent = [await producer.publish("orders", {"n": n}) for n in range(6)]
+        a = await qa.register_consumer("a", ["orders"])
+        held = await poll_count(a, 6)
+        for message in held[:2]:
+            await message.ack()
+        a.held_leases.paused = True  # a stalls, as if it crashed
+        b = await qb.register_consumer("b", ["orders"])
+        taken = await poll_count(b, 4)
+        # In listing order within a run; runs come back as their leases expire.
+        assert sorted(m.id for m in taken) == sorted(sent[2:])
+        assert {m.receive_count for m in taken} == {2}
+        with pytest.raises(LeaseLostError):
+            await held[2].ack()
+        for message in taken:
+            await message.ack()
+        await settled(qb)
+        assert await keys_under(qb, "orders/messages/") == []
+
+
+async def test_a_requeued_message_of_a_run_comes_back_alone(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    config = run_config("memory", request, tmp_path)
+    async with PawnQueue(config) as pq:
+        await pq.create_topic("orders", claims="second")
+        producer = await pq.register_producer("checkout")
+        sent = [await producer.publish("orders", {"n": n}) for n in range(3)]
+        consumer = await pq.register_consumer("billing", ["orders"])
+        first = await poll_count(consumer, 3)
+        await first[1].nack(requeue=True)
+        await first[0].ack()
+        [again] = await poll_count(consumer, 1)
+        assert (again.id, again.receive_count) == (sent[1], 2)
+        # The run's other message is still held: a requeue gives back no more than itself.
+        assert first[2].lease_held
+        await first[2].ack()
+        await again.ack()
+        await settled(pq)
+        assert await keys_under(pq, "orders/messages/") == []
+
+
+async def test_a_message_of_a_run_left_unsettled_comes_back_after_the_visibility_timeout(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    config = run_config("memory", request, tmp_path, visibility=1.5)
+    async with PawnQueue(config) as pq:
+        await pq.create_topic("orders", claims="second")
+        producer = await pq.register_producer("checkout")
+        sent = [await producer.publish("orders", {"n": n}) for n in range(2)]
+        consumer = await pq.register_consumer("billing", ["orders"])
+        first = await poll_count(consumer, 2)
+        first[0].abandon()
+        await first[1].ack()
+        [again] = await poll_count(consumer, 1)
+        assert (again.id, again.receive_count) == (sent[0], 2)
+        await again.ack()
+
+
+async def test_two_processes_share_a_run_topic_and_each_message_comes_once(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    config = run_config("filesystem", request, tmp_path)
+    async with PawnQueue(config) as qa, PawnQueue(config) as qb:
+        await qa.create_topic("orders", claims="second")
+        producer = await qa.register_producer("checkout")
+        consumers = [
+            await qa.register_consumer("a", ["orders"]),
+            await qb.register_consumer("b", ["orders"]),
+        ]
+        async with acking(*consumers) as acked:
+            sent = []
+            for n in range(30):
+                sent.append(await producer.publish("orders", {"n": n}))
+                await asyncio.sleep(0.02)  # a producer's pace: the runs span seconds
+            async with asyncio.timeout(30):
+                got = [await acked.get() for _ in sent]
+        assert sorted(got) == sorted(sent)
+        assert acked.empty()  # none twice
+
+
+async def test_the_claims_setting_names_the_messages_and_is_checked(pq: PawnQueue) -> None:
+    with pytest.raises(ConfigError, match="claims"):
+        await pq.create_topic("orders", claims="minute")
+    await pq.create_topic("orders")
+    producer = await pq.register_producer("checkout")
+    await producer.publish("orders", 1)
+    await pq.update_topic("orders", claims="second")
+    await producer.publish("orders", 2)
+    names = [m.key.rsplit(".", 1)[-1] for m in await pq.store.list("orders/messages/")]
+    assert names == ["json", "run"]
+    consumer = await pq.register_consumer("billing", ["orders"])
+    assert [m.payload for m in await poll_count(consumer, 2)] == [1, 2]
+
+
+async def test_a_subscription_of_a_run_topic_claims_its_copies_a_second_at_a_time(
+    pq: PawnQueue,
+) -> None:
+    await pq.create_topic("orders", claims="second")
+    await pq.create_subscription("orders", "audit")
+    producer = await pq.register_producer("checkout")
+    sent = [await producer.publish("orders", {"n": n}) for n in range(5)]
+    consumer = await pq.register_consumer("auditor", ["orders"], subscription="audit")
+    messages = await poll_count(consumer, 5)
+    assert [m.id for m in messages] == sent
+    queue = layout.subscription_queue("orders", "audit")
+    leases = [m.key for m in await pq.store.list(layout.leases_prefix(queue))]
+    assert leases and all(layout.lease_id_of(k).startswith("s") for k in leases)
+    for message in messages:
+        await message.ack()
+    assert await keys_under(pq, layout.leases_prefix(queue)) == []
+
+
+async def test_a_message_of_a_run_acked_here_is_not_taken_in_again(pq: PawnQueue) -> None:
+    """A listing made before an ack's delete still shows the message: its run's holder must
+    not take it in again (a GET of nothing, counted as a race lost to a competitor)."""
+    await pq.create_topic("orders", claims="second")
+    producer = await pq.register_producer("checkout")
+    for n in range(2):
+        await producer.publish("orders", n)
+    consumer = await pq.register_consumer("billing", ["orders"])
+    first, second = await poll_count(consumer, 2)
+    key = first._claimed.key
+    run = layout.parse_pending_key(key).lease_id()  # type: ignore[union-attr]
+    await first.ack()
+    assert second.lease_held  # the run's lease is held: its other messages may be taken in
+    assert not pq.runtime.leases.worth_claiming("orders", run, key)
+    assert pq.runtime.leases.join_run("orders", run, key, consumer.id) is None
+    await second.ack()
