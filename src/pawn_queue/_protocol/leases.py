@@ -235,17 +235,14 @@ class LeaseManager(RunLeases):
         message go: the run's other messages stay covered."""
         try:
             return await read()
-        except NotFound:
+        except BaseException as exc:
+            gone = isinstance(exc, NotFound)
             if lease.members is not None:
                 self.member_done(lease, key)
             else:
-                await self.release(lease, message_gone=True)
-            return None
-        except BaseException:
-            if lease.members is not None:
-                self.member_done(lease, key)
-            else:
-                await self.release(lease)
+                await self.release(lease, message_gone=gone)
+            if gone:
+                return None
             raise
 
     def let_expire(self, lease: Lease) -> None:
