@@ -48,6 +48,7 @@ class Producer:
         self._runtime = runtime
         self._signals = runtime.signals
         self._room: dict[str, tuple[float, int]] = {}  # topic -> (checked at, pending count)
+        self._runs = layout.RunNumbers()
         self._store = runtime.store
         self._topics = runtime.topics
         self._subscriptions = runtime.subscriptions
@@ -189,7 +190,9 @@ class Producer:
         due = _due(now, delay)
         delayed = due > now  # never delivered before it is due, whatever the skew margin
         if group is None:
-            run = settings.claims == "second"
+            run = None
+            if settings.claims == "second":
+                run = self._runs.next(topic, due, now, delayed=delayed, priority=priority)
             key = layout.message_key(
                 topic, envelope.id, due, delayed=delayed, priority=priority, run=run
             )

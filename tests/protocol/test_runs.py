@@ -6,6 +6,7 @@ left unsettled comes back alone."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -134,8 +135,12 @@ async def test_a_requeued_message_of_a_run_comes_back_alone(
         first = await poll_count(consumer, 3)
         await first[1].nack(requeue=True)
         await first[0].ack()
-        [again] = await poll_count(consumer, 1)
+        # Another consumer gets it while the run is held: it moved to an object of its own.
+        other = await pq.register_consumer("audit", ["orders"])
+        [again] = await poll_count(other, 1)
         assert (again.id, again.receive_count) == (sent[1], 2)
+        kinds = sorted(key.rsplit(".", 1)[-1] for key in await keys_under(pq, "orders/messages/"))
+        assert kinds == ["json", "run"]  # the one moved, the run's last one
         # The run's other message is still held: a requeue gives back no more than itself.
         assert first[2].lease_held
         await first[2].ack()
@@ -186,15 +191,42 @@ async def test_two_processes_share_a_run_topic_and_each_message_comes_once(
 async def test_the_claims_setting_names_the_messages_and_is_checked(pq: PawnQueue) -> None:
     with pytest.raises(ConfigError, match="claims"):
         await pq.create_topic("orders", claims="minute")
+    await pq.create_topic("orders")  # a new topic claims by the second
+    await pq.create_topic("legacy", claims="message")
+    producer = await pq.register_producer("checkout")
+    for topic in ("orders", "legacy"):
+        await producer.publish(topic, 1)
+    await pq.update_topic("orders", claims="message")
+    await pq.update_topic("legacy", claims="second")
+    for topic in ("orders", "legacy"):
+        await producer.publish(topic, 2)
+    for topic, kinds in (("orders", ["run", "json"]), ("legacy", ["json", "run"])):
+        names = [m.key.rsplit(".", 1)[-1] for m in await pq.store.list(f"{topic}/messages/")]
+        assert names == kinds
+        consumer = await pq.register_consumer(f"for-{topic}", [topic])
+        assert [m.payload for m in await poll_count(consumer, 2)] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [None, {"max_receive_count": 3, "dedup_window_seconds": 300.0}, {"claims": 7}],
+    ids=["0.1", "0.2.0", "unreadable"],
+)
+async def test_a_marker_that_does_not_say_claims_each_message(
+    pq: PawnQueue, settings: dict[str, object] | None
+) -> None:
+    """A topic created by 0.2.0 or 0.1 (its marker has no claims setting), or whose
+    settings are unreadable, keeps claiming each message: their consumers do not read .run
+    names. Creating it again with nothing given changes nothing."""
+    marker: dict[str, object] = {"topic": "orders", "created_at": "2026-01-01T00:00:00+00:00"}
+    if settings is not None:
+        marker["settings"] = settings
+    await pq.store.put(layout.topic_marker_key("orders"), json.dumps(marker).encode(), "create")
     await pq.create_topic("orders")
+    assert (await pq.topic_settings("orders")).claims == "message"
     producer = await pq.register_producer("checkout")
     await producer.publish("orders", 1)
-    await pq.update_topic("orders", claims="second")
-    await producer.publish("orders", 2)
-    names = [m.key.rsplit(".", 1)[-1] for m in await pq.store.list("orders/messages/")]
-    assert names == ["json", "run"]
-    consumer = await pq.register_consumer("billing", ["orders"])
-    assert [m.payload for m in await poll_count(consumer, 2)] == [1, 2]
+    assert [m.key.rsplit(".", 1)[-1] for m in await pq.store.list("orders/messages/")] == ["json"]
 
 
 async def test_a_subscription_of_a_run_topic_claims_its_copies_a_second_at_a_time(
@@ -231,3 +263,47 @@ async def test_a_message_of_a_run_acked_here_is_not_taken_in_again(pq: PawnQueue
     assert not pq.runtime.leases.worth_claiming("orders", run, key)
     assert pq.runtime.leases.join_run("orders", run, key, consumer.id) is None
     await second.ack()
+
+
+async def test_peek_shows_the_messages_of_a_held_run_in_flight(
+    queue_config: dict[str, object],
+) -> None:
+    """A run's lease holds every message of its second, taken in yet or not: peek shows them
+    in flight, and a later second's pending."""
+    polling = {**queue_config["polling"], "max_messages_per_poll": 1}  # type: ignore[dict-item]
+    queue_config["polling"] = polling
+    async with await PawnQueue.from_config(queue_config) as pq:
+        await pq.create_topic("orders")
+        producer = await pq.register_producer("checkout")
+        for n in range(3):
+            await producer.publish("orders", n)
+        [first] = await poll_count(await pq.register_consumer("billing", ["orders"]), 1)
+        rows = await pq.peek("orders", limit=10)
+        assert rows[0].id == first.id
+
+        runs = [layout.parse_pending_key(r.key) for r in rows]
+        held = [run.lease_id() if run else None for run in runs]
+        assert [r.state for r in rows] == [
+            "in_flight" if lease_id == held[0] else "pending" for lease_id in held
+        ]
+
+
+async def test_a_burst_is_shared_among_consumers_ten_messages_a_run(pq: PawnQueue) -> None:
+    """A producer puts at most ten messages of a second into one run (then into the
+    second's next run): a burst is shared among consumer processes a poll's worth at a time,
+    not a second at a time."""
+    await pq.create_topic("orders")
+    producer = await pq.register_producer("checkout")
+    sent = [await producer.publish("orders", n) for n in range(25)]
+    runs = Counter(
+        pending.lease_id()
+        for meta in await pq.store.list("orders/messages/")
+        if (pending := layout.parse_pending_key(meta.key))
+    )
+    assert sum(runs.values()) == 25 and max(runs.values()) <= 10 and len(runs) >= 3
+    consumers = [await pq.register_consumer(f"billing-{n}", ["orders"]) for n in range(3)]
+    got = [await poll_count(consumer, 1) for consumer in consumers]
+    assert all(got)  # each took a run of its own
+    received = [m.id for messages in got for m in messages]
+    received += [m.id for m in await poll_count(consumers[0], 25 - len(received))]
+    assert sorted(received) == sorted(sent)

@@ -70,7 +70,8 @@ class ClaimedReader:
             await self._dead_letter_all(key, lease, envelopes, "max_receive_count", error)
             return []
         retention = settings.retention_seconds
-        if retention and past_retention(key, retention, self._clock()):
+        left = [e for i, e in enumerate(envelopes) if i not in lease.settled]
+        if retention and past_retention(key, left, retention, self._clock()):
             error = f"not consumed within the topic's retention of {settings.retention_seconds}s"
             if settings.retention_action == "dead_letter":
                 await self._dead_letter_all(key, lease, envelopes, "retention", error)

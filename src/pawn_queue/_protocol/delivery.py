@@ -120,9 +120,14 @@ class ClaimedObject:
             await self._leases.release(self.lease, requeue_delay=delay, counted=counted)
             return
         # One member of a batch or a run cannot be shown again alone: it moves to its own
-        # object (durable first), then counts as settled here.
+        # object (durable first), then counts as settled here. Never a .run: its second's
+        # run may be held here still, which would keep it from every other consumer.
         receives = self.receive_count(envelope) - (0 if counted else 1)
-        moved = replace(envelope, prior_receives=receives)
+        # Retention counts from when it was first due, not from its new key's time.
+        first_due = envelope.first_due
+        if first_due is None and (due := layout.due_from_key(self.key)) is not None:
+            first_due = due.isoformat()
+        moved = replace(envelope, prior_receives=receives, first_due=first_due)
         due = self._clock() + timedelta(seconds=delay)
         key = layout.message_key(
             envelope.topic,
@@ -130,7 +135,6 @@ class ClaimedObject:
             due,
             delayed=delay > 0,
             priority=envelope.priority,
-            run=self._run,
         )
         await write_message(self._runtime, moved, key)
         await self.settle(index)

@@ -130,6 +130,9 @@ class Envelope:
     group: str | None = None
     expires_at: str | None = None  # ISO 8601 UTC: never delivered after it (publish expires_in)
     priority: int = 0  # 0 (the default, the lowest) to 9: its key's band (not a group's)
+    # ISO 8601 UTC: when it was first due, once it moved (a requeued member): the topic's
+    # retention counts from it, not from its new key's time.
+    first_due: str | None = None
 
     def expired(self, now: datetime) -> bool:
         """Past its own deadline at ``now``. A deadline that does not parse never expires the
@@ -159,6 +162,8 @@ class Envelope:
             body["expires_at"] = self.expires_at
         if self.priority:
             body["priority"] = self.priority
+        if self.first_due is not None:
+            body["first_due"] = self.first_due
         return body
 
     def encode(self) -> bytes:
@@ -178,6 +183,7 @@ class Envelope:
             group=obj["group"] if isinstance(obj.get("group"), str) else None,
             expires_at=obj["expires_at"] if isinstance(obj.get("expires_at"), str) else None,
             priority=_priority(obj.get("priority")),
+            first_due=obj["first_due"] if isinstance(obj.get("first_due"), str) else None,
         )
 
     @classmethod

@@ -6,20 +6,30 @@ waited since (a pause of its subscriber, a limit, a full buffer)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.delivery import Message
+from pawn_queue._protocol.envelope import Envelope, parse_time
 from pawn_queue._protocol.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
 
-def past_retention(key: str, retention_seconds: float, now: datetime) -> bool:
-    """Whether the message at ``key`` became due more than ``retention_seconds`` ago."""
-    due = layout.due_from_key(key)
-    return due is not None and now - due > timedelta(seconds=retention_seconds)
+def past_retention(
+    key: str, envelopes: Iterable[Envelope], retention_seconds: float, now: datetime
+) -> bool:
+    """Whether the messages at ``key`` became due more than ``retention_seconds`` ago: when
+    its key says, or, for a message that moved (a requeued member), when it was first due."""
+    dues = [due] if (due := layout.due_from_key(key)) is not None else []
+    for envelope in envelopes:
+        if envelope.first_due is not None:
+            with contextlib.suppress(ValueError):  # a garbled field must not drop it
+                dues.append(parse_time(envelope.first_due))
+    return bool(dues) and now - min(dues) > timedelta(seconds=retention_seconds)
 
 
 async def settle_expired(message: Message, action: str) -> None:

@@ -57,6 +57,7 @@ from pawn_queue._protocol.message_names import (
     STAMP_LENGTH,
     band,
     pending_of_name,
+    run_suffix,
     stamp,
     unbanded,
 )
@@ -65,6 +66,7 @@ from pawn_queue._protocol.message_names import MESSAGE_SUFFIX as MESSAGE_SUFFIX
 from pawn_queue._protocol.message_names import PRIORITIES as PRIORITIES
 from pawn_queue._protocol.message_names import RUN_SUFFIX as RUN_SUFFIX
 from pawn_queue._protocol.message_names import PendingKey as PendingKey
+from pawn_queue._protocol.message_names import RunNumbers as RunNumbers
 from pawn_queue._protocol.message_names import band_of as band_of
 from pawn_queue._protocol.message_names import due_from_key as due_from_key
 from pawn_queue._protocol.message_names import is_delayed_key as is_delayed_key
@@ -229,16 +231,16 @@ def message_key(
     batch: bool = False,
     delayed: bool = False,
     priority: int = 0,
-    run: bool = False,
+    run: int | None = None,
 ) -> str:
     """The key of a message (or of a batch object); the UTC timestamp first makes listing
     order FIFO, and a ``priority`` (1 to 9) puts it in its band, listed first. ``at`` is
     when the message becomes visible: publish time, or its due time for a ``delayed`` one,
     whose timestamp is marked so that no consumer takes it early (see
-    :func:`visible_from`). Batch objects end in ``.batch``, messages of a ``run`` in
-    ``.run``: pawn-queue 0.1.x and 0.2.0 skip both. The replay log's keys have no band
-    (:func:`in_queue`)."""
-    suffix = BATCH_SUFFIX if batch else RUN_SUFFIX if run else MESSAGE_SUFFIX
+    :func:`visible_from`). Batch objects end in ``.batch``, messages of the second's run
+    number ``run`` in ``.run`` (``.{run}.run`` past the first): pawn-queue 0.1.x and 0.2.0
+    skip both. The replay log's keys have no band (:func:`in_queue`)."""
+    suffix = BATCH_SUFFIX if batch else MESSAGE_SUFFIX if run is None else run_suffix(run)
     mark = "" if is_retained_log(topic) else band(priority)
     return f"{topic}/{MESSAGES}{mark}{stamp(at, delayed)}-{message_id}{suffix}"
 

@@ -26,6 +26,10 @@ _STAMP_RE = re.compile(r"[0-9]{8}T[0-9]{6}_[0-9]{6}")  # the timestamp, UTC
 STAMP_LENGTH = 22
 _SECOND_LENGTH = 15  # of a timestamp: YYYYMMDDTHHMMSS
 RUN_MARK = "s"  # starts the id of a run's lease: the messages of one second
+# A producer process names at most this many single messages of one second into one run
+# (then into the second's next run), so a burst is shared among consumer processes this
+# many at a time, as a poll's worth (polling.max_messages_per_poll's default).
+RUN_SIZE = 10
 MESSAGE_SUFFIX = ".json"
 BATCH_SUFFIX = ".batch"
 GROUP_SUFFIX = ".group"
@@ -95,10 +99,26 @@ def due_from_key(key: str) -> datetime | None:
 
 def run_id(name: str) -> str:
     """The lease id of the run the message named ``name`` (a ``.run`` object) belongs to:
-    its band, the second of its timestamp, and its delay mark (docs/protocol.md, "Runs")."""
+    its band, the second of its timestamp, its delay mark and the run's number in that
+    second if not the first (docs/protocol.md, "Runs")."""
     rest = unbanded(name)
     delayed = rest[STAMP_LENGTH : STAMP_LENGTH + len(DELAYED_MARK)] == DELAYED_MARK
-    return f"{RUN_MARK}{band_of_name(name)}{rest[:_SECOND_LENGTH]}{DELAYED_MARK if delayed else ''}"
+    number = _run_number(name)
+    return (
+        f"{RUN_MARK}{band_of_name(name)}{rest[:_SECOND_LENGTH]}"
+        f"{DELAYED_MARK if delayed else ''}{f'-{number}' if number else ''}"
+    )
+
+
+def run_suffix(number: int) -> str:
+    """How the name of a message of the second's run ``number`` (0: the first) ends."""
+    return f".{number}{RUN_SUFFIX}" if number else RUN_SUFFIX
+
+
+def _run_number(name: str) -> int:
+    """The run number a ``.run`` name holds (``{uuid}.{n}.run``; 0 without one)."""
+    number = name[: -len(RUN_SUFFIX)].rpartition(".")[2]
+    return int(number) if number.isdigit() and len(number) <= 6 else 0
 
 
 def run_end(lease_id: str) -> datetime | None:
@@ -136,6 +156,8 @@ def pending_of_name(name: str) -> PendingKey | None:
         kind, stem = "batch", name[: -len(BATCH_SUFFIX)]
     elif name.endswith(RUN_SUFFIX):
         kind, stem, shared = "run", name[: -len(RUN_SUFFIX)], run_id(name)
+        if _run_number(name):
+            stem = stem.rpartition(".")[0]
     elif name.endswith(GROUP_SUFFIX):
         kind = "group"
         stem, _, shared = name[: -len(GROUP_SUFFIX)].rpartition(".")
@@ -147,3 +169,24 @@ def pending_of_name(name: str) -> PendingKey | None:
     if not is_uuid(candidate):
         return None
     return PendingKey(candidate, kind, shared)  # type: ignore[arg-type]
+
+
+class RunNumbers:
+    """The run each single message a producer publishes goes into: the first
+    ``RUN_SIZE`` of a second's messages (per topic, band and delay) into run 0, the next
+    ones into run 1, and so on. Counted per second of the wall clock (messages published in
+    another second start again at run 0)."""
+
+    def __init__(self) -> None:
+        self._second = ""
+        self._counts: dict[str, int] = {}
+
+    def next(self, queue: str, at: datetime, now: datetime, *, delayed: bool, priority: int) -> int:
+        """The run number of the next message of ``queue`` stamped ``at``, published ``now``."""
+        second = stamp(now, False)[:_SECOND_LENGTH]
+        if second != self._second:
+            self._second, self._counts = second, {}
+        run = f"{queue}/{band(priority)}{stamp(at, delayed)[:_SECOND_LENGTH]}{delayed}"
+        count = self._counts.get(run, 0)
+        self._counts[run] = count + 1
+        return count // RUN_SIZE
