@@ -241,8 +241,8 @@ async def test_a_message_of_a_run_acked_here_is_not_taken_in_again(pq: PawnQueue
 async def test_peek_shows_the_messages_of_a_held_run_in_flight(
     queue_config: dict[str, object],
 ) -> None:
-    """A run's lease holds every message of its second, taken in yet or not: peek shows them
-    in flight, and a later second's pending."""
+    """A run's lease holds every message of its run, taken in yet or not: peek shows them
+    in flight, and another run's pending."""
     polling = {**queue_config["polling"], "max_messages_per_poll": 1}  # type: ignore[dict-item]
     queue_config["polling"] = polling
     async with await PawnQueue.from_config(queue_config) as pq:

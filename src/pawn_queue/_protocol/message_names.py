@@ -97,13 +97,12 @@ def due_from_key(key: str) -> datetime | None:
         return None
 
 
-def run_id(name: str) -> str:
-    """The lease id of the run the message named ``name`` (a ``.run`` object) belongs to:
-    its band, the second of its timestamp, its delay mark and the run's number in that
-    second if not the first (docs/protocol.md, "Runs")."""
+def run_id(name: str, number: int) -> str:
+    """The lease id of the run the message named ``name`` (a ``.run`` object of the second's
+    run ``number``) belongs to: its band, the second of its timestamp, its delay mark and
+    the run's number if not the first (docs/protocol.md, "Runs")."""
     rest = unbanded(name)
     delayed = rest[STAMP_LENGTH : STAMP_LENGTH + len(DELAYED_MARK)] == DELAYED_MARK
-    number = _run_number(name)
     return (
         f"{RUN_MARK}{band_of_name(name)}{rest[:_SECOND_LENGTH]}"
         f"{DELAYED_MARK if delayed else ''}{f'-{number}' if number else ''}"
@@ -155,8 +154,9 @@ def pending_of_name(name: str) -> PendingKey | None:
     elif name.endswith(BATCH_SUFFIX):
         kind, stem = "batch", name[: -len(BATCH_SUFFIX)]
     elif name.endswith(RUN_SUFFIX):
-        kind, stem, shared = "run", name[: -len(RUN_SUFFIX)], run_id(name)
-        if _run_number(name):
+        kind, stem, number = "run", name[: -len(RUN_SUFFIX)], _run_number(name)
+        shared = run_id(name, number)
+        if number:
             stem = stem.rpartition(".")[0]
     elif name.endswith(GROUP_SUFFIX):
         kind = "group"
