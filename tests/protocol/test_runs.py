@@ -7,19 +7,25 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from pawn_queue import ConfigError, PawnQueue
+from pawn_queue import ConfigError, Message, PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue.config import PawnQueueConfig, load_config
 from pawn_queue.exceptions import LeaseLostError
 from pawn_queue.store import open_store
+from pawn_queue.store.base import Store
+from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 from tests.helpers.limits import LimitingStore, limited
 from tests.helpers.stores import queue_config_dict
 from tests.helpers.support import acking, keys_under, poll_count, settled
+
+T = TypeVar("T")
 
 
 def run_config(
@@ -317,3 +323,90 @@ async def test_purge_deletes_the_lease_of_a_run(pq: PawnQueue) -> None:
     assert held and await keys_under(pq, "orders/leases/")
     assert await pq.purge_topic("orders") == 3
     assert await keys_under(pq, "orders/leases/") == []
+
+
+class HeldMessageDeletes(StoreWrapper):
+    """Deletes of message objects wait for :attr:`release` (as one waits for its key's
+    second on a store that limits writes per key); :attr:`held` is set at the first."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def around(self, call: StoreCall, run: Callable[[], Awaitable[T]]) -> T:
+        keys = call.keys if call.operation == "delete_many" else (call.key,)
+        if call.operation in ("delete", "delete_many") and any("/messages/" in k for k in keys):
+            self.held.set()
+            await self.release.wait()
+        return await run()
+
+
+@pytest.mark.parametrize("claims", ["second", "message"])
+@pytest.mark.parametrize("backend", ["memory", "filesystem", "s3"], indirect=True)
+async def test_a_handler_waiting_for_its_ack_s_delete_holds_back_no_message(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, claims: str
+) -> None:
+    """While an ack's delete waits (under a per-key write limit, for its key's second),
+    listen() hands out what comes next: a run's holder would otherwise keep the rest of
+    its run waiting for every such delete in turn. The ack still returns once durable."""
+    config = run_config(backend, request, tmp_path)
+    store = HeldMessageDeletes(open_store(config))
+    async with PawnQueue(config, store=store) as pq:
+        await pq.create_topic("t", claims=claims)  # type: ignore[arg-type]
+        producer = await pq.register_producer("p")
+        consumer = await pq.register_consumer("c", topics=["t"])
+        handled: asyncio.Queue[int] = asyncio.Queue()
+        acked: list[int] = []
+        both_acked = asyncio.Event()
+
+        async def handler(message: Message) -> None:
+            await handled.put(message.payload["n"])
+            await message.ack()
+            acked.append(message.payload["n"])
+            if len(acked) == 2:
+                both_acked.set()
+
+        listening = asyncio.create_task(consumer.listen(handler))
+        try:
+            await producer.publish("t", {"n": 0})
+            assert await asyncio.wait_for(handled.get(), 30) == 0
+            await asyncio.wait_for(store.held.wait(), 30)
+            await producer.publish("t", {"n": 1})
+            assert await asyncio.wait_for(handled.get(), 30) == 1
+            assert acked == []  # both acks wait for their deletes
+            store.release.set()
+            await asyncio.wait_for(both_acked.wait(), 30)
+            assert sorted(acked) == [0, 1]
+            assert await keys_under(pq, layout.messages_prefix("t")) == []
+        finally:
+            listening.cancel()
+            await asyncio.gather(listening, return_exceptions=True)
+
+
+async def test_a_run_s_holder_lists_again_just_after_its_second(
+    queue_config: dict[str, object],
+) -> None:
+    """A run that took in more than one message: its holder lists the topic once more just
+    after the run's second, and takes in a message of it no change signal named (under a
+    per-key write limit signals come a second apart). Without that look it would wait for
+    the backfill listing, a minute later."""
+    config = load_config(queue_config)
+    second = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    now = [second + timedelta(seconds=0.3)]  # every message stamped in one second
+    async with PawnQueue(config, clock=lambda: now[0]) as pq:
+        await pq.create_topic("orders", claims="second")
+        # Another process publishing with no change signals: only listings find its messages.
+        quiet = config.model_copy(
+            update={"notify": config.notify.model_copy(update={"enabled": False})}
+        )
+        async with PawnQueue(quiet, store=pq.store, clock=lambda: now[0]) as other:
+            producer = await other.register_producer("checkout")
+            for n in range(2):
+                await producer.publish("orders", n)
+            consumer = await pq.register_consumer("billing", ["orders"])
+            async with acking(consumer) as acked:
+                first = {await asyncio.wait_for(acked.get(), 30) for _ in range(2)}
+                late = await producer.publish("orders", 2)
+                assert await asyncio.wait_for(acked.get(), 30) == late
+        assert len(first) == 2 and late not in first

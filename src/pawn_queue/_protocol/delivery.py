@@ -158,7 +158,12 @@ class ClaimedObject:
                 await self._awaiting_write(index, asyncio.shield(self._finishing))
                 return
         # A group's next message waits for its lease: that release is not left for later.
-        await self._leases.settle(self.lease, self.key, lease_later=self._own_lease, acked=acked)
+        # The delete may wait for its key's second on a store that limits writes per key
+        # (key_writes.py): meanwhile the handler holds neither the next poll nor a slot.
+        settling = self._leases.settle(
+            self.lease, self.key, lease_later=self._own_lease, acked=acked
+        )
+        await self._awaiting_write(index, settling)
         if not self._run:
             self._on_done(self.lease)
 

@@ -80,6 +80,7 @@ class Lease:
     # not settled yet (None: any other lease), and whether one was left unsettled.
     members: set[str] | None = None
     left_unsettled: bool = False
+    joined: bool = False  # a run's: it took in a message besides the one claimed
     expiring: bool = False  # no longer refreshed: left to expire (rule 10)
 
     def __post_init__(self) -> None:

@@ -214,7 +214,7 @@ class LeaseManager(RunLeases):
         lease = Lease(topic, message_id, message_key, key, etag, body, visibility)
         if layout.run_end(layout.lease_id_of(key)) is not None:
             lease.members = {message_key}
-        self._held_here[key] = lease
+        self._hold(lease)
         return lease
 
     # -- keeping ----------------------------------------------------------------------------
@@ -376,7 +376,7 @@ class LeaseManager(RunLeases):
             await self.refresh(lease, visibility)
         except LeaseLostError:
             return None
-        self._held_here[key] = lease
+        self._hold(lease)
         return lease
 
     async def release_gone(self, lease: Lease) -> None:

@@ -8,6 +8,7 @@ is safely its own; acks delete each; once none is handed out here, the lease is 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -23,6 +24,9 @@ SETTLED_SECONDS = 60.0  # how long a message settled here is remembered: longer 
 SETTLED_MEMORY = 10_000  # how many are, at most (then the stale ones are forgotten)
 RUN_GRACE_SECONDS = 1.0
 """How long a run's lease outlives its second: a message stamped in it may land until then."""
+RUN_LOOK_SECONDS = 0.25
+"""How long after its second a run's holder lists its topic again: a message stamped in the
+second has landed by then, as a rule (a publish's request)."""
 
 
 class RunLeases(LeaseProtocol):
@@ -43,6 +47,27 @@ class RunLeases(LeaseProtocol):
         self._claiming_here: set[str] = set()
         self._settled_here: dict[str, float] = {}  # message key -> until when (monotonic)
         self._closing_runs = Tombstones(self._close_run, background)
+        # Told of a topic the consumers here are to list again (:meth:`_look_again`).
+        self.on_look: Callable[[str], None] | None = None
+
+    def _hold(self, lease: Lease) -> None:
+        """Hold ``lease`` here; the holder of a run whose second is not over looks at its
+        topic again just after it (:meth:`_look_again`)."""
+        self._held_here[lease.key] = lease
+        end = None if lease.members is None else layout.run_end(layout.lease_id_of(lease.key))
+        if end is not None:
+            delay = (end - self.clock()).total_seconds() + RUN_LOOK_SECONDS
+            if delay > 0:
+                asyncio.get_running_loop().call_later(delay, self._look_again, lease)
+
+    def _look_again(self, lease: Lease) -> None:
+        """List the topic of a run still held here that took in more than one message: its
+        messages that landed since the last listing are taken in now, not at the listing
+        the change signals bring next (under a per-key write limit they come up to a
+        second apart, and processes that share a topic check them less often). A run of
+        one message, as at a trickle, would pay a listing a message for nothing."""
+        if self._held_here.get(lease.key) is lease and lease.joined and self.on_look:
+            self.on_look(lease.topic)
 
     def _let_go(self, lease: Lease) -> None:
         """Forget that ``lease`` is held here (not another lease of that key held since)."""
@@ -93,6 +118,7 @@ class RunLeases(LeaseProtocol):
         if lease is None or lease.body.consumer_id != consumer_id:
             return None
         lease.members.add(message_key)  # type: ignore[union-attr]
+        lease.joined = True
         return lease
 
     def member_done(self, lease: Lease, message_key: str, *, unsettled: bool = False) -> None:

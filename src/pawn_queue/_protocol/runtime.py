@@ -115,6 +115,7 @@ async def open_runtime(
     signals.on_signal(layout.PAUSES_CHANGED, pauses.stale)
     topics = Topics(store)
     leases.on_freed = signals.published  # a message given back wakes its consumers
+    leases.on_look = signals.local.changed  # a run's holder lists its topic after its second
     return Runtime(
         config=config,
         store=store,
