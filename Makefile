@@ -200,7 +200,7 @@ bench-replay: $(STAMP)
 # The common case's cost by publish rate (not in `make bench`: ~11 min): one producer process
 # awaiting publish() at 1, 10 and 100 msg/s, one listen() process; requests and $/million per
 # message (SeaweedFS's counters), against SQS; publish-to-handler p50/p99; every message checked.
-# COST_ARGS="--claims second": the topic claims its messages in runs (docs/protocol.md).
+# COST_ARGS="--claims message": the topic claims each message on its own (not in runs).
 COST_ARGS ?=
 bench-cost: $(STAMP)
 	$(PY) -m bench.cost.curve $(COST_ARGS)

@@ -18,7 +18,7 @@ from tests.helpers.support import keys_under
 
 
 async def test_peek_shows_each_state_and_claims_nothing(pq: PawnQueue) -> None:
-    await pq.create_topic("t")
+    await pq.create_topic("t", claims="message")
     producer = await pq.register_producer("p")
     a0 = await producer.publish("t", {"n": 0}, attributes={"k": "v"})
     g0 = await producer.publish("t", {"g": 0}, group="g")

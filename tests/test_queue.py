@@ -91,7 +91,7 @@ async def test_ack_returns_before_its_lease_delete_which_teardown_waits_for(
     store.close = close  # type: ignore[method-assign]
     pq = PawnQueue(config, store=store)
     await pq.setup()
-    await pq.create_topic("t")
+    await pq.create_topic("t", claims="message")
     await (await pq.register_producer("p")).publish("t", {"n": 1})
     [message] = await (await pq.register_consumer("c", topics=["t"])).poll()
     store.observers.append(note_deletes)
@@ -261,7 +261,7 @@ async def test_a_claim_that_fails_after_its_poll_returned_is_listed_again(
     config = load_config(queue_config)
     faulty = FaultyStore(open_store(config))
     async with PawnQueue(config, store=faulty) as pq:
-        await pq.create_topic("t")
+        await pq.create_topic("t", claims="message")
         producer = await pq.register_producer("p")
         fast, slow = [await producer.publish("t", {"n": n}) for n in range(2)]
         consumer = await pq.register_consumer("c", topics=["t"])
@@ -330,7 +330,7 @@ async def test_what_was_won_behind_a_claim_still_in_flight_waits_for_it(
     config = load_config(queue_config)
     faulty = FaultyStore(open_store(config))
     async with PawnQueue(config, store=faulty) as pq:
-        await pq.create_topic("t")
+        await pq.create_topic("t", claims="message")
         producer = await pq.register_producer("p")
         published = [await producer.publish("t", {"n": n}) for n in range(4)]
         consumer = await pq.register_consumer("c", topics=["t"])
@@ -412,7 +412,7 @@ async def test_refresh_after_takeover_does_not_overwrite(queue_config: dict[str,
         await PawnQueue.from_config(queue_config) as qa,
         await PawnQueue.from_config(queue_config) as qb,
     ):
-        await qa.create_topic("t")
+        await qa.create_topic("t", claims="message")
         await (await qa.register_producer("p")).publish("t", {"v": 1})
         a = await qa.register_consumer("a", topics=["t"])
         b = await qb.register_consumer("b", topics=["t"])
@@ -538,7 +538,7 @@ async def test_listen_dead_letters_raising_handler_and_releases_on_cancel(
         PawnQueue(config, store=faulty) as qa,
         await PawnQueue.from_config(queue_config) as qb,
     ):
-        await qa.create_topic("t")
+        await qa.create_topic("t", claims="message")
         producer = await qa.register_producer("p")
         ids = [await producer.publish("t", {"n": n}) for n in range(4)]
         consumer = await qa.register_consumer("listener", topics=["t"])
@@ -594,7 +594,7 @@ async def test_janitor_racing_refresh_keeps_live_lease(queue_config: dict[str, A
         await PawnQueue.from_config(queue_config) as qa,
         PawnQueue(config, store=faulty) as qb,
     ):
-        await qa.create_topic("t")
+        await qa.create_topic("t", claims="message")
         await (await qa.register_producer("p")).publish("t", {"v": 1})
         a = await qa.register_consumer("a", topics=["t"])
         b = await qb.register_consumer("b", topics=["t"])
@@ -669,7 +669,7 @@ async def test_auto_strategy_resolves_what_the_store_enforces(pq: PawnQueue, bac
 
 
 async def test_corrupt_message_is_quarantined(pq: PawnQueue) -> None:
-    await pq.create_topic("t")
+    await pq.create_topic("t", claims="message")
     producer = await pq.register_producer("p")
     bad_id = "00000000-0000-4000-8000-000000000001"
     await pq.store.put(f"t/messages/20000101T000000_000000-{bad_id}.json", b"{not json")

@@ -219,7 +219,7 @@ async def test_max_receive_count_catches_a_consumer_that_keeps_dying(
 
 
 async def test_extend_and_per_consumer_visibility(pq: PawnQueue) -> None:
-    await pq.create_topic("t")
+    await pq.create_topic("t", claims="message")
     await (await pq.register_producer("p")).publish("t", {"n": 1})
     with pytest.raises(ConfigError):
         await pq.register_consumer("c", topics=["t"], visibility_timeout=0.1)

@@ -52,7 +52,7 @@ async def test_a_failed_settlement_lets_the_message_come_back(
         PawnQueue(config, store=store_failing(config, operation, marker)) as failing_side,
         PawnQueue(config) as other_side,
     ):
-        await other_side.create_topic("t")
+        await other_side.create_topic("t", claims="message")
         producer = await other_side.register_producer("p")
         first = await producer.publish("t", {"n": 1})
         kept = await producer.publish("t", {"n": 2})

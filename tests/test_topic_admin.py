@@ -143,7 +143,7 @@ async def test_purge_topic_deletes_messages_and_their_leases(
     slow_refresh: dict[str, Any],
 ) -> None:
     async with await PawnQueue.from_config(slow_refresh) as pq:
-        await pq.create_topic("t")
+        await pq.create_topic("t", claims="message")
         await pq.create_topic("other")
         producer = await pq.register_producer("p")
         for n in range(4):
@@ -180,7 +180,7 @@ async def test_purge_topic_deletes_messages_and_their_leases(
 async def test_a_holder_of_a_purged_message(slow_refresh: dict[str, Any]) -> None:
     """What docs/protocol.md says of a consumer holding a message that a purge deleted."""
     async with await PawnQueue.from_config(slow_refresh) as pq:
-        await pq.create_topic("t")
+        await pq.create_topic("t", claims="message")
         producer = await pq.register_producer("p")
         for n in range(3):
             await producer.publish("t", n)

@@ -42,7 +42,7 @@ async def test_a_consumer_that_loses_a_claim_race_polls_again_at_once(
     notify = {"check_interval_seconds": 30, "idle_check_interval_seconds": 30}
     config = {**queue_config, "polling": polling, "notify": notify}
     async with await PawnQueue.from_config(config) as pq:
-        await pq.create_topic("t")
+        await pq.create_topic("t", claims="message")
         queues = [await PawnQueue.from_config(config) for _ in range(2)]
         try:
             consumers = []

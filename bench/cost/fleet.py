@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument(
-        "--claims", choices=("message", "second"), default="message", help="the topic's setting"
+        "--claims", choices=("message", "second"), default="second", help="the topic's setting"
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "fleet.json")
     args = parser.parse_args(argv)

@@ -351,8 +351,8 @@ class Consumer:
     ) -> None:
         """Claim and hand out messages until cancelled: a poll at a time, or (with
         ``concurrency``) as many as there are free slots. A handler that waits only for the
-        write making its ack durable holds neither the next poll nor a slot: acks of one
-        object's members then share that write across polls
+        write making its ack durable holds no next poll back, and, if its object's members
+        share that write, no slot either: their acks then share it across polls
         (:mod:`pawn_queue._protocol.handout`)."""
         wanted = self._polling.max_messages_per_poll
         settling: dict[asyncio.Task[None], Callable[[], bool]] = {}
@@ -392,7 +392,11 @@ class Consumer:
                 settling[task] = message._waits_for_write
                 task.add_done_callback(finished)
             if concurrency is None:
-                await self._handout.until_settling(tasks, [settling[t] for t in tasks])
+                # A handler waiting for its own ack's delete (under a per-key write limit,
+                # for its key's second) holds no poll back; with ``concurrency`` its slot
+                # is held: the handler may go on once the ack returned.
+                durable = [m._waits_for_durable for m in messages]
+                await self._handout.until_settling(tasks, durable)
                 self._handout.round_settled()
 
     async def _idle(self, seen: dict[str, int], running: set[asyncio.Task[None]]) -> None:

@@ -190,7 +190,7 @@ def test_counts_are_never_older_than_the_refresh_interval(queue_config: dict[str
     dashboard = settings(refresh=1.0, full_refresh=3600)
     queue_config["polling"] = {**queue_config["polling"], "max_messages_per_poll": 5}
     with SyncPawnQueue.from_config(queue_config) as pq:
-        pq.create_topic("orders")
+        pq.create_topic("orders", claims="message")
         producer = pq.register_producer("checkout")
         for n in range(31):
             producer.publish("orders", {"n": n})
@@ -498,7 +498,7 @@ async def test_idle_costs_one_head_per_refresh_and_a_publish_is_seen(
 
 async def test_flow_between_reads_counts_what_came_and_went(fs_config: dict[str, Any]) -> None:
     async with await PawnQueue.from_config(fs_config) as pq:
-        await pq.create_topic("orders")
+        await pq.create_topic("orders", claims="message")
         producer = await pq.register_producer("checkout")
         for n in range(3):
             await producer.publish("orders", {"n": n})

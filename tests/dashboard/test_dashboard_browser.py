@@ -98,9 +98,9 @@ def test_overview_shows_what_the_api_reports_and_follows_publishes(
     config: dict[str, Any], watched: Watched
 ) -> None:
     with PawnQueue.from_config(config) as pq:
-        pq.create_topic("orders", max_receive_count=3)
-        pq.create_topic("jobs")
-        pq.create_topic("quiet")
+        pq.create_topic("orders", max_receive_count=3, claims="message")
+        pq.create_topic("jobs", claims="message")
+        pq.create_topic("quiet", claims="message")
         producer = pq.register_producer("checkout")
         for n in range(2):
             producer.publish("orders", {"order": n, "item": "widget"})

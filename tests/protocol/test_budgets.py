@@ -46,7 +46,7 @@ async def counted_queue(
     config = load_config(queue_config)
     store = CountingStore(wrap(open_store(config)))
     async with PawnQueue(config, store=store) as pq:
-        await pq.create_topic("t")
+        await pq.create_topic("t", claims="message")
         yield pq, store
 
 

@@ -62,7 +62,7 @@ async def hosts(queue_config: dict[str, Any]) -> AsyncIterator[Callable[[float],
         PawnQueue(config, clock=timeline.clock(lambda: 0.0)) as holder_queue,
         PawnQueue(config, clock=timeline.clock(lambda: skew[0])) as other_queue,
     ):
-        await holder_queue.create_topic("t")
+        await holder_queue.create_topic("t", claims="message")
         holder = await holder_queue.register_consumer("holder", topics=["t"])
         other = await other_queue.register_consumer("other", topics=["t"])
         holder.held_leases.paused = True  # refreshes happen when the test says

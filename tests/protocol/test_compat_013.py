@@ -74,7 +74,8 @@ async def test_013_publishes_we_consume(configs: tuple[dict[str, Any], dict[str,
 async def test_we_publish_013_consumes(configs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     legacy, ours = configs
     async with await PawnQueue.from_config(ours) as pq:
-        await pq.create_topic("events", max_receive_count=3)
+        # A new topic that 0.1.3 reads claims each message (0.1.3 does not read runs).
+        await pq.create_topic("events", max_receive_count=3, claims="message")
         producer = await pq.register_producer("ours")
         ids = [await producer.publish("events", {"n": n}) for n in range(5)]
         # A delayed message's key marks its timestamp; 0.1.3 still reads its id.
@@ -87,6 +88,23 @@ async def test_we_publish_013_consumes(configs: tuple[dict[str, Any], dict[str, 
         assert await pq.list_topics() == ["events"]
 
 
+async def test_a_topic_013_created_stays_readable_by_013(
+    configs: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    """Upgrading producers changes nothing in a topic 0.1.3 created: its marker does not
+    say how it is claimed, which means a claim a message (no .run names 0.1.3 skips)."""
+    legacy, ours = configs
+    first = await run_013(legacy, "publish", "legacy", "1")
+    async with await PawnQueue.from_config(ours) as pq:
+        await pq.create_topic("legacy")  # exists: nothing given, nothing compared
+        producer = await pq.register_producer("ours")
+        ids = [await producer.publish("legacy", {"n": n}) for n in range(3)]
+        assert not [key for key in await keys_under(pq, "legacy/messages/") if key.endswith(".run")]
+        got = await run_013(legacy, "consume", "legacy", "4")
+        assert [g["id"] for g in got] == first + ids
+        assert await pq.store.list("legacy/messages/") == []
+
+
 async def test_013_consumes_our_priorities_highest_first(
     configs: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
@@ -94,7 +112,7 @@ async def test_013_consumes_our_priorities_highest_first(
     and first, since 0.1.3 claims in listing order; it ignores the body's priority."""
     legacy, ours = configs
     async with await PawnQueue.from_config(ours) as pq:
-        await pq.create_topic("jobs")
+        await pq.create_topic("jobs", claims="message")
         producer = await pq.register_producer("ours")
         ids = [
             await producer.publish("jobs", {"n": n}, priority=p) for n, p in enumerate([0, 9, 0, 4])
@@ -121,7 +139,7 @@ async def test_payloads_round_trip_with_013_both_ways(
 ) -> None:
     legacy, ours = configs
     async with await PawnQueue.from_config(ours) as pq:
-        await pq.create_topic("to-013")
+        await pq.create_topic("to-013", claims="message")
         producer = await pq.register_producer("ours")
         ids = [await producer.publish("to-013", payload) for payload in PAYLOADS]
         got = await run_013(legacy, "consume", "to-013", str(len(PAYLOADS)))

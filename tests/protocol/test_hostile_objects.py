@@ -210,7 +210,7 @@ CORRUPT_LEASES = [
 
 
 async def test_corrupt_leases_delay_but_never_lose_a_message(pq: PawnQueue) -> None:
-    await pq.create_topic("t")
+    await pq.create_topic("t", claims="message")
     producer = await pq.register_producer("p")
     ids = [await producer.publish("t", {"n": n}) for n in range(len(CORRUPT_LEASES))]
     for message_id, data in zip(ids, CORRUPT_LEASES, strict=True):

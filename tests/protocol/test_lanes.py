@@ -30,7 +30,7 @@ async def two_queues(
     config = load_config(queue_config)
     store_a, store_b = CountingStore(open_store(config)), CountingStore(open_store(config))
     async with PawnQueue(config, store=store_a) as a, PawnQueue(config, store=store_b) as b:
-        await a.create_topic("t")
+        await a.create_topic("t", claims="message")
         yield a, store_a, b, store_b
 
 

@@ -130,7 +130,7 @@ async def test_a_stalled_refresh_on_s3_does_not_let_the_lease_lapse(
         await PawnQueue.from_config(proxied) as holder_pq,
         await PawnQueue.from_config(direct) as other_pq,
     ):
-        await holder_pq.create_topic("t")
+        await holder_pq.create_topic("t", claims="message")
         message_id = await (await holder_pq.register_producer("p")).publish("t", "work")
         holder = await holder_pq.register_consumer("holder", topics=["t"])
         [message] = await poll_count(holder, 1)

@@ -19,7 +19,7 @@ from tests.helpers.support import settled
 async def _orphan_one(pq: PawnQueue, store: FaultyStore) -> tuple[list[str], str]:
     """Publish 3, ack one with its lease delete failing (as if the process died there), and
     requeue one with a delay (its lease stays, expiring later, with its message)."""
-    await pq.create_topic("t")
+    await pq.create_topic("t", claims="message")
     producer = await pq.register_producer("p")
     ids = [await producer.publish("t", {"n": n}) for n in range(3)]
     consumer = await pq.register_consumer("c", topics=["t"])

@@ -181,7 +181,7 @@ async def test_an_ack_whose_lease_was_written_within_the_second_waits_for_its_re
     assert config.polling.visibility_timeout_seconds == 3
     store, limit = limited(open_store(config))
     async with PawnQueue(config, store=store) as pq:
-        await pq.create_topic("orders")
+        await pq.create_topic("orders", claims="message")
         producer = await pq.register_producer("checkout")
         consumer = await pq.register_consumer("billing", ["orders"])
         sent = [await producer.publish("orders", {"n": n}) for n in range(2)]

@@ -6,6 +6,7 @@ left unsettled comes back alone."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -197,15 +198,42 @@ async def test_two_processes_share_a_run_topic_and_each_message_comes_once(
 async def test_the_claims_setting_names_the_messages_and_is_checked(pq: PawnQueue) -> None:
     with pytest.raises(ConfigError, match="claims"):
         await pq.create_topic("orders", claims="minute")
+    await pq.create_topic("orders")  # a new topic claims by the second
+    await pq.create_topic("legacy", claims="message")
+    producer = await pq.register_producer("checkout")
+    for topic in ("orders", "legacy"):
+        await producer.publish(topic, 1)
+    await pq.update_topic("orders", claims="message")
+    await pq.update_topic("legacy", claims="second")
+    for topic in ("orders", "legacy"):
+        await producer.publish(topic, 2)
+    for topic, kinds in (("orders", ["run", "json"]), ("legacy", ["json", "run"])):
+        names = [m.key.rsplit(".", 1)[-1] for m in await pq.store.list(f"{topic}/messages/")]
+        assert names == kinds
+        consumer = await pq.register_consumer(f"for-{topic}", [topic])
+        assert [m.payload for m in await poll_count(consumer, 2)] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [None, {"max_receive_count": 3, "dedup_window_seconds": 300.0}, {"claims": 7}],
+    ids=["0.1", "0.2.0", "unreadable"],
+)
+async def test_a_marker_that_does_not_say_claims_each_message(
+    pq: PawnQueue, settings: dict[str, object] | None
+) -> None:
+    """A topic created by 0.2.0 or 0.1 (its marker has no claims setting), or whose
+    settings are unreadable, keeps claiming each message: their consumers do not read .run
+    names. Creating it again with nothing given changes nothing."""
+    marker: dict[str, object] = {"topic": "orders", "created_at": "2026-01-01T00:00:00+00:00"}
+    if settings is not None:
+        marker["settings"] = settings
+    await pq.store.put(layout.topic_marker_key("orders"), json.dumps(marker).encode(), "create")
     await pq.create_topic("orders")
+    assert (await pq.topic_settings("orders")).claims == "message"
     producer = await pq.register_producer("checkout")
     await producer.publish("orders", 1)
-    await pq.update_topic("orders", claims="second")
-    await producer.publish("orders", 2)
-    names = [m.key.rsplit(".", 1)[-1] for m in await pq.store.list("orders/messages/")]
-    assert names == ["json", "run"]
-    consumer = await pq.register_consumer("billing", ["orders"])
-    assert [m.payload for m in await poll_count(consumer, 2)] == [1, 2]
+    assert [m.key.rsplit(".", 1)[-1] for m in await pq.store.list("orders/messages/")] == ["json"]
 
 
 async def test_a_subscription_of_a_run_topic_claims_its_copies_a_second_at_a_time(
@@ -252,7 +280,7 @@ async def test_peek_shows_the_messages_of_a_held_run_in_flight(
     polling = {**queue_config["polling"], "max_messages_per_poll": 1}  # type: ignore[dict-item]
     queue_config["polling"] = polling
     async with await PawnQueue.from_config(queue_config) as pq:
-        await pq.create_topic("orders", claims="second")
+        await pq.create_topic("orders")
         producer = await pq.register_producer("checkout")
         for n in range(3):
             await producer.publish("orders", n)
@@ -271,7 +299,7 @@ async def test_a_burst_is_shared_among_consumers_ten_messages_a_run(pq: PawnQueu
     """A producer puts at most ten messages of a second into one run (then into the
     second's next run): a burst is shared among consumer processes a poll's worth at a time,
     not a second at a time."""
-    await pq.create_topic("orders", claims="second")
+    await pq.create_topic("orders")
     producer = await pq.register_producer("checkout")
     sent = [await producer.publish("orders", n) for n in range(25)]
     runs = Counter(

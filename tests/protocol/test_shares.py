@@ -92,7 +92,7 @@ async def _two_listening(
         PawnQueue(config, store=FaultyStore(open_store(config), hooks=hooks or [])) as working,
         await PawnQueue.from_config(queue_config) as other,
     ):
-        await working.create_topic("t")
+        await working.create_topic("t", claims="message")
         await other.register_consumer("other", topics=["t"])
         await _listening(other)
         consumer = await working.register_consumer("working", topics=["t"])
@@ -166,7 +166,7 @@ async def test_a_listener_is_in_the_shares_while_it_runs(queue_config: dict[str,
         await PawnQueue.from_config(queue_config) as listening,
         await PawnQueue.from_config(queue_config) as watching,
     ):
-        await listening.create_topic("t")
+        await listening.create_topic("t", claims="message")
         consumer = await listening.register_consumer("listener", topics=["t"])
         await watching.register_consumer("watcher", topics=["t"])
         await _listening(watching)
@@ -198,7 +198,7 @@ async def test_a_listener_starting_or_ending_is_signalled_to_the_others(
         await PawnQueue.from_config(queue_config) as joining,
         await PawnQueue.from_config(queue_config) as watching,
     ):
-        await joining.create_topic("t")
+        await joining.create_topic("t", claims="message")
         joined = await joining.register_consumer("joining", topics=["t"])
         watcher = await watching.register_consumer("watching", topics=["t"])
         shares_seen = watching.registry.shares

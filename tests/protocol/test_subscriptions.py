@@ -316,6 +316,7 @@ async def test_a_topic_without_subscriptions_is_a_work_queue(pq: PawnQueue) -> N
 async def test_nack_retries_and_dead_letters_stay_in_their_subscription(pq: PawnQueue) -> None:
     """A subscription's nacks, delays, receive limit, dead letters and redrives are its
     own: the other subscription (and the topic) never see them."""
+    await pq.update_topic("t", claims="message")  # a lease a message, held back for the delay
     await pq.create_subscription("t", "strict", max_receive_count=2)
     await pq.create_subscription("t", "lenient")
     producer = await pq.register_producer("p")

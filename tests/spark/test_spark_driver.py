@@ -87,8 +87,8 @@ async def test_priorities_first_and_a_band_past_every_due_time_is_skipped(
         assert await driver.latest(-1, Limit()) == 0
         planned = [ref.key for m in await driver.plan(-1, 0) for ref in m.refs]
         assert [key.rsplit("-", 1)[-1] for key in planned] == [
-            urgent.rsplit("-", 1)[-1] + ".json",
-            plain.rsplit("-", 1)[-1] + ".json",
+            urgent.rsplit("-", 1)[-1] + ".run",
+            plain.rsplit("-", 1)[-1] + ".run",
         ]
     finally:
         await driver.stop()

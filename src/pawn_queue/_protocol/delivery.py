@@ -71,6 +71,7 @@ class ClaimedObject:
         self._finishing: asyncio.Future[None] | None = None  # the object's delete
         self._handout = handout
         self._awaiting: set[int] = set()  # members whose settlement waits for a write
+        self._deleting: set[int] = set()  # a message whose ack waits for its own delete
 
     def _members_pending(self) -> bool:
         """Whether members are neither settled nor left unsettled by their handler: the
@@ -80,6 +81,10 @@ class ClaimedObject:
     def awaiting_write(self, index: int) -> bool:
         """Whether member ``index`` is settled and waits only for the write saying so."""
         return index in self._awaiting
+
+    def awaiting_delete(self, index: int) -> bool:
+        """Whether message ``index`` is settled and waits only for its object's delete."""
+        return index in self._deleting
 
     async def ensure_held(self) -> None:
         """Raise LeaseLostError unless the lease stays ours for a while (refresh if needed)."""
@@ -163,7 +168,7 @@ class ClaimedObject:
         settling = self._leases.settle(
             self.lease, self.key, lease_later=self._own_lease, acked=acked
         )
-        await self._awaiting_write(index, settling)
+        await self._awaiting_write(index, settling, self._deleting)
         if not self._run:
             self._on_done(self.lease)
 
@@ -184,15 +189,19 @@ class ClaimedObject:
             await self._leases.settle(self.lease, self.key, lease_later=False, acked=True)
             self._on_done(self.lease)
 
-    async def _awaiting_write(self, index: int | list[int], write: Awaitable[None]) -> None:
-        """Wait for ``write``, known meanwhile as member(s) that wait only for it."""
+    async def _awaiting_write(
+        self, index: int | list[int], write: Awaitable[None], waiting: set[int] | None = None
+    ) -> None:
+        """Wait for ``write``, known meanwhile as member(s) that wait only for it (in
+        ``waiting``: those of a shared lease write by default)."""
         indices = [index] if isinstance(index, int) else index
-        self._awaiting.update(indices)
+        waiting = self._awaiting if waiting is None else waiting
+        waiting.update(indices)
         self._handout.progressed()
         try:
             await write
         finally:
-            self._awaiting.difference_update(indices)
+            waiting.difference_update(indices)
 
     def _record_settled(self) -> asyncio.Future[None]:
         """A future done once the lease in the store lists every member settled so far
@@ -347,8 +356,14 @@ class Message:
             self._claimed.abandon(self._index)
 
     def _waits_for_write(self) -> bool:
-        """Settled, and waiting only for the write that makes it durable."""
+        """Settled, and waiting only for the lease write that makes it durable, which it
+        shares with other members of its object: it holds no concurrency slot."""
         return self._claimed.awaiting_write(self._index)
+
+    def _waits_for_durable(self) -> bool:
+        """Settled, and waiting only for the write that makes it durable, a shared one or
+        its own delete: it holds no next poll back."""
+        return self._waits_for_write() or self._claimed.awaiting_delete(self._index)
 
     def __repr__(self) -> str:
         return f"Message(id={self.id!r}, topic={self.topic!r}, created_at={self.created_at!r})"

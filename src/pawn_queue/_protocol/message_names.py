@@ -25,10 +25,10 @@ PRIORITIES = range(10)  # 0 (the default, the lowest) to 9 (the highest)
 _STAMP_RE = re.compile(r"[0-9]{8}T[0-9]{6}_[0-9]{6}")  # the timestamp, UTC
 STAMP_LENGTH = 22
 _SECOND_LENGTH = 15  # of a timestamp: YYYYMMDDTHHMMSS
-RUN_MARK = "s"  # starts the id of a run's lease: messages of one second
-# A producer names at most this many single messages of one second into one run (then into
-# the second's next run), so a burst is shared among consumer processes this many at a
-# time: a poll's worth (polling.max_messages_per_poll's default).
+RUN_MARK = "s"  # starts the id of a run's lease: the messages of one second
+# A producer process names at most this many single messages of one second into one run
+# (then into the second's next run), so a burst is shared among consumer processes this
+# many at a time, as a poll's worth (polling.max_messages_per_poll's default).
 RUN_SIZE = 10
 MESSAGE_SUFFIX = ".json"
 BATCH_SUFFIX = ".batch"

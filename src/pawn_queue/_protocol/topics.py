@@ -56,7 +56,10 @@ NO_LIMIT = NotGiven(None)
 DEFAULT_DEDUP_WINDOW = NotGiven(300.0)
 DEFAULT_RETENTION_ACTION = NotGiven("delete")
 DEFAULT_REPLAY_WINDOW = NotGiven(0.0)
-DEFAULT_CLAIMS = NotGiven("message")
+DEFAULT_CLAIMS = NotGiven("second")
+# The claims of a topic whose marker does not say: written by 0.2.0 or 0.1, whose consumers
+# do not read .run names (or unreadable). A new topic claims by the second.
+_UNSAID_CLAIMS = "message"
 
 
 def given_settings(**values: object) -> dict[str, Any]:
@@ -74,8 +77,9 @@ class TopicSettings:
     dedup_window_seconds: float = 300.0
     retention_action: str = "delete"  # or "dead_letter": what happens past retention
     replay_window_seconds: float = 0.0  # keep every message this long after publish, for seek
-    # "second": one claim covers a run of messages (docs/protocol.md "Runs")
-    claims: str = "message"
+    # "second": one claim covers a run of messages (docs/protocol.md "Runs").
+    # A marker that does not say (written before the setting) means "message".
+    claims: str = "second"
 
     def __post_init__(self) -> None:
         if self.retention_action not in ("delete", "dead_letter"):
@@ -107,11 +111,12 @@ class TopicSettings:
 
     @classmethod
     def from_marker(cls, data: bytes) -> TopicSettings:
-        """Settings from a marker; markers of pawn-queue 0.1.x (no settings) give the defaults."""
+        """Settings from a marker; markers of pawn-queue 0.1.x (no settings) give the defaults,
+        claims "message" (as a marker of 0.2.0 that does not say)."""
         settings = _read_marker(data)[1]
         if settings is None:
             logger.warning("topic marker has unreadable settings; using defaults")
-            return cls()
+            return cls(claims=_UNSAID_CLAIMS)
         return settings
 
 
@@ -138,6 +143,7 @@ def _read_marker(data: bytes) -> tuple[str | None, TopicSettings | None]:
     try:
         raw = body.get("settings") or {}
         known = {k: v for k, v in raw.items() if k in TopicSettings.__dataclass_fields__}
+        known.setdefault("claims", _UNSAID_CLAIMS)
         return created, TopicSettings(**known)
     except (TypeError, AttributeError, ConfigError):
         return created, None
@@ -175,14 +181,16 @@ class Topics:
                     continue  # created meanwhile: compare with it
             created_at, stored = _read_marker(current.data)
             if created_at is None or stored is None:
-                # An unreadable marker is repaired (if-match: one repair wins).
-                body = _marker(name, created_at, settings)
+                # An unreadable marker is repaired (if-match: one repair wins). Its messages
+                # may be read by older consumers: claims stays "message" unless given.
+                repaired = replace(TopicSettings(claims=_UNSAID_CLAIMS), **given)
+                body = _marker(name, created_at, repaired)
                 try:
                     await self._store.put(key, body, IfMatch(current.meta.etag))
                 except PreconditionFailed:
                     continue
                 logger.warning("topic marker was unreadable; rewritten topic=%s", name)
-                return self._remember(name, settings)
+                return self._remember(name, repaired)
             differences = {
                 setting: (getattr(stored, setting), getattr(settings, setting))
                 for setting in given
@@ -207,7 +215,7 @@ class Topics:
                 self._cache.pop(name, None)
                 raise not_found(name) from None
             created_at, stored = _read_marker(current.data)
-            settings = replace(stored or TopicSettings(), **given)
+            settings = replace(stored or TopicSettings(claims=_UNSAID_CLAIMS), **given)
             if settings == stored and created_at is not None:
                 return self._remember(name, settings)
             body = _marker(name, created_at, settings)

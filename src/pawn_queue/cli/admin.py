@@ -80,8 +80,8 @@ ClaimsOption = Annotated[
     str | None,
     typer.Option(
         metavar="message|second",
-        help="'second': one claim covers a run of messages (pawn-queue 0.2.0 and older "
-        "do not read them); 'message' (the default): a claim a message.",
+        help="'second' (a new topic's default): one claim covers a run of messages "
+        "(pawn-queue 0.2.0 and older do not read them); 'message': a claim a message.",
     ),
 ]
 

@@ -62,10 +62,10 @@ class TopicMethods:
         ``replay_window_seconds``: keep every message at least this long after it was
         published, acked or not, so that :meth:`seek` can deliver it again (0: acked
         messages are gone at once).
-        ``claims``: ``"second"``: one claim covers a run, up to ten messages a producer
-        published in one second, so a consumer pays one lease write a run, not one a
-        message; pawn-queue 0.2.0 and older do not read such messages (docs/protocol.md,
-        "Runs"). ``"message"`` (the default): a claim a message.
+        ``claims``: ``"second"`` (the default): one claim covers a run, up to ten messages
+        a producer published in one second, so a consumer pays one lease write a run, not
+        one a message; pawn-queue 0.2.0 and older do not read such messages: ``"message"``
+        claims each message on its own, for a topic they consume (docs/protocol.md, "Runs").
         """
         given = given_settings(
             max_receive_count=max_receive_count,
