@@ -164,7 +164,7 @@ class ClaimedObject:
                 return
         # A group's next message waits for its lease: that release is not left for later.
         # The delete may wait for its key's second on a store that limits writes per key
-        # (key_writes.py): meanwhile the handler holds neither the next poll nor a slot.
+        # (key_writes.py): meanwhile the handler holds no next poll back (consumer.py).
         settling = self._leases.settle(
             self.lease, self.key, lease_later=self._own_lease, acked=acked
         )
