@@ -162,13 +162,17 @@ class ClaimedObject:
                 self._finishing = asyncio.ensure_future(self._finish_batch())
                 await self._awaiting_write(index, asyncio.shield(self._finishing))
                 return
-        # A group's next message waits for its lease: that release is not left for later.
-        # The delete may wait for its key's second on a store that limits writes per key
-        # (key_writes.py): meanwhile the handler holds no next poll back (consumer.py).
+        # A group's next message waits for its lease: that release is not left for later,
+        # and the next poll waits for it (else it finds the lease still held here).
         settling = self._leases.settle(
             self.lease, self.key, lease_later=self._own_lease, acked=acked
         )
-        await self._awaiting_write(index, settling, self._deleting)
+        if self._own_lease or self._run:
+            # The delete may wait for its key's second on a store that limits writes per
+            # key (key_writes.py): meanwhile it holds no next poll back (consumer.py).
+            await self._awaiting_write(index, settling, self._deleting)
+        else:
+            await settling
         if not self._run:
             self._on_done(self.lease)
 
