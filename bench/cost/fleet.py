@@ -14,8 +14,9 @@ message was acked (or ``--drain-seconds`` after the last publish): requests per 
 SeaweedFS counted them (what was forwarded) and as the proxy did (refused ones too); mean and
 peak requests a second at the proxy; the hottest keys and the most writes each got in one
 wall-clock second; refusals (429, 503) and, counting only, what would have been refused;
-messages lost (a publish returned and no handler acked it), duplicate deliveries,
-exceptions raised to producers (each counted, then it goes on) and to consumers (an ack
+the requests a message to each kind of key (``get _notify/*``: a key's folder, as the
+proxy forwarded them); messages lost (a publish returned and no handler acked it), duplicate
+deliveries, exceptions raised to producers (each counted, then it goes on) and to consumers (an ack
 raising, ``listen()`` raising); publish-to-handler latency p50 and p99 (one host, one clock).
 
 The processes are ``bench.cost.curve``'s children, started and stopped by this bench (end of
@@ -103,6 +104,9 @@ async def fleet_point(
         over_key_interval=counts.get("over_key_interval", 0),
         over_bucket_rate=counts.get("over_bucket_rate", 0),
         over_key_by_family=families(report.over_key, prefix),
+        requests_per_message_by_family={
+            family: round(n / messages, 3) for family, n in report.by_family.items()
+        },
         proxy={k: v for k, v in report.as_dict().items() if k != "hottest"},
     )
     return row
@@ -167,6 +171,10 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace, limits: Limits) 
         lines.append(
             f"{r['consumers']:>3} consumers, hottest keys (most writes in 1 s, all): {hot}"
         )
+        kinds = ", ".join(
+            f"{k} {n:.2f}" for k, n in list(r["requests_per_message_by_family"].items())[:6]
+        )
+        lines.append(f"    requests a message by kind of key (forwarded): {kinds}")
         if r["over_key_by_family"]:
             over = ", ".join(f"{k} {n}" for k, n in r["over_key_by_family"].items())
             lines.append(f"    writes within 1 s of the key's last: {over}")

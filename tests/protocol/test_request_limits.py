@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from pawn_queue import Message, PawnQueue
 from pawn_queue._protocol import layout
 from pawn_queue._protocol.lease_keeper import LeaseKeeper
+from pawn_queue._protocol.lease_protocol import Lease
 from pawn_queue._protocol.leases import LeaseManager
 from pawn_queue.config import ConcurrencyConfig, PawnQueueConfig
 from pawn_queue.store import open_store
@@ -232,6 +234,18 @@ async def test_once_a_young_messages_delete_was_refused_acks_wait_for_the_keys_s
     assert refused_deletes() == learned, limit.refused_keys
 
 
+async def refresh_rounds(leases: LeaseManager, limit: LimitingStore, *held: Lease) -> Counter[str]:
+    """The writes sent to each key once a lease keeper holding ``held`` has started three
+    rounds of refreshes."""
+    keeper = LeaseKeeper(leases, interval=0.05)
+    for lease in held:
+        keeper.hold(lease)
+    for _ in range(3):
+        await keeper.next_round()
+    await keeper.stop()
+    return Counter(key for (key, _), n in limit.writes.items() for _ in range(n))
+
+
 async def test_a_lease_claimed_just_before_a_refresh_round_waits_for_the_next_one() -> None:
     """A consumer refreshes all its leases every ``lease_refresh_interval_seconds`` at once:
     one claimed a moment before a round was refreshed within the second of its claim,
@@ -240,16 +254,33 @@ async def test_a_lease_claimed_just_before_a_refresh_round_waits_for_the_next_on
     now = [datetime(2026, 1, 1, tzinfo=UTC)]
     limit = LimitingStore(MemoryStore(), per_key_seconds=None)  # counting writes only
     leases = LeaseManager(limit, "conditional_write", ConcurrencyConfig(), clock=lambda: now[0])
-    keeper = LeaseKeeper(leases, interval=0.05)
     old = await leases.claim("t", "a", "t/messages/a.json", "c", 30)
     now[0] += timedelta(seconds=10)
     young = await leases.claim("t", "b", "t/messages/b.json", "c", 30)
     assert old is not None and young is not None
-    keeper.hold(old)
-    keeper.hold(young)
-    for _ in range(3):
-        await keeper.next_round()
-    await keeper.stop()
-    writes = Counter(key for (key, _), n in limit.writes.items() for _ in range(n))
+    writes = await refresh_rounds(leases, limit, old, young)
     # The old one once more (then it is as young, the clock standing still); not the other.
     assert (writes[old.key], writes[young.key]) == (2, 1), writes
+
+
+async def test_a_run_s_lease_waiting_only_to_be_deleted_is_not_refreshed() -> None:
+    """A run's lease whose messages are all settled here is deleted a second after its
+    second: a refresh round meanwhile rewrote it for nothing (a PUT a round, a message's
+    worth at a trickle). One whose message is still handed out is refreshed."""
+    now = [datetime(2026, 1, 1, 12, 0, 0, 100_000, tzinfo=UTC)]
+    limit = LimitingStore(MemoryStore(), per_key_seconds=None)  # counting writes only
+    leases = LeaseManager(limit, "conditional_write", ConcurrencyConfig(), clock=lambda: now[0])
+    runs = []
+    for at in (now[0], now[0] + timedelta(seconds=1)):
+        message_id = str(uuid.uuid4())
+        key = layout.message_key("t", message_id, at, run=0)
+        run_id = layout.parse_pending_key(key).lease_id()  # type: ignore[union-attr]
+        lease = await leases.claim("t", message_id, key, "c", 30, lease_id=run_id)
+        assert lease is not None and lease.members == {key}
+        runs.append((lease, key))
+    (done, done_key), (out, _) = runs
+    leases.member_done(done, done_key)  # settled: its delete comes at 12:00:02
+    now[0] += timedelta(seconds=1.5)  # both written long enough ago to be refreshed
+    writes = await refresh_rounds(leases, limit, done, out)
+    assert (writes[done.key], writes[out.key]) == (1, 2), writes
+    await leases.flush_tombstones()

@@ -74,6 +74,7 @@ class LimitReport:
     hottest: list[KeyWrites]  # by peak writes in one second, then by writes
     keys_written: int
     over_key: dict[str, int]  # bucket/key -> writes to it within its window (refused or not)
+    by_family: dict[str, int]  # "operation key-family" -> requests forwarded (see _family)
 
     @property
     def peak_requests_per_second(self) -> int:
@@ -127,6 +128,7 @@ class _Counters:
     forwarded: Counter[int] = field(default_factory=Counter)
     keys: dict[str, _KeyCount] = field(default_factory=dict)
     over_key: Counter[str] = field(default_factory=Counter)
+    by_family: Counter[str] = field(default_factory=Counter)
 
 
 _REFUSALS = {  # status line, counter
@@ -161,8 +163,11 @@ class LimitProxy(FaultProxy):
             keys = [KeyWrites(k, v.writes, v.peak) for k, v in c.keys.items()]
             counts, arrived, forwarded = dict(c.counts), dict(c.arrived), dict(c.forwarded)
             over_key, seconds = dict(c.over_key), time.monotonic() - c.started
+            by_family = dict(c.by_family.most_common())
         keys.sort(key=lambda k: (-k.peak_per_second, -k.writes, k.key))
-        return LimitReport(counts, seconds, arrived, forwarded, keys[:hottest], len(keys), over_key)
+        return LimitReport(
+            counts, seconds, arrived, forwarded, keys[:hottest], len(keys), over_key, by_family
+        )
 
     # -- serving ----------------------------------------------------------------------------
 
@@ -210,6 +215,7 @@ class LimitProxy(FaultProxy):
                 return _refusal(status, limits.retry_after_seconds, resource, request)
             c.counts["forwarded"] += 1
             c.counts[f"forwarded:{request.operation}"] += 1
+            c.by_family[_family(request)] += 1
             c.forwarded[second] += 1
             for key in written:
                 self._last_write[key] = now
@@ -238,6 +244,13 @@ def _target(request: _Request) -> tuple[str, list[str]]:
     if request.method == "POST" and "uploadId" in query:  # completes an upload
         return bucket, [f"{bucket}/{unquote(key)}"]
     return bucket, []
+
+
+def _family(request: _Request) -> str:
+    """The operation and the key's folder, its last part starred (``get _notify/*``; a
+    multi-delete's by its first key): which kind of key the requests go to."""
+    folder = request.key.partition("\n")[0].rpartition("/")[0]
+    return f"{request.operation} {folder}/*" if folder else f"{request.operation} *"
 
 
 def _refusal(status: int, retry_after: int, resource: str, request: _Request) -> bytes:

@@ -54,12 +54,13 @@ def test_second_write_to_a_key_within_a_second_is_refused(
 
 
 def test_count_only_refuses_nothing_but_counts(seaweedfs: SeaweedFS, bucket: str) -> None:
-    key = f"/{bucket}/hot-{uuid.uuid4().hex[:8]}"
+    key = f"/{bucket}/hot/{uuid.uuid4().hex[:8]}"
     limits = Limits(1.0, bucket_requests_per_second=2.0, enforce=False)
     with LimitProxy(seaweedfs.endpoint, limits, max_lifetime_seconds=60) as proxy:
         assert [request(proxy, "PUT", key, b"%d" % i)[0] for i in range(3)] == [200] * 3
         assert request(proxy, "GET", key)[2] == b"2"
         report = proxy.report()
+    assert report.by_family == {"put hot/*": 3, "get hot/*": 1}
     assert report.counts.get("refused", 0) == 0
     assert report.counts["forwarded"] == report.counts["requests"] == 4
     assert report.counts["over_key_interval"] == 2  # the 2nd and 3rd PUT

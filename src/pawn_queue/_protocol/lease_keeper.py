@@ -121,7 +121,9 @@ class LeaseKeeper:
         claim just before the round). The next round then comes at most that much later in
         its life than a refresh's usually does, and a store that limits writes per key
         would refuse a write within the second of the last (docs/protocol.md, "Request
-        rates")."""
+        rates"). Nor a run's lease that is only waiting to be deleted."""
+        if self._leases.closes_in_time(lease):
+            return False
         moment = min(1.0, self._interval / 4, max(0.0, lease.visibility - self._interval) / 4)
         written = lease.expires - timedelta(seconds=lease.visibility)
         return (self._leases.clock() - written).total_seconds() >= moment

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pawn_queue._internal.aio import Background
 from pawn_queue._protocol import layout
@@ -142,6 +142,16 @@ class RunLeases(LeaseProtocol):
         end = layout.run_end(layout.lease_id_of(lease.key))
         seconds = 0.0 if end is None else (end - self.clock()).total_seconds()
         self._closing_runs.keep(lease, max(0.0, seconds + RUN_GRACE_SECONDS))
+
+    def closes_in_time(self, lease: Lease) -> bool:
+        """Whether ``lease`` is a run's with no message handed out here that is deleted
+        (``RUN_GRACE_SECONDS`` after its second) while still safely held: refreshing it
+        meanwhile would be a write for nothing."""
+        end = None if lease.members is None else layout.run_end(layout.lease_id_of(lease.key))
+        if end is None or lease.members:
+            return False
+        closes = end + timedelta(seconds=RUN_GRACE_SECONDS)
+        return (lease.expires - closes).total_seconds() > 2 * self._window(lease)
 
     async def _close_run(self, lease: Lease) -> None:
         """Delete a run's lease that no message handed out here waits for (rule 4: they are
