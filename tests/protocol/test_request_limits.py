@@ -6,6 +6,7 @@ goes through without an error reaching the caller and nothing is lost (docs/prot
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections import Counter
@@ -206,8 +207,12 @@ async def test_once_a_young_messages_delete_was_refused_acks_wait_for_the_keys_s
 ) -> None:
     """Under one write a second per key, a message acked within a second of its publish has
     its delete refused. The process learns it from the first such refusal: later acks send
-    the delete once the message's second is over, and it is not refused."""
+    the delete once the message's second is over, and it is not refused. (On S3 the probe
+    answer kept says the store sets no limit: the limit came after the probe, or the
+    answer is an earlier version's, which does not say.)"""
     config = limited_store_config(backend, request, tmp_path)
+    async with PawnQueue(config):
+        pass  # S3: its probe, unrefused, is the answer kept
     store, limit = limited(open_store(config))
     messages = layout.messages_prefix("orders")
 
@@ -232,6 +237,37 @@ async def test_once_a_young_messages_delete_was_refused_acks_wait_for_the_keys_s
             got = [await asyncio.wait_for(acked.get(), 30) for _ in sent]
     assert sorted(got) == sorted(sent)
     assert refused_deletes() == learned, limit.refused_keys
+
+
+@pytest.mark.parametrize("backend", ["s3"], indirect=True)
+async def test_a_probe_refused_for_its_key_s_second_spares_each_process_its_first_refusal(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Under one write a second per key, the strategy probe's quick rewrites of its key are
+    refused (and sent again): the answer kept says so. A process that starts with it (the
+    prober, and one that reads the answer) deletes a young message once its second is over
+    from its first ack, not after a refusal of its own."""
+    config = limited_store_config(backend, request, tmp_path)
+    messages = layout.messages_prefix("orders")
+    for starts in ("probes", "reads the kept answer"):
+        store, limit = limited(open_store(config))
+        async with PawnQueue(config, store=store) as pq:
+            kept = json.loads((await pq.store.get(layout.PROBE_RESULT)).data)
+            assert kept["limits_writes_per_key"] is True, starts
+            probed = any(k.startswith(layout.PROBE) for k in limit.refused_keys)
+            assert probed == (starts == "probes"), limit.refused_keys
+            await pq.create_topic("orders")
+            producer = await pq.register_producer("checkout")
+            consumer = await pq.register_consumer("billing", ["orders"])
+            async with acking(consumer) as acked:
+                sent = []
+                for n in range(5):  # each acked within its second, the listener being warm
+                    sent.append(await producer.publish("orders", {"n": n}))
+                    await asyncio.sleep(0.2)
+                got = [await asyncio.wait_for(acked.get(), 30) for _ in sent]
+        assert sorted(got) == sorted(sent), starts
+        refused = [k for k in limit.refused_keys if k.startswith(messages)]
+        assert refused == [], (starts, limit.refused_keys)
 
 
 async def refresh_rounds(leases: LeaseManager, limit: LimitingStore, *held: Lease) -> Counter[str]:

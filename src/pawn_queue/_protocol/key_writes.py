@@ -4,19 +4,22 @@ Google Cloud Storage, Cloudflare R2 and Storj refuse a write to a key within abo
 of the last one, a delete included (docs/protocol.md, "Request rates"). A message acked
 within a second of its publish has its delete refused, then sent again after the backoff's
 pause of one to one and a half seconds, often refused again. Once this process saw the
-delete of such a young message refused, it deletes a message no sooner than a second after
-the time its name says it was written: the delete is sent once, when it can land, and the
-ack returns sooner than after a refusal and its pause.
+delete of such a young message refused, or from the start where the store's probe was
+refused so (:mod:`pawn_queue._protocol.strategy`), it deletes a message no sooner than a
+second after the time its name says it was written: the delete is sent once, when it can
+land, and the ack returns sooner than after a refusal and its pause.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from pawn_queue._protocol import layout
+from pawn_queue.store.throttling import ThrottleBackoff
 from pawn_queue.store.wrapper import StoreCall
 
 __all__ = ["KeyWriteLimit"]
@@ -35,9 +38,14 @@ class KeyWriteLimit:
     """Whether the store showed a per-key write limit, and how long a message's delete then
     waits. :meth:`refused` listens to the store's refusals (a ThrottleBackoff listener)."""
 
-    def __init__(self, clock: Callable[[], datetime]) -> None:
+    def __init__(self, clock: Callable[[], datetime], backoff: ThrottleBackoff | None) -> None:
+        """``backoff``: the store's, whose refusals this learns from; where the store's probe
+        showed the limit, it holds from the start, for good."""
         self._clock = clock
-        self._until = 0.0  # monotonic: while limited
+        known = backoff is not None and backoff.limits_writes_per_key
+        self._until = math.inf if known else 0.0  # monotonic: while limited
+        if backoff is not None:
+            backoff.listeners.append(self.refused)
 
     @property
     def limited(self) -> bool:
@@ -54,7 +62,7 @@ class KeyWriteLimit:
         else:
             return
         if any(self._wait(key) > 0 for key in keys):
-            self._until = time.monotonic() + _LEARNED_SECONDS
+            self._until = max(self._until, time.monotonic() + _LEARNED_SECONDS)
 
     async def before_delete(self, keys: Iterable[str]) -> None:
         """Wait, while limited, until the youngest message of ``keys`` is past its key's

@@ -65,9 +65,7 @@ class LeaseManager(RunLeases):
         self._deleter = deleter or DeleteCoalescer(store)
         self._tombstones = Tombstones(self.release_gone, self._background)
         self._keep_tombstones = keep_tombstones
-        self.key_writes = KeyWriteLimit(clock)
-        if (backoff := throttle_backoff_of(store)) is not None:
-            backoff.listeners.append(self.key_writes.refused)
+        self.key_writes = KeyWriteLimit(clock, throttle_backoff_of(store))
         # What this process knows without asking the store: lease keys held or claimed
         # here, and message keys settled here a moment ago (RunLeases'); lease keys seen
         # live elsewhere, and until when (the protocol's _busy_until).

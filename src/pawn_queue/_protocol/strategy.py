@@ -8,7 +8,10 @@ store gets.
 
 The answer is kept in the store for a day (``_probe/result.json``): the processes that
 start meanwhile read it (one GET) instead of writing a probe key four times within
-milliseconds, which a store that allows one write a second per key refuses.
+milliseconds, which a store that allows one write a second per key refuses. Such a refusal
+is part of the answer: those processes delete a young message once its key's second is
+over from the start, not from a refusal of their own
+(:mod:`pawn_queue._protocol.key_writes`).
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ from pawn_queue.exceptions import (
 )
 from pawn_queue.store.base import IfMatch, Store
 from pawn_queue.store.memory import MemoryStore
-from pawn_queue.store.wrapper import StoreWrapper
+from pawn_queue.store.throttling import throttle_backoff_of
+from pawn_queue.store.wrapper import StoreCall, StoreWrapper
 
 logger = logging.getLogger(__name__)
 
 PROBE_KEPT = timedelta(days=1)
 """How long a probe's answer in the store stands for the processes that start."""
+_PER_KEY = "; the store limits writes per key: a young message's delete waits for its second"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,9 @@ class StoreProbe:
     """What the probe saw: each capability it tested, in the order it tested them."""
 
     capabilities: tuple[Capability, ...]
+    limits_writes_per_key: bool = False
+    """Whether the store refused a write of the probe for its request rate: the probe writes
+    its key four times within milliseconds, which one write a second per key refuses."""
 
     @property
     def strategy(self) -> ResolvedStrategy:
@@ -84,6 +92,9 @@ async def resolve_strategy(store: Store, configured: Strategy) -> ResolvedStrate
     else:
         probe = await _kept_probe(store)
         strategy = probe.strategy
+        backoff = throttle_backoff_of(store)
+        if probe.limits_writes_per_key and backoff is not None:
+            backoff.limits_writes_per_key = True
         if configured == "conditional_write" and strategy != "conditional_write":
             missing = "; ".join(f"{c.name}: {c.detail}" for c in probe.missing)
             raise ConfigError(
@@ -119,8 +130,19 @@ async def probe_store(store: Store) -> StoreProbe:
 
     A condition the store ignores (the write went through) or answers with another error
     (B2: 501) fails its check. A transient failure propagates. The key is deleted after.
+    A write of the key that the store refused for its request rate (then sent again) shows
+    a per-key write limit.
     """
     key = layout.probe_key(str(uuid.uuid4()))
+    refused: list[StoreCall] = []
+
+    def note(call: StoreCall) -> None:
+        if call.operation == "put" and call.key == key:
+            refused.append(call)
+
+    backoff = throttle_backoff_of(store)
+    if backoff is not None:
+        backoff.listeners.append(note)
     try:
         first = await store.put(key, nonce().encode(), "overwrite")
         current = await _attempt(store.put(key, nonce().encode(), IfMatch(first)))
@@ -136,12 +158,15 @@ async def probe_store(store: Store) -> StoreProbe:
         again = await _attempt(store.put(key, nonce().encode(), "create"))
         refuses_create = _refusal("create-only, existing key", again, AlreadyExists)
     finally:
+        if backoff is not None:
+            backoff.listeners.remove(note)
         await store.delete(key)
-    probe = StoreProbe((accepts, refuses_stale, refuses_create))
+    probe = StoreProbe((accepts, refuses_stale, refuses_create), bool(refused))
     logger.info(
-        "strategy=%s (probe of conditional writes: %s)",
+        "strategy=%s (probe of conditional writes: %s)%s",
         probe.strategy,
         "; ".join(f"{c.name}: {c.detail}" for c in probe.capabilities),
+        _PER_KEY if probe.limits_writes_per_key else "",
     )
     return probe
 
@@ -155,14 +180,19 @@ async def _kept_probe(store: Store) -> StoreProbe:
         etag = kept.meta.etag
         record = json.loads(kept.data)
         probed = datetime.fromisoformat(record["probed_at"])
-        probe = StoreProbe(tuple(Capability(**c) for c in record["capabilities"]))
+        # Not said by an earlier version's probe: learnt from the first refusal, as then.
+        per_key = record.get("limits_writes_per_key", False)
+        probe = StoreProbe(tuple(Capability(**c) for c in record["capabilities"]), per_key)
         if not probe.capabilities or not all(isinstance(c.ok, bool) for c in probe.capabilities):
             raise ValueError("no capabilities")
+        if not isinstance(per_key, bool):
+            raise ValueError("limits_writes_per_key")
         if datetime.now(UTC) - probed < PROBE_KEPT:
             logger.info(
-                "strategy=%s (from the probe of %s, kept in the store)",
+                "strategy=%s (from the probe of %s, kept in the store)%s",
                 probe.strategy,
                 record["probed_at"],
+                _PER_KEY if per_key else "",
             )
             return probe
     except NotFound:
@@ -173,6 +203,7 @@ async def _kept_probe(store: Store) -> StoreProbe:
     record = {
         "probed_at": datetime.now(UTC).isoformat(),
         "capabilities": [asdict(c) for c in probe.capabilities],
+        "limits_writes_per_key": probe.limits_writes_per_key,
     }
     data = json.dumps(record).encode()
     with contextlib.suppress(AlreadyExists, PreconditionFailed):  # another kept its first

@@ -176,6 +176,13 @@ async def _conditional_writes(store: Store, report: Report, strategy: str) -> bo
     for capability in probe.capabilities:
         status = "ok" if capability.ok else "warn"
         report.add(f"conditional write: {capability.name}", status, capability.detail)
+    if probe.limits_writes_per_key:
+        report.add(
+            "writes per key",
+            "ok",
+            "the store refused a rewrite of the probe's key within its second: it limits "
+            "writes per key; the queue spaces such writes (docs/protocol.md, Request rates)",
+        )
     if probe.strategy != strategy:  # only when the store answered differently this time
         report.add("strategy", "fail", f"the queue uses {strategy}, the probe now says "
                    f"{probe.strategy}: the store's answers are not stable")  # fmt: skip

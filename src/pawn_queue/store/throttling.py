@@ -81,6 +81,11 @@ class ThrottleBackoff(StoreWrapper):
         """Answers refused for the request rate so far (each resend that is refused counts)."""
         self.listeners: list[ThrottleListener] = []
         """Called with each refused call (metrics count them)."""
+        self.limits_writes_per_key = False
+        """Whether the store is known to refuse a write to a key within about a second of
+        the last (the strategy probe was refused so): a young message's delete waits for
+        its second from the start, not from a first refusal (docs/protocol.md, "Request
+        rates")."""
         self._sleep = sleep
         self._unlogged: Counter[str] = Counter()
         self._logged_at = time.monotonic() - _LOG_EVERY_SECONDS
