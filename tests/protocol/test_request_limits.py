@@ -270,6 +270,24 @@ async def test_a_probe_refused_for_its_key_s_second_spares_each_process_its_firs
         assert refused == [], (starts, limit.refused_keys)
 
 
+@pytest.mark.parametrize("backend", ["s3"], indirect=True)
+async def test_doctor_shows_a_store_that_limits_writes_per_key(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Its race of creates on one key does not resend the losers' creates refused for the
+    key's second (they backed off for tens of seconds)."""
+    from pawn_queue.cli.doctor import diagnose
+
+    config = limited_store_config(backend, request, tmp_path)
+    for per_key_seconds, shown in ((1.0, ["ok"]), (None, [])):
+        store, _ = limited(open_store(config), per_key_seconds=per_key_seconds)
+        async with PawnQueue(config, store=store) as pq:
+            report = await diagnose(pq)
+        assert [c.status for c in report.checks if c.name == "writes per key"] == shown
+        [race] = [c for c in report.checks if c.name == "create-only race"]
+        assert race.status == "ok" and ": 1 won," in race.detail, race
+
+
 async def refresh_rounds(leases: LeaseManager, limit: LimitingStore, *held: Lease) -> Counter[str]:
     """The writes sent to each key once a lease keeper holding ``held`` has started three
     rounds of refreshes."""
