@@ -54,7 +54,7 @@ class RunLeases(LeaseProtocol):
         """Hold ``lease`` here; the holder of a run whose second is not over looks at its
         topic again just after it (:meth:`_look_again`)."""
         self._held_here[lease.key] = lease
-        end = None if lease.members is None else layout.run_end(layout.lease_id_of(lease.key))
+        end = _run_end(lease)
         if end is not None:
             delay = (end - self.clock()).total_seconds() + RUN_LOOK_SECONDS
             if delay > 0:
@@ -139,7 +139,7 @@ class RunLeases(LeaseProtocol):
         if lease.left_unsettled:
             self.let_expire(lease)
             return
-        end = layout.run_end(layout.lease_id_of(lease.key))
+        end = _run_end(lease)
         seconds = 0.0 if end is None else (end - self.clock()).total_seconds()
         self._closing_runs.keep(lease, max(0.0, seconds + RUN_GRACE_SECONDS))
 
@@ -147,7 +147,7 @@ class RunLeases(LeaseProtocol):
         """Whether ``lease`` is a run's with no message handed out here that is deleted
         (``RUN_GRACE_SECONDS`` after its second) while still safely held: refreshing it
         meanwhile would be a write for nothing."""
-        end = None if lease.members is None else layout.run_end(layout.lease_id_of(lease.key))
+        end = _run_end(lease)
         if end is None or lease.members:
             return False
         closes = end + timedelta(seconds=RUN_GRACE_SECONDS)
@@ -167,3 +167,8 @@ class RunLeases(LeaseProtocol):
 
     async def release_gone(self, lease: Lease) -> None:
         raise NotImplementedError
+
+
+def _run_end(lease: Lease) -> datetime | None:
+    """When the second of a run's lease is over; None for any other lease."""
+    return None if lease.members is None else layout.run_end(layout.lease_id_of(lease.key))
